@@ -1,0 +1,47 @@
+//! devcluster: an embedded, in-memory Kubernetes API server for `ctrlhub dev` and for tests.
+//!
+//! It speaks the real REST protocol over HTTPS — discovery, CRUD, list/watch with
+//! resourceVersions and bookmarks, every patch type, subresources, finalizers, garbage
+//! collection, CRDs — so kube-rs, kubectl and the Python client work against it unchanged, and it
+//! injects faults (dropped watches, forced 410s, failing or slow requests, frozen Leases) for
+//! reliability tests.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), devcluster::Error> {
+//! let cluster = devcluster::DevCluster::start(devcluster::Options::default()).await?;
+//! let client = cluster.client().await?;
+//! cluster.faults().close_watches();
+//! # Ok(()) }
+//! ```
+
+pub mod api;
+pub mod faults;
+pub mod fieldmanager;
+pub mod meta;
+pub mod patch;
+pub mod render;
+pub mod resources;
+pub mod schema;
+pub mod selector;
+pub mod server;
+pub mod status;
+pub mod store;
+pub mod tls;
+pub mod watch;
+
+pub use faults::{Faults, Stats};
+pub use server::{DevCluster, Options};
+
+/// Why a devcluster could not start or a client could not be built for it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listen address could not be bound.
+    #[error("cannot listen: {0}")]
+    Bind(#[source] std::io::Error),
+    /// Certificate generation or TLS configuration failed.
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+    /// The kube client configuration could not be built.
+    #[error("kube client configuration failed: {0}")]
+    Client(String),
+}

@@ -1,0 +1,237 @@
+//! Starting, addressing and stopping a devcluster: the listener, TLS, and the handle tests hold.
+
+use crate::Error;
+use crate::api::{self, App};
+use crate::faults::{Faults, Stats};
+use crate::store::Store;
+use crate::tls;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// How to run a devcluster.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Address to listen on; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Serve HTTPS with a generated CA (true) or plain HTTP.
+    pub tls: bool,
+    /// Interval of bookmarks on watches that allow them.
+    pub bookmark_interval: Duration,
+    /// How many events the watch history keeps before resumes from older versions get 410.
+    pub history_limit: usize,
+    /// The bearer token clients must present.
+    pub token: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls: true,
+            bookmark_interval: Duration::from_secs(5),
+            history_limit: 10_000,
+            token: "devcluster-admin".into(),
+        }
+    }
+}
+
+/// A running devcluster. Dropping it (or [`DevCluster::shutdown`]) stops the server.
+pub struct DevCluster {
+    addr: SocketAddr,
+    url: String,
+    kubeconfig: String,
+    faults: Faults,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl DevCluster {
+    /// Bind, generate certificates and start serving; returns once requests are accepted.
+    pub async fn start(opts: Options) -> Result<DevCluster, Error> {
+        let listener = TcpListener::bind(opts.listen).await.map_err(Error::Bind)?;
+        let addr = listener.local_addr().map_err(Error::Bind)?;
+        let scheme = if opts.tls { "https" } else { "http" };
+        let url = format!("{scheme}://{addr}");
+        let store = Store::new(opts.history_limit);
+        let faults = Faults::new(store.clone());
+        let shutdown = CancellationToken::new();
+        let app = Arc::new(App {
+            store,
+            faults: faults.clone(),
+            token: opts.token.clone(),
+            bookmark_interval: opts.bookmark_interval,
+            shutdown: shutdown.clone(),
+            address: addr.to_string(),
+        });
+        let router = api::router(app);
+        let (acceptor, ca_pem) = if opts.tls {
+            let certs = tls::generate(addr.ip()).map_err(|e| Error::Tls(e.to_string()))?;
+            (Some(acceptor(&certs)?), Some(certs.ca_pem))
+        } else {
+            (None, None)
+        };
+        let kubeconfig = tls::kubeconfig(&url, ca_pem.as_deref(), &opts.token);
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, _) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            continue;
+                        }
+                    },
+                    _ = token.cancelled() => break,
+                };
+                let _ = tcp.set_nodelay(true);
+                let router = router.clone();
+                let acceptor = acceptor.clone();
+                let token = token.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            router.clone().oneshot(req.map(axum::body::Body::new))
+                        },
+                    );
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let result = match acceptor {
+                        Some(acceptor) => match acceptor.accept(tcp).await {
+                            Ok(tls) => serve(&builder, TokioIo::new(tls), service, &token).await,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "TLS handshake failed");
+                                return;
+                            }
+                        },
+                        None => serve(&builder, TokioIo::new(tcp), service, &token).await,
+                    };
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        });
+        Ok(DevCluster {
+            addr,
+            url,
+            kubeconfig,
+            faults,
+            shutdown,
+            task: Some(task),
+        })
+    }
+
+    /// The server's base URL, e.g. `https://127.0.0.1:40123`.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kubeconfig (YAML) for this server: CA embedded, token auth, context `devcluster`.
+    pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig.clone()
+    }
+
+    /// Write the kubeconfig to a file.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, &self.kubeconfig)
+    }
+
+    /// A kube-rs `Config` for this server.
+    pub async fn kube_config(&self) -> Result<kube::Config, Error> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig)
+            .map_err(|e| Error::Client(e.to_string()))?;
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Client(e.to_string()))
+    }
+
+    /// A kube-rs `Client` for this server.
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        kube::Client::try_from(self.kube_config().await?).map_err(|e| Error::Client(e.to_string()))
+    }
+
+    /// The fault-injection handle.
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
+    }
+
+    /// Request counters.
+    pub fn stats(&self) -> Stats {
+        self.faults.stats()
+    }
+
+    /// Stop accepting, end every watch and wait for the accept loop to finish.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for DevCluster {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn acceptor(certs: &tls::Certs) -> Result<tokio_rustls::TlsAcceptor, Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(certs.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::Tls(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(certs.key_pem.as_bytes())
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    shutdown: &CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            // Watches end on the same token, so the connection drains quickly.
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+            Ok(())
+        }
+    }
+}
