@@ -235,6 +235,20 @@ async fn route(
         _ => {}
     }
     let target = parse_target(app, &segs).ok_or_else(|| ApiError::no_route(path))?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !body.is_empty() && (content_type.contains("protobuf") || content_type.contains("cbor")) {
+        // client-go's typed clients (kubectl create namespace, create configmap, ...) send
+        // protobuf; devcluster stores JSON only, so say so instead of failing to parse.
+        return Err(ApiError {
+            message: format!(
+                "devcluster accepts JSON and YAML request bodies only, not {content_type}; use `kubectl apply -f` or `kubectl create -f` with a manifest, or a JSON client"
+            ),
+            ..ApiError::unsupported_media_type(content_type)
+        });
+    }
     let verb = verb_of(method, &target, query);
     let lease = (target.info.group == "coordination.k8s.io" && target.info.plural == "leases")
         .then(|| {
