@@ -270,7 +270,7 @@ async fn route(
     let wopts = WriteOptions {
         manager,
         dry_run,
-        force: query.get("force").is_some_and(|v| v == "true"),
+        force: flag(query, "force"),
     };
     let info = &target.info;
     let ns = target.namespace.as_deref();
@@ -445,7 +445,7 @@ async fn route(
 }
 
 fn verb_of(method: &Method, target: &Target, query: &HashMap<String, String>) -> &'static str {
-    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let watch = flag(query, "watch");
     match *method {
         Method::GET if watch => "watch",
         Method::GET if target.name.is_none() => "list",
@@ -457,6 +457,15 @@ fn verb_of(method: &Method, target: &Target, query: &HashMap<String, String>) ->
         Method::DELETE => "delete",
         _ => "unknown",
     }
+}
+
+/// Booleans in query strings as Go's `strconv.ParseBool` reads them (the Python client sends `True`).
+fn parse_bool(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
+}
+
+fn flag(query: &HashMap<String, String>, name: &str) -> bool {
+    query.get(name).is_some_and(|v| parse_bool(v))
 }
 
 fn field_manager(query: &HashMap<String, String>, headers: &HeaderMap) -> String {
@@ -560,7 +569,7 @@ fn watch_response(
         .map(String::as_str)
         .unwrap_or_default();
     let start = match (send_initial, rv) {
-        (Some("true"), _) => WatchStart::Now { end_bookmark: true },
+        (Some(v), _) if parse_bool(v) => WatchStart::Now { end_bookmark: true },
         (_, "" | "0") => WatchStart::Now {
             end_bookmark: false,
         },
@@ -570,9 +579,7 @@ fn watch_response(
             ))
         })?),
     };
-    let bookmarks = query
-        .get("allowWatchBookmarks")
-        .is_some_and(|v| v == "true");
+    let bookmarks = flag(query, "allowWatchBookmarks");
     let timeout = query
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
@@ -651,7 +658,7 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
         None => match body
             .get("orphanDependents")
             .and_then(Value::as_bool)
-            .or_else(|| query.get("orphanDependents").map(|v| v == "true"))
+            .or_else(|| query.get("orphanDependents").map(|v| parse_bool(v)))
         {
             Some(true) => Some(Propagation::Orphan),
             _ => None,

@@ -319,7 +319,7 @@ impl Registry {
             }
         }
         for versions in groups.values_mut() {
-            versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         }
         groups.into_iter().collect()
     }
@@ -473,7 +473,7 @@ mod tests {
     #[test]
     fn versions_sort_ga_first() {
         let mut v = vec!["v1alpha1", "v1", "v2beta1", "v1beta2"];
-        v.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        v.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         assert_eq!(v, vec!["v1", "v2beta1", "v1beta2", "v1alpha1"]);
     }
 

@@ -29,7 +29,7 @@ pub struct ApiError {
     /// Human-readable message, worded like kube-apiserver's.
     pub message: String,
     /// `details.name`, `details.group`, `details.kind` when known.
-    pub details: Option<Value>,
+    pub details: Option<Box<Value>>,
     /// `details.causes` for Invalid and Conflict errors.
     pub causes: Vec<Cause>,
     /// `details.retryAfterSeconds` for throttling-like failures.
@@ -52,7 +52,9 @@ impl ApiError {
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
         let qualified = qualified(group, resource);
         let mut e = Self::new(404, "NotFound", format!("{qualified} \"{name}\" not found"));
-        e.details = Some(json!({"name": name, "group": group, "kind": resource}));
+        e.details = Some(Box::new(
+            json!({"name": name, "group": group, "kind": resource}),
+        ));
         e
     }
 
@@ -73,7 +75,9 @@ impl ApiError {
             "AlreadyExists",
             format!("{qualified} \"{name}\" already exists"),
         );
-        e.details = Some(json!({"name": name, "group": group, "kind": resource}));
+        e.details = Some(Box::new(
+            json!({"name": name, "group": group, "kind": resource}),
+        ));
         e
     }
 
@@ -85,7 +89,9 @@ impl ApiError {
             "Conflict",
             format!("Operation cannot be fulfilled on {qualified} \"{name}\": {why}"),
         );
-        e.details = Some(json!({"name": name, "group": group, "kind": resource}));
+        e.details = Some(Box::new(
+            json!({"name": name, "group": group, "kind": resource}),
+        ));
         e
     }
 
@@ -108,7 +114,9 @@ impl ApiError {
         );
         let message = message.replace(".\"", "\"").replace(". \"", " \"");
         let mut e = Self::new(422, "Invalid", message);
-        e.details = Some(json!({"name": name, "group": group, "kind": kind}));
+        e.details = Some(Box::new(
+            json!({"name": name, "group": group, "kind": kind}),
+        ));
         e.causes = causes;
         e
     }
@@ -207,7 +215,11 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
-        let mut details = self.details.clone().unwrap_or_else(|| json!({}));
+        let mut details = self
+            .details
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| json!({}));
         if !self.causes.is_empty() {
             details["causes"] = self
                 .causes

@@ -395,7 +395,7 @@ impl State {
                 })
             }
             WatchStart::From(from) => {
-                if from < self.min_resume_rv || from > self.rv && from > self.rv + 1_000_000 {
+                if from < self.min_resume_rv {
                     return Err(ApiError::expired(format!(
                         "too old resource version: {from} ({})",
                         self.min_resume_rv
@@ -595,10 +595,10 @@ impl State {
                     l.insert("kubernetes.io/metadata.name".into(), json!(name));
                 }
             }
-            ("apps", "deployments" | "replicasets" | "statefulsets") => {
-                if meta::get_path(obj, "spec.replicas").is_none() {
-                    meta::set_path(obj, "spec.replicas", json!(1));
-                }
+            ("apps", "deployments" | "replicasets" | "statefulsets")
+                if meta::get_path(obj, "spec.replicas").is_none() =>
+            {
+                meta::set_path(obj, "spec.replicas", json!(1));
             }
             ("apiextensions.k8s.io", "customresourcedefinitions") => {
                 let infos = infos_from_crd(obj).map_err(|m| {
@@ -1439,7 +1439,7 @@ impl State {
 
 impl ApiError {
     fn with_name_hint(mut self, ns: &str) -> Self {
-        self.details = Some(json!({"name": ns, "kind": "namespaces"}));
+        self.details = Some(Box::new(json!({"name": ns, "kind": "namespaces"})));
         self
     }
 
