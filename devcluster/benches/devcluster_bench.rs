@@ -4,7 +4,7 @@
 //! tokio runtime as the clients, so every number is end to end: TLS, HTTP, JSON encoding on the
 //! server *and* JSON decoding in kube-rs, all sharing the machine's cores.
 //!
-//! What it measures, in order:
+//! What it measures (phases 2 and 4 share the same bulk-created objects; phase 3 runs last):
 //!
 //! 1. **Creates/s with watchers open** — ConfigMap creates from a few concurrent creators (kube-rs
 //!    `Api::create`) while 10 `kube::runtime::watcher` streams on the same namespace are drained.
@@ -14,15 +14,15 @@
 //!    concurrent creators (reporting that create rate too), then lists each set completely with
 //!    `limit=500` pages (following `continue` tokens). Reports the median over several full passes
 //!    for 10k and over fewer passes for 100k, in milliseconds per full list.
-//! 3. **Resident memory per stored object** — `VmRSS` from `/proc/self/status` before and after
-//!    each bulk create of phase 2, divided by the object count, next to the object's JSON size as
-//!    sent and as stored (GET). This is an upper bound: it also counts whatever the client side and
-//!    the allocator kept, since client and server share the process.
-//! 4. **Watch fan-out** — N watchers (10 and 50), each receiving M ADDED events, in two modes:
+//! 3. **Watch fan-out** — N watchers (10 and 50), each receiving M ADDED events, in two modes:
 //!    `live` (watches open first, then a writer creates M objects; the clock runs until the last
 //!    watcher has its M events) and `replay` (M objects created first, then N watches start from
 //!    the older resourceVersion and are served from the watch history). Reports events delivered
 //!    per second, summed over watchers.
+//! 4. **Resident memory per stored object** — `VmRSS` from `/proc/self/status` before and after
+//!    each bulk create of phase 2, divided by the object count, next to the object's JSON size as
+//!    sent and as stored (GET, including `managedFields`). This is an upper bound: it also counts whatever the client side and
+//!    the allocator kept, since client and server share the process.
 //!
 //! Output: a table on stdout, then one line `BENCH_JSON {...}` with every number. Progress of long
 //! phases goes to stderr.
@@ -463,7 +463,7 @@ async fn phase_creates(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Phases 2 and 3: bulk create, paginated list latency, memory per object
+// Phases 2 and 4: bulk create, paginated list latency, memory per object
 
 struct ListResult {
     objects: usize,
@@ -540,8 +540,17 @@ async fn phase_list(
     })
 }
 
-/// JSON sizes of one benchmark object: (as sent by the client, as stored and returned by GET).
-async fn object_sizes(client: &kube::Client, ns: &str, name: &str) -> Result<(usize, usize)> {
+/// JSON sizes of one benchmark object, compact encoding.
+struct ObjectSizes {
+    /// As the client sends it in the create request.
+    sent: usize,
+    /// As stored and returned by GET.
+    stored: usize,
+    /// The stored object's `metadata.managedFields` alone.
+    managed_fields: usize,
+}
+
+async fn object_sizes(client: &kube::Client, ns: &str, name: &str) -> Result<ObjectSizes> {
     let sent = serde_json::to_string(&config_map(name, 0))?.len();
     let req = http::Request::get(format!("/api/v1/namespaces/{ns}/configmaps/{name}"))
         .body(Vec::new())
@@ -551,11 +560,19 @@ async fn object_sizes(client: &kube::Client, ns: &str, name: &str) -> Result<(us
         .await
         .with_context(|| format!("GET configmap {ns}/{name}"))?;
     let value: Value = serde_json::from_str(&text).context("GET response is not JSON")?;
-    Ok((sent, serde_json::to_string(&value)?.len()))
+    let managed_fields = match value.pointer("/metadata/managedFields") {
+        Some(mf) => serde_json::to_string(mf)?.len(),
+        None => 0,
+    };
+    Ok(ObjectSizes {
+        sent,
+        stored: serde_json::to_string(&value)?.len(),
+        managed_fields,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
-// Phase 4: watch fan-out
+// Phase 3: watch fan-out
 
 #[derive(Clone, Copy, PartialEq)]
 enum FanoutMode {
@@ -621,7 +638,7 @@ async fn phase_fanout(
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     let rv = list_rv(&api).await?;
     let delivered = Arc::new(AtomicUsize::new(0));
-    let label = format!("phase 4 ({watchers} watchers, {})", mode.as_str());
+    let label = format!("phase 3 ({watchers} watchers, {})", mode.as_str());
 
     let spawn_watchers = || -> Vec<tokio::task::JoinHandle<Result<(usize, Instant)>>> {
         (0..watchers)
@@ -733,7 +750,7 @@ async fn run(s: Settings) -> Result<()> {
     // 1. Creates with watchers.
     let creates = phase_creates(&cluster, &client, &s).await?;
 
-    // 2 + 3. Bulk creates, lists and memory.
+    // 2 + 4. Bulk creates, lists and memory.
     let mut lists = Vec::new();
     for &(count, passes) in &s.list_sets {
         lists.push(phase_list(&cluster, &client, &s, count, passes).await?);
@@ -742,14 +759,14 @@ async fn run(s: Settings) -> Result<()> {
         .iter()
         .max_by_key(|l| l.objects)
         .context("no list sets configured")?;
-    let (sent_size, stored_size) = object_sizes(
+    let sizes = object_sizes(
         &client,
         &format!("bench-list-{}", largest.objects),
         "cm-000000",
     )
     .await?;
 
-    // 4. Fan-out.
+    // 3. Fan-out (after the bulk phases, so RSS samples are not disturbed by it).
     let mut fanouts = Vec::new();
     for &watchers in &s.fanout_watchers {
         for mode in [FanoutMode::Live, FanoutMode::Replay] {
@@ -855,48 +872,7 @@ async fn run(s: Settings) -> Result<()> {
     );
 
     println!();
-    println!("3. Resident memory per stored ConfigMap (VmRSS delta around the bulk create)");
-    println!(
-        "   {:>9} | {:>12} | {:>12} | {:>10} | {:>12}",
-        "objects", "RSS before", "RSS after", "delta", "bytes/object"
-    );
-    println!("   {}", "-".repeat(66));
-    for l in &lists {
-        let delta = l.rss_after as f64 - l.rss_before as f64;
-        println!(
-            "   {:>9} | {:>8.1} MiB | {:>8.1} MiB | {:>6.1} MiB | {:>12.0}",
-            l.objects,
-            mib(l.rss_before as f64),
-            mib(l.rss_after as f64),
-            mib(delta),
-            delta / l.objects as f64
-        );
-    }
-    print_rows(&[
-        (
-            "object JSON as sent (client)".into(),
-            format!("{sent_size} bytes"),
-        ),
-        (
-            "object JSON as stored (GET)".into(),
-            format!("{stored_size} bytes"),
-        ),
-        (
-            "process RSS start / end".into(),
-            format!(
-                "{:.1} MiB / {:.1} MiB ({objects_total} objects stored at end)",
-                mib(rss_start as f64),
-                mib(rss_end as f64)
-            ),
-        ),
-    ]);
-    println!(
-        "   (upper bound: client and server share the process, so allocator residue from the\n    \
-         client side and the last {history_limit} watch-history entries are included)"
-    );
-
-    println!();
-    println!("4. Watch fan-out (raw kube-rs Api::watch streams, ADDED events, bookmarks off)");
+    println!("3. Watch fan-out (raw kube-rs Api::watch streams, ADDED events, bookmarks off)");
     println!(
         "   {:>6} | {:>8} | {:>10} | {:>10} | {:>10} | {:>14} | {:>8}",
         "mode", "watchers", "events/w", "delivered", "total ms", "events/s total", "complete"
@@ -924,6 +900,50 @@ async fn run(s: Settings) -> Result<()> {
             .collect::<Vec<_>>()
             .join("/")
     );
+    println!();
+    println!("4. Resident memory per stored ConfigMap (VmRSS delta around the bulk create)");
+    println!(
+        "   {:>9} | {:>12} | {:>12} | {:>10} | {:>12}",
+        "objects", "RSS before", "RSS after", "delta", "bytes/object"
+    );
+    println!("   {}", "-".repeat(66));
+    for l in &lists {
+        let delta = l.rss_after as f64 - l.rss_before as f64;
+        println!(
+            "   {:>9} | {:>8.1} MiB | {:>8.1} MiB | {:>6.1} MiB | {:>12.0}",
+            l.objects,
+            mib(l.rss_before as f64),
+            mib(l.rss_after as f64),
+            mib(delta),
+            delta / l.objects as f64
+        );
+    }
+    print_rows(&[
+        (
+            "object JSON as sent (client)".into(),
+            format!("{} bytes", sizes.sent),
+        ),
+        (
+            "object JSON as stored (GET)".into(),
+            format!(
+                "{} bytes (of which metadata.managedFields: {} bytes)",
+                sizes.stored, sizes.managed_fields
+            ),
+        ),
+        (
+            "process RSS start / end".into(),
+            format!(
+                "{:.1} MiB / {:.1} MiB ({objects_total} objects stored at end)",
+                mib(rss_start as f64),
+                mib(rss_end as f64)
+            ),
+        ),
+    ]);
+    println!(
+        "   (upper bound: client and server share the process, so allocator residue from the\n    \
+         client side and the last {history_limit} watch-history entries are included)"
+    );
+
     println!();
     println!(
         "total runtime {:.1} s; {create_requests} ConfigMap create requests served",
@@ -966,8 +986,9 @@ async fn run(s: Settings) -> Result<()> {
                 "rss_after_bytes": l.rss_after,
                 "bytes_per_object": (l.rss_after as f64 - l.rss_before as f64) / l.objects as f64,
             })).collect::<Vec<_>>(),
-            "object_json_sent_bytes": sent_size,
-            "object_json_stored_bytes": stored_size,
+            "object_json_sent_bytes": sizes.sent,
+            "object_json_stored_bytes": sizes.stored,
+            "object_json_managed_fields_bytes": sizes.managed_fields,
             "rss_start_bytes": rss_start,
             "rss_end_bytes": rss_end,
             "objects_at_end": objects_total,
