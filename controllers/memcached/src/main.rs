@@ -1,0 +1,2 @@
+//! memcached controller
+fn main() {}

@@ -1,0 +1,1 @@
+//! ctrlhub SDK

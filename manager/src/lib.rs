@@ -1,0 +1,4 @@
+//! The ctrlhub manager library.
+
+pub mod predicate;
+pub mod queue;

@@ -1,0 +1,2 @@
+//! The ctrlhub binary.
+fn main() {}
