@@ -1,4 +1,19 @@
-//! The ctrlhub manager library.
+//! The ctrlhub manager: shared caches, one work queue per controller, gRPC registration and
+//! dispatch to out-of-process controllers, and Lease-based leader election.
+//!
+//! The data path, one module per step:
+//! `cache` (informers) → `registry` (scope, predicates) → `mapper` (keys) → `queue` (per
+//! controller) → `controller` (dispatch to sessions) → `session` (gRPC) → back into `queue`.
 
+pub mod cache;
+pub mod config;
+pub mod controller;
+pub mod http;
+pub mod leader;
+pub mod mapper;
 pub mod predicate;
 pub mod queue;
+pub mod registration;
+pub mod registry;
+pub mod session;
+pub mod tenant;

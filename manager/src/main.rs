@@ -1,2 +1,57 @@
-//! The ctrlhub binary.
-fn main() {}
+//! The `ctrlhub` binary: `ctrlhub run` (the manager) and `ctrlhub dev` (devcluster + manager +
+//! demo controller in one command).
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+/// A multi-tenant Kubernetes controller manager for out-of-process controllers.
+#[derive(Parser, Debug)]
+#[command(name = "ctrlhub", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the manager against a cluster.
+    Run(ctrlhub::config::RunArgs),
+}
+
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("signal received; shutting down");
+        t.cancel();
+    });
+    token
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn,tower=warn,h2=warn,hyper=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let stop = shutdown_on_signal();
+    match cli.command {
+        Command::Run(args) => args.run(stop).await,
+    }
+}

@@ -1,0 +1,562 @@
+//! Shared caches: one informer per (resource, namespace, label selector, metadata-only), shared by
+//! every registration that needs it, started on first need and stopped when the last one leaves.
+//!
+//! List/watch, backoff and 410 recovery come from `kube::runtime::watcher`; the store and the
+//! fan-out are ours because kube-runtime's shared streams cannot take a late subscriber and stall
+//! every consumer on a slow one. Subscribers here are synchronous callbacks (they only push keys
+//! into queues), invoked under the informer's lock so that a late subscriber's snapshot replay and
+//! the live events that follow it never overlap or leave a gap.
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use tokio::sync::watch as signal;
+
+/// Namespace and name of an object; the unit every queue works on.
+pub type ObjectKey = (String, String);
+
+/// What one informer lists and watches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InformerKey {
+    /// API group.
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Plural resource name.
+    pub plural: String,
+    /// Whether the resource is namespaced.
+    pub namespaced: bool,
+    /// One namespace, or None for all.
+    pub namespace: Option<String>,
+    /// Server-side label selector, if any.
+    pub label_selector: Option<String>,
+    /// Watch metadata only (PartialObjectMetadata): owned kinds need nothing else.
+    pub metadata_only: bool,
+}
+
+impl InformerKey {
+    fn api_resource(&self) -> ApiResource {
+        let api_version = if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        };
+        ApiResource {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            api_version,
+            kind: self.kind.clone(),
+            plural: self.plural.clone(),
+        }
+    }
+
+    /// A short label for logs and metrics (never per object).
+    pub fn label(&self) -> String {
+        let gv = if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        };
+        format!(
+            "{gv}/{}{}{}{}",
+            self.plural,
+            self.namespace
+                .as_deref()
+                .map(|n| format!(" ns={n}"))
+                .unwrap_or_default(),
+            self.label_selector
+                .as_deref()
+                .map(|l| format!(" labels={l}"))
+                .unwrap_or_default(),
+            if self.metadata_only {
+                " metadata-only"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// A change seen by an informer, as subscribers receive it.
+#[derive(Debug, Clone)]
+pub enum CacheEvent {
+    /// An object appeared. `initial` is true for objects delivered by a (re)list or by the replay
+    /// a late subscriber gets, which dispatch treats as background work.
+    Added {
+        /// The object.
+        object: Arc<Value>,
+        /// From a list rather than a live watch event.
+        initial: bool,
+    },
+    /// An object changed.
+    Modified {
+        /// Before.
+        old: Arc<Value>,
+        /// After.
+        new: Arc<Value>,
+    },
+    /// An object is gone. `final_state_unknown` when the deletion was inferred from a relist.
+    Deleted {
+        /// Its last known state.
+        object: Arc<Value>,
+        /// The delete happened while the watch was down.
+        final_state_unknown: bool,
+    },
+}
+
+/// A subscriber callback. It runs under the informer's lock: it must be quick and must not call
+/// back into the cache.
+pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
+
+#[derive(Default)]
+struct Store {
+    objects: HashMap<ObjectKey, Arc<Value>>,
+    by_owner: HashMap<String, HashSet<ObjectKey>>,
+    subscribers: Vec<(u64, Subscriber)>,
+    /// Objects received since the current (re)list began.
+    relisting: Option<HashMap<ObjectKey, Arc<Value>>>,
+}
+
+/// One informer: its store, its subscribers and its watch task.
+pub struct Informer {
+    key: InformerKey,
+    store: Mutex<Store>,
+    synced: signal::Sender<bool>,
+    relists: AtomicU64,
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// Object identity for the owner index and keys.
+fn key_of(obj: &Value) -> ObjectKey {
+    let md = obj.get("metadata");
+    let s = |f: &str| {
+        md.and_then(|m| m.get(f))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (s("namespace"), s("name"))
+}
+
+fn owner_uids(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn resource_version(obj: &Value) -> &str {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+impl Store {
+    fn insert(&mut self, key: ObjectKey, obj: Arc<Value>) -> Option<Arc<Value>> {
+        let old = self.objects.insert(key.clone(), obj.clone());
+        if let Some(old) = &old {
+            for uid in owner_uids(old) {
+                if let Some(set) = self.by_owner.get_mut(&uid) {
+                    set.remove(&key);
+                    if set.is_empty() {
+                        self.by_owner.remove(&uid);
+                    }
+                }
+            }
+        }
+        for uid in owner_uids(&obj) {
+            self.by_owner.entry(uid).or_default().insert(key.clone());
+        }
+        old
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
+        let old = self.objects.remove(key)?;
+        for uid in owner_uids(&old) {
+            if let Some(set) = self.by_owner.get_mut(&uid) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_owner.remove(&uid);
+                }
+            }
+        }
+        Some(old)
+    }
+
+    fn emit(&self, event: &CacheEvent) {
+        for (_, sub) in &self.subscribers {
+            sub(event);
+        }
+    }
+}
+
+impl Informer {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What this informer watches.
+    pub fn key(&self) -> &InformerKey {
+        &self.key
+    }
+
+    /// Objects held now.
+    pub fn len(&self) -> usize {
+        self.lock().objects.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many times the watcher (re)listed, including the first list.
+    pub fn relists(&self) -> u64 {
+        self.relists.load(Ordering::Relaxed)
+    }
+
+    /// Whether the first list completed.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Wait until the first list completed.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        // The sender lives as long as self, so this only ends when synced.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// One cached object.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Value>> {
+        self.lock()
+            .objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every cached object (optionally in one namespace).
+    pub fn list(&self, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        let store = self.lock();
+        let mut out: Vec<Arc<Value>> = store
+            .objects
+            .iter()
+            .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
+            .map(|(_, o)| o.clone())
+            .collect();
+        out.sort_by_key(|o| key_of(o));
+        out
+    }
+
+    /// Keys of the objects whose ownerReferences name `uid`.
+    pub fn owned_by(&self, uid: &str) -> Vec<ObjectKey> {
+        self.lock()
+            .by_owner
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn apply(&self, event: Event<Value>) {
+        let mut store = self.lock();
+        match event {
+            Event::Init => {
+                store.relisting = Some(HashMap::new());
+            }
+            Event::InitApply(obj) => {
+                let obj = Arc::new(obj);
+                if let Some(buf) = store.relisting.as_mut() {
+                    buf.insert(key_of(&obj), obj);
+                }
+            }
+            Event::InitDone => {
+                self.relists.fetch_add(1, Ordering::Relaxed);
+                let listed = store.relisting.take().unwrap_or_default();
+                // Diff the relist against the store so a relist after a 410 neither loses a
+                // deletion nor re-announces unchanged objects as changes.
+                let gone: Vec<ObjectKey> = store
+                    .objects
+                    .keys()
+                    .filter(|k| !listed.contains_key(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    if let Some(old) = store.remove(&key) {
+                        store.emit(&CacheEvent::Deleted {
+                            object: old,
+                            final_state_unknown: true,
+                        });
+                    }
+                }
+                let mut listed: Vec<(ObjectKey, Arc<Value>)> = listed.into_iter().collect();
+                listed.sort_by(|a, b| a.0.cmp(&b.0));
+                for (key, obj) in listed {
+                    match store.insert(key, obj.clone()) {
+                        None => store.emit(&CacheEvent::Added {
+                            object: obj,
+                            initial: true,
+                        }),
+                        Some(old) if resource_version(&old) != resource_version(&obj) => {
+                            store.emit(&CacheEvent::Modified { old, new: obj })
+                        }
+                        Some(_) => {}
+                    }
+                }
+                drop(store);
+                self.synced.send_replace(true);
+            }
+            Event::Apply(obj) => {
+                let obj = Arc::new(obj);
+                match store.insert(key_of(&obj), obj.clone()) {
+                    None => store.emit(&CacheEvent::Added {
+                        object: obj,
+                        initial: false,
+                    }),
+                    Some(old) if resource_version(&old) != resource_version(&obj) => {
+                        store.emit(&CacheEvent::Modified { old, new: obj })
+                    }
+                    Some(_) => {}
+                }
+            }
+            Event::Delete(obj) => {
+                let key = key_of(&obj);
+                let last = store.remove(&key).unwrap_or_else(|| Arc::new(obj));
+                store.emit(&CacheEvent::Deleted {
+                    object: last,
+                    final_state_unknown: false,
+                });
+            }
+        }
+    }
+}
+
+/// Remove what no consumer needs and what would only cost memory: managedFields can be larger
+/// than the rest of the object.
+fn slim(mut v: Value) -> Value {
+    if let Some(md) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        md.remove("managedFields");
+    }
+    v
+}
+
+fn to_value<T: serde::Serialize>(obj: &T, key: &InformerKey) -> Option<Value> {
+    let mut v = serde_json::to_value(obj).ok()?;
+    if let Some(map) = v.as_object_mut() {
+        let api_version = if key.group.is_empty() {
+            key.version.clone()
+        } else {
+            format!("{}/{}", key.group, key.version)
+        };
+        map.insert("apiVersion".into(), Value::String(api_version));
+        map.insert("kind".into(), Value::String(key.kind.clone()));
+    }
+    Some(slim(v))
+}
+
+fn map_event<T: serde::Serialize>(event: Event<T>, key: &InformerKey) -> Option<Event<Value>> {
+    Some(match event {
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+        Event::InitApply(o) => Event::InitApply(to_value(&o, key)?),
+        Event::Apply(o) => Event::Apply(to_value(&o, key)?),
+        Event::Delete(o) => Event::Delete(to_value(&o, key)?),
+    })
+}
+
+/// The shared caches of one manager.
+pub struct Cache {
+    client: kube::Client,
+    informers: Mutex<HashMap<InformerKey, (Arc<Informer>, usize)>>,
+    next_id: AtomicU64,
+}
+
+/// A live subscription; dropping it unsubscribes and releases the informer.
+pub struct Subscription {
+    cache: Weak<Cache>,
+    key: InformerKey,
+    id: u64,
+    informer: Arc<Informer>,
+}
+
+impl Subscription {
+    /// The informer this subscription reads from.
+    pub fn informer(&self) -> &Arc<Informer> {
+        &self.informer
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.informer
+            .lock()
+            .subscribers
+            .retain(|(id, _)| *id != self.id);
+        if let Some(cache) = self.cache.upgrade() {
+            cache.release(&self.key);
+        }
+    }
+}
+
+impl Cache {
+    /// A cache reading through `client`.
+    pub fn new(client: kube::Client) -> Arc<Self> {
+        Arc::new(Cache {
+            client,
+            informers: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn informers(&self) -> MutexGuard<'_, HashMap<InformerKey, (Arc<Informer>, usize)>> {
+        self.informers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Subscribe to an informer, starting it if this is its first subscriber. The current
+    /// snapshot is replayed to `subscriber` as initial `Added` events before any live event.
+    pub fn subscribe(self: &Arc<Self>, key: InformerKey, subscriber: Subscriber) -> Subscription {
+        let informer = {
+            let mut informers = self.informers();
+            let entry = informers
+                .entry(key.clone())
+                .or_insert_with(|| (self.start(key.clone()), 0));
+            entry.1 += 1;
+            entry.0.clone()
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut store = informer.lock();
+            let mut snapshot: Vec<Arc<Value>> = store.objects.values().cloned().collect();
+            snapshot.sort_by_key(|o| key_of(o));
+            for object in snapshot {
+                subscriber(&CacheEvent::Added {
+                    object,
+                    initial: true,
+                });
+            }
+            store.subscribers.push((id, subscriber));
+        }
+        Subscription {
+            cache: Arc::downgrade(self),
+            key,
+            id,
+            informer,
+        }
+    }
+
+    /// Find a running informer (for cached reads).
+    pub fn informer(&self, key: &InformerKey) -> Option<Arc<Informer>> {
+        self.informers().get(key).map(|(i, _)| i.clone())
+    }
+
+    /// Every running informer, for status and metrics.
+    pub fn all(&self) -> Vec<Arc<Informer>> {
+        self.informers().values().map(|(i, _)| i.clone()).collect()
+    }
+
+    /// Whether every running informer has completed its first list.
+    pub fn all_synced(&self) -> bool {
+        self.informers().values().all(|(i, _)| i.is_synced())
+    }
+
+    fn release(&self, key: &InformerKey) {
+        let mut informers = self.informers();
+        let Some(entry) = informers.get_mut(key) else {
+            return;
+        };
+        entry.1 = entry.1.saturating_sub(1);
+        if entry.1 == 0 {
+            if let Some(task) = entry
+                .0
+                .task
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                task.abort();
+            }
+            tracing::info!(informer = %key.label(), "informer stopped: no subscribers left");
+            informers.remove(key);
+        }
+    }
+
+    fn start(&self, key: InformerKey) -> Arc<Informer> {
+        let (synced, _) = signal::channel(false);
+        let informer = Arc::new(Informer {
+            key: key.clone(),
+            store: Mutex::new(Store::default()),
+            synced,
+            relists: AtomicU64::new(0),
+            task: Mutex::new(None),
+        });
+        let ar = key.api_resource();
+        let api: Api<DynamicObject> = match (&key.namespace, key.namespaced) {
+            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            _ => Api::all_with(self.client.clone(), &ar),
+        };
+        let mut config = watcher::Config::default();
+        if let Some(sel) = &key.label_selector {
+            config = config.labels(sel);
+        }
+        let weak = Arc::downgrade(&informer);
+        let label = key.label();
+        let client = self.client.clone();
+        tracing::info!(informer = %label, "informer started");
+        let task = tokio::spawn(async move {
+            let stream = if key.metadata_only {
+                let api: Api<PartialObjectMeta<DynamicObject>> =
+                    match (&key.namespace, key.namespaced) {
+                        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
+                        _ => Api::all_with(client.clone(), &ar),
+                    };
+                watcher::watcher(api, config)
+                    .default_backoff()
+                    .filter_map(|r| {
+                        let key = key.clone();
+                        async move { log_err(r).and_then(|e| map_event(e, &key)) }
+                    })
+                    .boxed()
+            } else {
+                watcher::watcher(api, config)
+                    .default_backoff()
+                    .filter_map(|r| {
+                        let key = key.clone();
+                        async move { log_err(r).and_then(|e| map_event(e, &key)) }
+                    })
+                    .boxed()
+            };
+            let mut stream = stream;
+            while let Some(event) = stream.next().await {
+                let Some(informer) = weak.upgrade() else {
+                    break;
+                };
+                informer.apply(event);
+            }
+            tracing::debug!(informer = %label, "informer stream ended");
+        });
+        *informer.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        informer
+    }
+}
+
+fn log_err<T>(r: Result<T, watcher::Error>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(error = %e, "watch error; the watcher retries with backoff");
+            None
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! `ctrlhub run`: command-line options and all the wiring in one place — client, caches,
+//! leader election, registry, gRPC and HTTP servers, and one shutdown token passed to all.
+
+use crate::cache::Cache;
+use crate::controller::RevokeReason;
+use crate::http::{self, HttpState};
+use crate::leader::{Elector, LeaderConfig};
+use crate::registry::Registry;
+use crate::session::{Service, ServiceState};
+use crate::tenant::{AllowAll, StaticTokens};
+use anyhow::Context;
+use ctrlhub_proto::v1::controller_manager_server::ControllerManagerServer;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Options of `ctrlhub run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Kubeconfig to use; in-cluster configuration (or $KUBECONFIG) when omitted.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// gRPC listen address for controllers.
+    #[arg(long, env = "CTRLHUB_GRPC_ADDR", default_value = "0.0.0.0:9090")]
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address for /healthz, /readyz, /metrics and /status.
+    #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// Comma-separated namespaces every registration is confined to; empty = all namespaces.
+    #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]
+    pub watch_namespace: String,
+    /// Static bearer token controllers must present (dev and tests); tenant `dev`.
+    #[arg(long, env = "CTRLHUB_TOKEN", default_value = "dev")]
+    pub token: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "ctrlhub-leader")]
+    pub lease_name: String,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the Lease; pod name (or a random one) by default.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How long a lease is valid after its last renewal.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops dispatching.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub renew_deadline: Duration,
+    /// Interval between election attempts.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub retry_period: Duration,
+}
+
+impl RunArgs {
+    fn ceiling(&self) -> Option<Vec<String>> {
+        let list: Vec<String> = self
+            .watch_namespace
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        (!list.is_empty()).then_some(list)
+    }
+
+    async fn client(&self) -> anyhow::Result<kube::Client> {
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(
+                    kc,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .context("loading kubeconfig")?
+            }
+            None => kube::Config::infer()
+                .await
+                .context("no kubeconfig given and no in-cluster configuration found")?,
+        };
+        kube::Client::try_from(config).context("building the Kubernetes client")
+    }
+
+    /// Run the manager until `stop` fires: then drain sessions, release the lease and return.
+    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        if self.renew_deadline >= self.lease_duration {
+            anyhow::bail!(
+                "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?})",
+                self.renew_deadline,
+                self.lease_duration
+            );
+        }
+        let client = self.client().await?;
+        let identity = self
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("ctrlhub-{}", &uuid::Uuid::new_v4().to_string()[..8]));
+        let elector = Elector::new(
+            client.clone(),
+            LeaderConfig {
+                namespace: self.lease_namespace.clone(),
+                name: self.lease_name.clone(),
+                identity: identity.clone(),
+                lease_duration: self.lease_duration,
+                renew_deadline: self.renew_deadline,
+                retry_period: self.retry_period,
+            },
+        );
+        let leading = elector.leading();
+        let leader_state = elector.state();
+        let election_stop = CancellationToken::new();
+        let election = tokio::spawn(elector.run(election_stop.clone()));
+
+        let cache = Cache::new(client.clone());
+        let registry = Registry::new(
+            cache.clone(),
+            self.ceiling(),
+            leading.clone(),
+            stop.child_token(),
+        );
+        {
+            // Sessions live only on the leader: when it steps down, every session must reconnect.
+            let registry = registry.clone();
+            let mut leading = leading.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut was = *leading.borrow();
+                loop {
+                    tokio::select! {
+                        r = leading.changed() => if r.is_err() { return },
+                        _ = stop.cancelled() => return,
+                    }
+                    let now = *leading.borrow();
+                    if was && !now {
+                        registry.revoke_all(
+                            RevokeReason::LeadershipLost,
+                            "this manager lost the leader lease; reconnect to the new leader",
+                        );
+                    }
+                    was = now;
+                }
+            });
+        }
+        let service = Service(Arc::new(ServiceState::new(
+            registry.clone(),
+            client.clone(),
+            Arc::new(StaticTokens::new([(self.token.clone(), "dev".to_string())])),
+            Arc::new(AllowAll),
+            leader_state.clone(),
+        )));
+        let grpc_listener = tokio::net::TcpListener::bind(self.grpc_addr)
+            .await
+            .with_context(|| format!("binding gRPC {}", self.grpc_addr))?;
+        let http_listener = tokio::net::TcpListener::bind(self.http_addr)
+            .await
+            .with_context(|| format!("binding HTTP {}", self.http_addr))?;
+        tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
+
+        let grpc_stop = CancellationToken::new();
+        let grpc = {
+            let stop = grpc_stop.clone();
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(Duration::from_secs(20)))
+                    .add_service(ControllerManagerServer::new(service))
+                    .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
+            )
+        };
+        let http_state = Arc::new(HttpState {
+            registry: registry.clone(),
+            cache: cache.clone(),
+            leader: leader_state,
+            identity,
+        });
+        let http = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                axum::serve(http_listener, http::router(http_state))
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            })
+        };
+
+        stop.cancelled().await;
+        tracing::info!("shutting down: revoking sessions, releasing the lease");
+        registry.revoke_all(
+            RevokeReason::ShuttingDown,
+            "the manager is shutting down; reconnect to the next leader",
+        );
+        // Give sessions a moment to deliver Revoked before the transport closes.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        grpc_stop.cancel();
+        election_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,685 @@
+//! One registered controller at run time: its work queue, the sessions of its replicas, what is in
+//! flight where, and the dispatch loop that hands keys to sessions with free credits.
+//!
+//! Exclusivity comes from the queue (a key in processing is never popped again); at-least-once
+//! from re-queueing everything a session held when it ends and every request whose deadline
+//! passes; a late result carries a stale lease id and is ignored.
+
+use crate::cache::{CacheEvent, Informer, ObjectKey, Subscription};
+use crate::queue::{Lease, Outcome, Priority, Reason, WorkQueue};
+use crate::registration::Registration;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::{Notify, mpsc, watch};
+
+/// Who registered a controller: the tenant, and the name unique within it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ControllerId {
+    /// Tenant identity.
+    pub tenant: String,
+    /// Controller name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ControllerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.name)
+    }
+}
+
+/// The object a request carries.
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// The object was not requested.
+    None,
+    /// The current object.
+    Object(Arc<Value>),
+    /// The object is gone; its last known state.
+    Tombstone {
+        /// Last known state.
+        last: Arc<Value>,
+        /// Whether the deletion was inferred after a watch gap.
+        final_state_unknown: bool,
+    },
+}
+
+/// A reconcile request on its way to a session (translated to protobuf at the gRPC edge).
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Unique request id.
+    pub id: String,
+    /// The key.
+    pub key: ObjectKey,
+    /// 1-based attempt.
+    pub attempt: u32,
+    /// Why it is delivered.
+    pub reasons: Vec<Reason>,
+    /// Whether this is background work (initial list or resync).
+    pub background: bool,
+    /// The object or tombstone.
+    pub payload: Payload,
+    /// When the manager stops waiting for the result.
+    pub deadline: SystemTime,
+}
+
+/// What the manager tells a session.
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    /// A reconcile request.
+    Reconcile(Request),
+    /// The session must end (superseded, leadership lost, shutting down).
+    Revoke {
+        /// Why.
+        reason: RevokeReason,
+        /// Human-readable detail.
+        message: String,
+    },
+    /// A drain finished: every in-flight result is in.
+    Drained,
+}
+
+/// Why a session was ended by the manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RevokeReason {
+    /// This manager lost the Lease.
+    LeadershipLost,
+    /// A different registration under the same name replaced this one.
+    Superseded,
+    /// The manager is shutting down.
+    ShuttingDown,
+}
+
+struct SessionSlot {
+    credits: u32,
+    in_flight: u32,
+    draining: bool,
+    tx: mpsc::UnboundedSender<Outbound>,
+}
+
+struct InFlight {
+    key: ObjectKey,
+    session: u64,
+    lease: u64,
+    deadline: Instant,
+    started: Instant,
+}
+
+struct State {
+    queue: WorkQueue<ObjectKey>,
+    sessions: BTreeMap<u64, SessionSlot>,
+    in_flight: HashMap<String, InFlight>,
+    tombstones: HashMap<ObjectKey, (Arc<Value>, bool)>,
+    next_session_pick: u64,
+}
+
+/// Counters for status and metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests dispatched.
+    pub dispatched: AtomicU64,
+    /// Results by outcome: done, requeue_after, error, terminal.
+    pub done: AtomicU64,
+    /// Results asking for a requeue.
+    pub requeued: AtomicU64,
+    /// Error results.
+    pub errors: AtomicU64,
+    /// Terminal results.
+    pub terminal: AtomicU64,
+    /// Requests whose deadline passed.
+    pub deadline_misses: AtomicU64,
+    /// Requests re-queued because their session ended.
+    pub redelivered: AtomicU64,
+}
+
+/// A registered controller.
+pub struct Controller {
+    /// Tenant and name.
+    pub id: ControllerId,
+    /// What it registered.
+    pub registration: Registration,
+    state: Mutex<State>,
+    wake: Notify,
+    next_request: AtomicU64,
+    /// Informers holding primaries, by namespace ("" = all namespaces).
+    primaries: Mutex<Vec<Arc<Informer>>>,
+    subscriptions: Mutex<Vec<Subscription>>,
+    /// Counters for status and metrics.
+    pub counters: Counters,
+}
+
+/// What a result did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Accepted.
+    Accepted,
+    /// Unknown id, another session's request, or past its deadline: discarded.
+    Discarded,
+}
+
+impl Controller {
+    /// A controller with an empty queue and no sessions.
+    pub fn new(id: ControllerId, registration: Registration) -> Arc<Self> {
+        let queue = WorkQueue::new(registration.backoff);
+        Arc::new(Controller {
+            id,
+            registration,
+            state: Mutex::new(State {
+                queue,
+                sessions: BTreeMap::new(),
+                in_flight: HashMap::new(),
+                tombstones: HashMap::new(),
+                next_session_pick: 0,
+            }),
+            wake: Notify::new(),
+            next_request: AtomicU64::new(1),
+            primaries: Mutex::new(Vec::new()),
+            subscriptions: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep the informer subscriptions alive as long as the controller.
+    pub fn hold(&self, subscription: Subscription, primary: bool) {
+        if primary {
+            self.primaries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(subscription.informer().clone());
+        }
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(subscription);
+    }
+
+    /// Drop every informer subscription (the controller is going away).
+    pub fn release_informers(&self) {
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.primaries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Enqueue keys; `initial` events are background work.
+    pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, initial: bool) {
+        let now = Instant::now();
+        let priority = if initial {
+            Priority::Background
+        } else {
+            Priority::Live
+        };
+        let mut st = self.lock();
+        let mut any = false;
+        for key in keys {
+            st.queue.add(key, priority, now);
+            any = true;
+        }
+        drop(st);
+        if any {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Remember the last state of a deleted primary so its request can carry a tombstone.
+    pub fn observe_primary(&self, event: &CacheEvent) {
+        let mut st = self.lock();
+        match event {
+            CacheEvent::Deleted {
+                object,
+                final_state_unknown,
+            } => {
+                st.tombstones.insert(
+                    crate::mapper::own_key(object),
+                    (object.clone(), *final_state_unknown),
+                );
+            }
+            CacheEvent::Added { object, .. } | CacheEvent::Modified { new: object, .. } => {
+                st.tombstones.remove(&crate::mapper::own_key(object));
+            }
+        }
+    }
+
+    /// Every primary key currently cached (for resync).
+    pub fn primary_keys(&self) -> Vec<ObjectKey> {
+        let informers = self
+            .primaries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        informers
+            .iter()
+            .flat_map(|i| i.list(None))
+            .map(|o| crate::mapper::own_key(&o))
+            .collect()
+    }
+
+    fn primary_object(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        let informers = self
+            .primaries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        informers.iter().find_map(|i| i.get(&key.0, &key.1))
+    }
+
+    /// Attach a replica's session; returns its id.
+    pub fn add_session(&self, session: u64, credits: u32, tx: mpsc::UnboundedSender<Outbound>) {
+        self.lock().sessions.insert(
+            session,
+            SessionSlot {
+                credits,
+                in_flight: 0,
+                draining: false,
+                tx,
+            },
+        );
+        self.wake.notify_one();
+    }
+
+    /// Change a session's credits (absolute).
+    pub fn set_credits(&self, session: u64, credits: u32) {
+        if let Some(s) = self.lock().sessions.get_mut(&session) {
+            s.credits = credits;
+        }
+        self.wake.notify_one();
+    }
+
+    /// Stop sending new work to a session; it gets `Drained` once its in-flight results are in.
+    pub fn drain(&self, session: u64) {
+        let mut st = self.lock();
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.draining = true;
+            if s.in_flight == 0 {
+                let _ = s.tx.send(Outbound::Drained);
+            }
+        }
+    }
+
+    /// Detach a session; everything it held is re-queued at once (at-least-once).
+    pub fn remove_session(&self, session: u64) -> usize {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.sessions.remove(&session);
+        let lost: Vec<String> = st
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.session == session)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &lost {
+            if let Some(f) = st.in_flight.remove(id) {
+                st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+            }
+        }
+        let remaining = st.sessions.len();
+        drop(st);
+        self.counters
+            .redelivered
+            .fetch_add(lost.len() as u64, Ordering::Relaxed);
+        if !lost.is_empty() {
+            tracing::info!(controller = %self.id, session, requeued = lost.len(), "session ended; its in-flight keys are re-queued");
+        }
+        self.wake.notify_one();
+        remaining
+    }
+
+    /// End every session with a reason.
+    pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
+        let st = self.lock();
+        for s in st.sessions.values() {
+            let _ = s.tx.send(Outbound::Revoke {
+                reason,
+                message: message.to_string(),
+            });
+        }
+    }
+
+    /// Number of attached sessions.
+    pub fn session_count(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Queue depth, in-flight count and number of sessions, for status pages.
+    pub fn snapshot(&self) -> (usize, usize, usize) {
+        let st = self.lock();
+        (
+            st.queue.len() + st.queue.waiting_len(),
+            st.in_flight.len(),
+            st.sessions.len(),
+        )
+    }
+
+    /// A result from `session` for request `id`.
+    pub fn complete(&self, session: u64, id: &str, outcome: Outcome) -> Completion {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let valid = st
+            .in_flight
+            .get(id)
+            .is_some_and(|f| f.session == session && f.deadline > now);
+        if !valid {
+            return Completion::Discarded;
+        }
+        let Some(f) = st.in_flight.remove(id) else {
+            return Completion::Discarded;
+        };
+        st.queue.done_lease(&f.key, f.lease, outcome, now);
+        if let Some(s) = st.sessions.get_mut(&f.session) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if s.draining && s.in_flight == 0 {
+                let _ = s.tx.send(Outbound::Drained);
+            }
+        }
+        drop(st);
+        let c = match outcome {
+            Outcome::Done => &self.counters.done,
+            Outcome::RequeueAfter(_) => &self.counters.requeued,
+            Outcome::Error { .. } => &self.counters.errors,
+            Outcome::Terminal => &self.counters.terminal,
+            Outcome::Lost => &self.counters.redelivered,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), ?outcome, took = ?f.started.elapsed(), "result");
+        self.wake.notify_one();
+        Completion::Accepted
+    }
+
+    /// Hand out as much ready work as sessions and concurrency allow; expire missed deadlines.
+    /// Returns when the caller should look again at the latest.
+    fn dispatch_once(&self, leading: bool) -> Option<Instant> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let expired: Vec<String> = st
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(f) = st.in_flight.remove(&id) {
+                tracing::warn!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), "request missed its deadline; re-queued");
+                self.counters
+                    .deadline_misses
+                    .fetch_add(1, Ordering::Relaxed);
+                st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+                if let Some(s) = st.sessions.get_mut(&f.session) {
+                    s.in_flight = s.in_flight.saturating_sub(1);
+                }
+            }
+        }
+        if leading {
+            let max = self.registration.max_concurrent.max(1) as usize;
+            while st.in_flight.len() < max {
+                let Some(session) = pick_session(&mut st) else {
+                    break;
+                };
+                let Some(lease) = st.queue.pop(now) else {
+                    break;
+                };
+                self.send(&mut st, session, lease, now);
+            }
+        }
+        let next_deadline = st.in_flight.values().map(|f| f.deadline).min();
+        let next_ready = st.queue.next_ready_at();
+        match (next_deadline, next_ready) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn send(&self, st: &mut State, session: u64, lease: Lease<ObjectKey>, now: Instant) {
+        let id = format!(
+            "{}-{}",
+            self.id.name,
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        );
+        let payload = if self.registration.include_object {
+            match self.primary_object(&lease.key) {
+                Some(obj) => Payload::Object(obj),
+                None => match st.tombstones.get(&lease.key) {
+                    Some((last, unknown)) => Payload::Tombstone {
+                        last: last.clone(),
+                        final_state_unknown: *unknown,
+                    },
+                    None => Payload::Tombstone {
+                        last: Arc::new(Value::Null),
+                        final_state_unknown: true,
+                    },
+                },
+            }
+        } else {
+            Payload::None
+        };
+        let deadline = now + self.registration.deadline;
+        let request = Request {
+            id: id.clone(),
+            key: lease.key.clone(),
+            attempt: lease.attempt,
+            reasons: lease.reasons.iter().collect(),
+            background: lease.priority == Priority::Background,
+            payload,
+            deadline: SystemTime::now() + self.registration.deadline,
+        };
+        let Some(slot) = st.sessions.get_mut(&session) else {
+            st.queue
+                .done_lease(&lease.key, lease.id, Outcome::Lost, now);
+            return;
+        };
+        if slot.tx.send(Outbound::Reconcile(request)).is_err() {
+            // The session is going away; its removal re-queues nothing for this key, so do it here.
+            st.queue
+                .done_lease(&lease.key, lease.id, Outcome::Lost, now);
+            return;
+        }
+        slot.in_flight += 1;
+        st.in_flight.insert(
+            id,
+            InFlight {
+                key: lease.key,
+                session,
+                lease: lease.id,
+                deadline,
+                started: now,
+            },
+        );
+        self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The dispatch loop: runs until `stop` fires. Only dispatches while `leading` is true.
+    pub async fn run(
+        self: Arc<Self>,
+        mut leading: watch::Receiver<bool>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let resync = self.registration.resync;
+        let mut next_resync = resync.map(|r| Instant::now() + r);
+        loop {
+            let is_leader = *leading.borrow();
+            if let Some(at) = next_resync
+                && Instant::now() >= at
+            {
+                let keys = self.primary_keys();
+                tracing::debug!(controller = %self.id, keys = keys.len(), "resync");
+                self.enqueue(keys, true);
+                next_resync = resync.map(|r| Instant::now() + r);
+            }
+            let next = self.dispatch_once(is_leader);
+            let next = [next, next_resync].into_iter().flatten().min();
+            let sleep = next
+                .map(|n| n.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+                changed = leading.changed() => if changed.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// The session with the most free credits, rotating among equals so keys spread over replicas.
+fn pick_session(st: &mut State) -> Option<u64> {
+    let start = st.next_session_pick;
+    let best = st
+        .sessions
+        .iter()
+        .filter(|(_, s)| !s.draining && s.in_flight < s.credits)
+        .max_by_key(|(id, s)| {
+            (
+                s.credits - s.in_flight,
+                std::cmp::Reverse(id.wrapping_sub(start)),
+            )
+        })
+        .map(|(id, _)| *id);
+    if let Some(id) = best {
+        st.next_session_pick = id.wrapping_add(1);
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::Backoff;
+    use crate::registration::{Mode, NamespaceScope, ResourceRef};
+
+    fn registration(max_concurrent: u32) -> Registration {
+        Registration {
+            name: "t".into(),
+            mode: Mode::Reconcile,
+            primary: ResourceRef {
+                group: "".into(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+                namespaced: true,
+            },
+            owns: vec![],
+            watches: vec![],
+            namespaces: NamespaceScope::All,
+            label_selector: None,
+            predicate: None,
+            max_concurrent,
+            deadline: Duration::from_secs(30),
+            resync: None,
+            backoff: Backoff::default(),
+            include_object: false,
+        }
+    }
+
+    fn recv_all(rx: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<Request> {
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            if let Outbound::Reconcile(r) = m {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn keys_spread_over_sessions_and_never_twice_in_flight() {
+        let c = Controller::new(
+            ControllerId {
+                tenant: "t".into(),
+                name: "c".into(),
+            },
+            registration(10),
+        );
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        c.add_session(1, 2, tx1);
+        c.add_session(2, 2, tx2);
+        c.enqueue((0..6).map(|i| ("ns".to_string(), format!("k{i}"))), false);
+        c.enqueue([("ns".to_string(), "k0".to_string())], false);
+        c.dispatch_once(true);
+        let a = recv_all(&mut rx1);
+        let b = recv_all(&mut rx2);
+        assert_eq!(a.len(), 2, "credits bound each session");
+        assert_eq!(b.len(), 2);
+        let mut keys: Vec<_> = a.iter().chain(b.iter()).map(|r| r.key.1.clone()).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), 4, "no key handed out twice");
+    }
+
+    #[test]
+    fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
+        let c = Controller::new(
+            ControllerId {
+                tenant: "t".into(),
+                name: "c".into(),
+            },
+            registration(10),
+        );
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        c.add_session(1, 5, tx1);
+        c.enqueue([("ns".to_string(), "a".to_string())], false);
+        c.dispatch_once(true);
+        let first = recv_all(&mut rx1);
+        assert_eq!(first.len(), 1);
+        c.remove_session(1);
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        c.add_session(2, 5, tx2);
+        c.dispatch_once(true);
+        let again = recv_all(&mut rx2);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].attempt, 2);
+        assert_eq!(
+            c.complete(1, &first[0].id, Outcome::Done),
+            Completion::Discarded
+        );
+        assert_eq!(
+            c.complete(2, &again[0].id, Outcome::Done),
+            Completion::Accepted
+        );
+    }
+
+    #[test]
+    fn standby_does_not_dispatch() {
+        let c = Controller::new(
+            ControllerId {
+                tenant: "t".into(),
+                name: "c".into(),
+            },
+            registration(10),
+        );
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        c.add_session(1, 5, tx1);
+        c.enqueue([("ns".to_string(), "a".to_string())], false);
+        c.dispatch_once(false);
+        assert!(recv_all(&mut rx1).is_empty());
+        c.dispatch_once(true);
+        assert_eq!(recv_all(&mut rx1).len(), 1);
+    }
+
+    #[test]
+    fn max_concurrent_bounds_all_sessions() {
+        let c = Controller::new(
+            ControllerId {
+                tenant: "t".into(),
+                name: "c".into(),
+            },
+            registration(3),
+        );
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        c.add_session(1, 10, tx1);
+        c.add_session(2, 10, tx2);
+        c.enqueue((0..10).map(|i| ("ns".to_string(), format!("k{i}"))), false);
+        c.dispatch_once(true);
+        assert_eq!(recv_all(&mut rx1).len() + recv_all(&mut rx2).len(), 3);
+    }
+}

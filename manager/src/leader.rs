@@ -1,0 +1,273 @@
+//! Lease-based leader election following client-go's algorithm: decide on locally observed time
+//! (never compare clocks across machines), write with resourceVersion preconditions, step down
+//! when a renew has not succeeded within the renew deadline — which is shorter than the lease, so
+//! the old leader stops dispatching before anyone else may take over — and release on shutdown
+//! so a successor starts within about a retry period.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ObjectMeta, PostParams};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Leader-election settings (reference: 15 s lease, 10 s renew deadline, 2 s retry).
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// This manager's identity (pod name or host + random suffix).
+    pub identity: String,
+    /// How long a lease is valid after its last renewal.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it steps down.
+    pub renew_deadline: Duration,
+    /// Interval between attempts.
+    pub retry_period: Duration,
+}
+
+/// What this manager knows about leadership.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaderState {
+    /// Whether this manager holds the lease.
+    pub leading: bool,
+    /// The holder as last observed.
+    pub holder: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LeaseError {
+    #[error("lease request failed: {0}")]
+    Api(#[from] kube::Error),
+    #[error("lease request timed out")]
+    Timeout,
+}
+
+struct Observed {
+    holder: Option<String>,
+    resource_version: Option<String>,
+    at: Instant,
+    duration: Duration,
+}
+
+/// The elector: run it, and read leadership from its channels.
+pub struct Elector {
+    api: Api<Lease>,
+    config: LeaderConfig,
+    state: watch::Sender<LeaderState>,
+    leading: watch::Sender<bool>,
+}
+
+impl Elector {
+    /// An elector for the Lease in `config`.
+    pub fn new(client: kube::Client, config: LeaderConfig) -> Self {
+        let api = Api::namespaced(client, &config.namespace);
+        let (state, _) = watch::channel(LeaderState::default());
+        let (leading, _) = watch::channel(false);
+        Elector {
+            api,
+            config,
+            state,
+            leading,
+        }
+    }
+
+    /// Leadership as a boolean, for dispatch loops.
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.subscribe()
+    }
+
+    /// Leadership with the observed holder, for status and UNAVAILABLE hints.
+    pub fn state(&self) -> watch::Receiver<LeaderState> {
+        self.state.subscribe()
+    }
+
+    fn publish(&self, leading: bool, holder: Option<String>) {
+        self.state.send_if_modified(|s| {
+            let next = LeaderState {
+                leading,
+                holder: holder.clone(),
+            };
+            let changed = *s != next;
+            *s = next;
+            changed
+        });
+        self.leading.send_if_modified(|l| {
+            let changed = *l != leading;
+            *l = leading;
+            changed
+        });
+    }
+
+    /// Campaign, lead and release until `stop` fires.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut observed: Option<Observed> = None;
+        let mut last_renew: Option<Instant> = None;
+        loop {
+            let leading = *self.leading.borrow();
+            let budget = match (leading, last_renew) {
+                (true, Some(at)) => self.config.renew_deadline.saturating_sub(at.elapsed()),
+                _ => self.config.retry_period.max(Duration::from_secs(1)),
+            };
+            let attempt = tokio::time::timeout(
+                budget.max(Duration::from_millis(100)),
+                self.try_acquire_or_renew(&mut observed),
+            );
+            let result = tokio::select! {
+                r = attempt => r.unwrap_or(Err(LeaseError::Timeout)),
+                _ = stop.cancelled() => break,
+            };
+            match result {
+                Ok(true) => {
+                    if !leading {
+                        tracing::info!(identity = %self.config.identity, lease = %format!("{}/{}", self.config.namespace, self.config.name), "became leader");
+                    }
+                    last_renew = Some(Instant::now());
+                    self.publish(true, Some(self.config.identity.clone()));
+                }
+                Ok(false) => {
+                    if leading {
+                        tracing::warn!("lost the lease to another holder; stepping down");
+                    }
+                    last_renew = None;
+                    self.publish(false, observed.as_ref().and_then(|o| o.holder.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease attempt failed");
+                    if leading
+                        && last_renew.is_none_or(|at| at.elapsed() >= self.config.renew_deadline)
+                    {
+                        tracing::warn!(
+                            "could not renew within the renew deadline; stepping down before the lease can expire elsewhere"
+                        );
+                        last_renew = None;
+                        self.publish(false, None);
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.retry_period) => {}
+                _ = stop.cancelled() => break,
+            }
+        }
+        if *self.leading.borrow() {
+            self.publish(false, None);
+            match tokio::time::timeout(Duration::from_secs(2), self.release()).await {
+                Ok(Ok(())) => tracing::info!("released the lease"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not release the lease"),
+                Err(_) => tracing::warn!("releasing the lease timed out"),
+            }
+        }
+    }
+
+    fn desired(&self, current: Option<&Lease>) -> Lease {
+        let now = MicroTime(jiff::Timestamp::now());
+        let spec = current.and_then(|l| l.spec.clone()).unwrap_or_default();
+        let was_mine = spec.holder_identity.as_deref() == Some(self.config.identity.as_str());
+        let transitions = spec.lease_transitions.unwrap_or(0);
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(self.config.name.clone()),
+                namespace: Some(self.config.namespace.clone()),
+                resource_version: current.and_then(|l| l.metadata.resource_version.clone()),
+                ..current.map(|l| l.metadata.clone()).unwrap_or_default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.config.identity.clone()),
+                lease_duration_seconds: Some(
+                    i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(15),
+                ),
+                acquire_time: if was_mine {
+                    spec.acquire_time.clone()
+                } else {
+                    Some(now.clone())
+                },
+                renew_time: Some(now),
+                lease_transitions: Some(if was_mine || current.is_none() {
+                    transitions
+                } else {
+                    transitions + 1
+                }),
+                ..spec
+            }),
+        }
+    }
+
+    async fn try_acquire_or_renew(
+        &self,
+        observed: &mut Option<Observed>,
+    ) -> Result<bool, LeaseError> {
+        let current = self.api.get_opt(&self.config.name).await?;
+        let Some(current) = current else {
+            let lease = self.desired(None);
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            };
+        };
+        let spec = current.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let rv = current.metadata.resource_version.clone();
+        // Expiry is judged by when *we* saw the record change, never by the renewTime written with
+        // another machine's clock.
+        let changed = observed.as_ref().is_none_or(|o| o.resource_version != rv);
+        if changed {
+            let secs = spec.lease_duration_seconds.unwrap_or(15).max(1);
+            *observed = Some(Observed {
+                holder: holder.clone(),
+                resource_version: rv,
+                at: Instant::now(),
+                duration: Duration::from_secs(u64::try_from(secs).unwrap_or(15)),
+            });
+        }
+        let mine = holder.as_deref() == Some(self.config.identity.as_str());
+        let expired = observed
+            .as_ref()
+            .is_some_and(|o| o.at.elapsed() > o.duration);
+        if !mine && holder.is_some() && !expired {
+            return Ok(false);
+        }
+        let lease = self.desired(Some(&current));
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(updated) => {
+                *observed = Some(Observed {
+                    holder: Some(self.config.identity.clone()),
+                    resource_version: updated.metadata.resource_version.clone(),
+                    at: Instant::now(),
+                    duration: self.config.lease_duration,
+                });
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn release(&self) -> Result<(), LeaseError> {
+        let Some(current) = self.api.get_opt(&self.config.name).await? else {
+            return Ok(());
+        };
+        let spec = current.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        let mut lease = current.clone();
+        lease.spec = Some(LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..spec
+        });
+        self.api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! What a controller registered, as domain types free of protobuf and Kubernetes client types.
+//! The gRPC edge translates `ctrlhub.v1.Register` into a [`Registration`] and reports problems
+//! as [`Invalid`] naming the offending field.
+
+use crate::predicate::{LabelSelector, Predicate, SelectorOperator};
+use crate::queue::Backoff;
+use std::time::Duration;
+
+/// A Kubernetes resource type, resolved through discovery.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourceRef {
+    /// API group, empty for core.
+    pub group: String,
+    /// Version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Plural resource name.
+    pub plural: String,
+    /// Whether objects live in namespaces.
+    pub namespaced: bool,
+}
+
+impl ResourceRef {
+    /// `group/version` or `version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// How a watched object names the primary it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapping {
+    /// The value of this label is the primary's name (same namespace).
+    Label(String),
+    /// The value of this annotation is the primary's name (same namespace).
+    Annotation(String),
+    /// This dotted field holds `namespace/name` or `name`.
+    Field(String),
+}
+
+/// A kind the controller owns: its events map to the controller owner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owned {
+    /// The owned kind.
+    pub resource: ResourceRef,
+    /// Only the ownerReference with `controller: true` counts.
+    pub controller_only: bool,
+    /// Extra filter on the owned objects' events.
+    pub predicate: Option<Predicate>,
+}
+
+/// Another kind the controller watches, mapped to primaries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Watched {
+    /// The watched kind.
+    pub resource: ResourceRef,
+    /// How an object names its primary.
+    pub mapping: Mapping,
+    /// Extra filter on the watched objects' events.
+    pub predicate: Option<Predicate>,
+}
+
+/// Which namespaces a registration covers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NamespaceScope {
+    /// Every namespace (within the manager's ceiling).
+    All,
+    /// These namespaces.
+    Names(Vec<String>),
+    /// Namespaces whose labels match, followed live as labels change.
+    Selector(LabelSelector),
+}
+
+/// How requests are delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Level-triggered reconcile requests by key.
+    Reconcile,
+    /// Ordered per-key events (watcher-style controllers).
+    Events,
+}
+
+/// A validated registration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registration {
+    /// Controller name, unique per tenant.
+    pub name: String,
+    /// Delivery mode.
+    pub mode: Mode,
+    /// The primary kind.
+    pub primary: ResourceRef,
+    /// Owned kinds.
+    pub owns: Vec<Owned>,
+    /// Watched kinds.
+    pub watches: Vec<Watched>,
+    /// Namespace scope.
+    pub namespaces: NamespaceScope,
+    /// Label selector on primaries (applied by the API server).
+    pub label_selector: Option<LabelSelector>,
+    /// Predicate on primary events.
+    pub predicate: Option<Predicate>,
+    /// Most requests in flight across all replicas.
+    pub max_concurrent: u32,
+    /// Per-request deadline.
+    pub deadline: Duration,
+    /// Resync period; None disables resync.
+    pub resync: Option<Duration>,
+    /// Per-key error backoff.
+    pub backoff: Backoff,
+    /// Whether requests carry the object.
+    pub include_object: bool,
+}
+
+/// A registration field that is wrong, and how.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Invalid {
+    /// Path of the field, e.g. `register.primary.kind`.
+    pub field: String,
+    /// What to change.
+    pub message: String,
+}
+
+impl Invalid {
+    /// Build from parts.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Defaults applied when a registration leaves a setting at zero.
+pub mod defaults {
+    use std::time::Duration;
+    /// Requests in flight across all replicas.
+    pub const MAX_CONCURRENT: u32 = 1;
+    /// Per-request deadline.
+    pub const DEADLINE: Duration = Duration::from_secs(60);
+    /// Resync period (controller-runtime's default is 10 h).
+    pub const RESYNC: Duration = Duration::from_secs(10 * 3600);
+}
+
+/// A controller name must be usable as a metric label and a Kubernetes-style name.
+pub fn validate_name(name: &str) -> Result<(), Invalid> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Invalid::new(
+            "register.controller_name",
+            format!(
+                "{name:?} is not a valid controller name: use 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+/// The label selector as the API server's `labelSelector` query parameter.
+pub fn selector_query(sel: &LabelSelector) -> String {
+    let mut parts: Vec<String> = sel
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in &sel.match_expressions {
+        parts.push(match e.operator {
+            SelectorOperator::In => format!("{} in ({})", e.key, e.values.join(",")),
+            SelectorOperator::NotIn => format!("{} notin ({})", e.key, e.values.join(",")),
+            SelectorOperator::Exists => e.key.clone(),
+            SelectorOperator::DoesNotExist => format!("!{}", e.key),
+        });
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::predicate::LabelSelectorRequirement;
+
+    #[test]
+    fn selector_query_matches_kubernetes_syntax() {
+        let mut sel = LabelSelector::default();
+        sel.match_labels.insert("app".into(), "web".into());
+        sel.match_expressions.push(LabelSelectorRequirement {
+            key: "tier".into(),
+            operator: SelectorOperator::In,
+            values: vec!["a".into(), "b".into()],
+        });
+        sel.match_expressions.push(LabelSelectorRequirement {
+            key: "old".into(),
+            operator: SelectorOperator::DoesNotExist,
+            values: vec![],
+        });
+        assert_eq!(selector_query(&sel), "app=web,tier in (a,b),!old");
+    }
+
+    #[test]
+    fn controller_names_are_checked() {
+        assert!(validate_name("memcached").is_ok());
+        let err = validate_name("Bad_Name").expect_err("uppercase and underscore are invalid");
+        assert_eq!(err.field, "register.controller_name");
+        assert!(validate_name("").is_err());
+    }
+}

@@ -1,0 +1,391 @@
+//! Who registered what: controllers by (tenant, name), their sessions, and the informer
+//! subscriptions that feed their queues through scope, predicates and mapping.
+
+use crate::cache::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
+use crate::controller::{Controller, ControllerId, Outbound, RevokeReason};
+use crate::mapper;
+use crate::predicate::{EventKind, LabelSelector, Predicate};
+use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// A field is wrong.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    /// Outside the manager's WATCH_NAMESPACE ceiling.
+    #[error("{0}")]
+    OutsideCeiling(String),
+}
+
+/// How a session is attached.
+pub struct Attached {
+    /// The controller it joined.
+    pub controller: Arc<Controller>,
+    /// Its session id.
+    pub session: u64,
+    /// What it receives.
+    pub outbound: mpsc::UnboundedReceiver<Outbound>,
+}
+
+/// Every registered controller of this manager.
+pub struct Registry {
+    cache: Arc<Cache>,
+    ceiling: Option<Vec<String>>,
+    controllers: Mutex<BTreeMap<ControllerId, Arc<Controller>>>,
+    next_session: AtomicU64,
+    leading: watch::Receiver<bool>,
+    stop: CancellationToken,
+}
+
+fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
+    match event {
+        CacheEvent::Added { object, .. } => (EventKind::Added, None, object),
+        CacheEvent::Modified { old, new } => (EventKind::Modified, Some(old), new),
+        CacheEvent::Deleted { object, .. } => (EventKind::Deleted, Some(object), object),
+    }
+}
+
+fn passes(predicate: &Option<Predicate>, event: &CacheEvent) -> bool {
+    let (kind, old, new) = event_kind(event);
+    predicate
+        .as_ref()
+        .is_none_or(|p| p.evaluate(kind, old, new))
+}
+
+fn is_initial(event: &CacheEvent) -> bool {
+    matches!(event, CacheEvent::Added { initial: true, .. })
+}
+
+/// Namespaces currently in scope for a namespace-label-selector registration.
+type ScopeSet = Arc<RwLock<HashSet<String>>>;
+
+fn in_scope(scope: &Option<ScopeSet>, obj: &Value) -> bool {
+    match scope {
+        None => true,
+        Some(set) => {
+            let ns = obj
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            set.read().unwrap_or_else(|p| p.into_inner()).contains(ns)
+        }
+    }
+}
+
+impl Registry {
+    /// A registry over `cache`; `ceiling` is WATCH_NAMESPACE (None = all namespaces).
+    pub fn new(
+        cache: Arc<Cache>,
+        ceiling: Option<Vec<String>>,
+        leading: watch::Receiver<bool>,
+        stop: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Registry {
+            cache,
+            ceiling,
+            controllers: Mutex::new(BTreeMap::new()),
+            next_session: AtomicU64::new(1),
+            leading,
+            stop,
+        })
+    }
+
+    fn controllers(&self) -> MutexGuard<'_, BTreeMap<ControllerId, Arc<Controller>>> {
+        self.controllers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every controller, for status and metrics.
+    pub fn all(&self) -> Vec<Arc<Controller>> {
+        self.controllers().values().cloned().collect()
+    }
+
+    /// The shared cache.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// Find a controller.
+    pub fn get(&self, id: &ControllerId) -> Option<Arc<Controller>> {
+        self.controllers().get(id).cloned()
+    }
+
+    /// Attach a session of `tenant` with `registration`. Replicas with the same registration
+    /// share one controller; a different registration under the same name supersedes it.
+    pub fn attach(
+        &self,
+        tenant: &str,
+        registration: Registration,
+        credits: u32,
+    ) -> Result<Attached, RegisterError> {
+        let id = ControllerId {
+            tenant: tenant.to_string(),
+            name: registration.name.clone(),
+        };
+        let namespaces = self.effective_namespaces(&registration)?;
+        let controller = {
+            let mut controllers = self.controllers();
+            match controllers.get(&id) {
+                Some(existing) if existing.registration == registration => existing.clone(),
+                existing => {
+                    if let Some(old) = existing {
+                        tracing::info!(controller = %id, "registration changed; superseding the previous one");
+                        old.revoke_all(RevokeReason::Superseded, "a replica registered a different definition under this controller name");
+                        old.release_informers();
+                    }
+                    let controller = Controller::new(id.clone(), registration.clone());
+                    self.wire(&controller, &namespaces);
+                    tokio::spawn(
+                        controller
+                            .clone()
+                            .run(self.leading.clone(), self.stop.child_token()),
+                    );
+                    controllers.insert(id.clone(), controller.clone());
+                    tracing::info!(controller = %id, primary = %format!("{}/{}", registration.primary.api_version(), registration.primary.kind), "controller registered");
+                    controller
+                }
+            }
+        };
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        controller.add_session(session, credits.max(1), tx);
+        Ok(Attached {
+            controller,
+            session,
+            outbound: rx,
+        })
+    }
+
+    /// Detach a session; the controller goes away with its last session.
+    pub fn detach(&self, controller: &Arc<Controller>, session: u64) {
+        let remaining = controller.remove_session(session);
+        if remaining == 0 {
+            let mut controllers = self.controllers();
+            if controllers
+                .get(&controller.id)
+                .is_some_and(|c| Arc::ptr_eq(c, controller))
+                && controller.session_count() == 0
+            {
+                controllers.remove(&controller.id);
+                controller.release_informers();
+                tracing::info!(controller = %controller.id, "last session left; controller removed");
+            }
+        }
+    }
+
+    /// Revoke every session (leadership lost or shutting down).
+    pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
+        for c in self.all() {
+            c.revoke_all(reason, message);
+        }
+    }
+
+    /// The namespaces to open informers in: None = one cluster-wide informer.
+    fn effective_namespaces(
+        &self,
+        reg: &Registration,
+    ) -> Result<Option<Vec<String>>, RegisterError> {
+        match (&reg.namespaces, &self.ceiling) {
+            (NamespaceScope::Names(names), Some(ceiling)) => {
+                if let Some(outside) = names.iter().find(|n| !ceiling.contains(n)) {
+                    return Err(RegisterError::OutsideCeiling(format!(
+                        "register.namespaces.names: namespace {outside:?} is outside this manager's WATCH_NAMESPACE ({})",
+                        ceiling.join(",")
+                    )));
+                }
+                Ok(Some(names.clone()))
+            }
+            (NamespaceScope::Names(names), None) => Ok(Some(names.clone())),
+            (_, Some(ceiling)) => Ok(Some(ceiling.clone())),
+            (_, None) => Ok(None),
+        }
+    }
+
+    fn informer_keys(
+        &self,
+        resource: &ResourceRef,
+        namespaces: &Option<Vec<String>>,
+        labels: Option<String>,
+        metadata_only: bool,
+    ) -> Vec<InformerKey> {
+        let key = |ns: Option<String>| InformerKey {
+            group: resource.group.clone(),
+            version: resource.version.clone(),
+            kind: resource.kind.clone(),
+            plural: resource.plural.clone(),
+            namespaced: resource.namespaced,
+            namespace: ns,
+            label_selector: labels.clone(),
+            metadata_only,
+        };
+        match namespaces {
+            Some(list) if resource.namespaced => {
+                list.iter().map(|n| key(Some(n.clone()))).collect()
+            }
+            _ => vec![key(None)],
+        }
+    }
+
+    /// Subscribe a new controller to everything it needs.
+    fn wire(&self, controller: &Arc<Controller>, namespaces: &Option<Vec<String>>) {
+        let reg = &controller.registration;
+        let scope: Option<ScopeSet> = match &reg.namespaces {
+            NamespaceScope::Selector(sel) => Some(self.wire_namespace_selector(controller, sel)),
+            _ => None,
+        };
+        let labels = reg
+            .label_selector
+            .as_ref()
+            .map(selector_query)
+            .filter(|s| !s.is_empty());
+        for key in self.informer_keys(&reg.primary, namespaces, labels, false) {
+            let c = Arc::downgrade(controller);
+            let scope = scope.clone();
+            let predicate = reg.predicate.clone();
+            let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
+                let Some(c) = c.upgrade() else { return };
+                c.observe_primary(event);
+                let (_, _, obj) = event_kind(event);
+                if !in_scope(&scope, obj) || !passes(&predicate, event) {
+                    return;
+                }
+                c.enqueue([mapper::own_key(obj)], is_initial(event));
+            });
+            let subscription = self.cache.subscribe(key, sub);
+            controller.hold(subscription, true);
+        }
+        for owned in &reg.owns {
+            for key in self.informer_keys(&owned.resource, namespaces, None, true) {
+                let c = Arc::downgrade(controller);
+                let scope = scope.clone();
+                let owned = owned.clone();
+                let primary = reg.primary.clone();
+                let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
+                    let Some(c) = c.upgrade() else { return };
+                    if !passes(&owned.predicate, event) {
+                        return;
+                    }
+                    let mut keys: Vec<ObjectKey> = Vec::new();
+                    if let CacheEvent::Modified { old, .. } = event {
+                        keys.extend(mapper::owner_keys(old, &primary, owned.controller_only));
+                    }
+                    let (_, _, obj) = event_kind(event);
+                    keys.extend(mapper::owner_keys(obj, &primary, owned.controller_only));
+                    keys.retain(|k| {
+                        scope.is_none()
+                            || in_scope(
+                                &scope,
+                                &serde_json::json!({"metadata": {"namespace": k.0}}),
+                            )
+                    });
+                    keys.sort();
+                    keys.dedup();
+                    c.enqueue(keys, is_initial(event));
+                });
+                controller.hold(self.cache.subscribe(key, sub), false);
+            }
+        }
+        for watched in &reg.watches {
+            let metadata_only = !matches!(watched.mapping, crate::registration::Mapping::Field(_));
+            for key in self.informer_keys(&watched.resource, namespaces, None, metadata_only) {
+                let c = Arc::downgrade(controller);
+                let scope = scope.clone();
+                let watched = watched.clone();
+                let primary_namespaced = reg.primary.namespaced;
+                let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
+                    let Some(c) = c.upgrade() else { return };
+                    if !passes(&watched.predicate, event) {
+                        return;
+                    }
+                    let mut keys: Vec<ObjectKey> = Vec::new();
+                    if let CacheEvent::Modified { old, .. } = event {
+                        keys.extend(mapper::mapped_key(
+                            old,
+                            &watched.mapping,
+                            primary_namespaced,
+                        ));
+                    }
+                    let (_, _, obj) = event_kind(event);
+                    keys.extend(mapper::mapped_key(
+                        obj,
+                        &watched.mapping,
+                        primary_namespaced,
+                    ));
+                    keys.retain(|k| {
+                        scope.is_none()
+                            || in_scope(
+                                &scope,
+                                &serde_json::json!({"metadata": {"namespace": k.0}}),
+                            )
+                    });
+                    keys.sort();
+                    keys.dedup();
+                    c.enqueue(keys, is_initial(event));
+                });
+                controller.hold(self.cache.subscribe(key, sub), false);
+            }
+        }
+    }
+
+    /// Follow namespaces matching `sel`: when one enters the scope its primaries are enqueued.
+    fn wire_namespace_selector(
+        &self,
+        controller: &Arc<Controller>,
+        sel: &LabelSelector,
+    ) -> ScopeSet {
+        let set: ScopeSet = Arc::new(RwLock::new(HashSet::new()));
+        let key = InformerKey {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Namespace".into(),
+            plural: "namespaces".into(),
+            namespaced: false,
+            namespace: None,
+            label_selector: None,
+            metadata_only: true,
+        };
+        let ceiling = self.ceiling.clone();
+        let c = Arc::downgrade(controller);
+        let sel = sel.clone();
+        let scope = set.clone();
+        let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
+            let Some(c) = c.upgrade() else { return };
+            let (_, _, ns) = event_kind(event);
+            let name = ns
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let allowed = ceiling.as_ref().is_none_or(|c| c.contains(&name));
+            let matches =
+                allowed && !matches!(event, CacheEvent::Deleted { .. }) && sel.matches_object(ns);
+            let entered = {
+                let mut s = scope.write().unwrap_or_else(|p| p.into_inner());
+                if matches {
+                    s.insert(name.clone())
+                } else {
+                    // Leaving the scope: later events of its objects are filtered out.
+                    s.remove(&name);
+                    false
+                }
+            };
+            if entered {
+                // Objects of a namespace that just came into scope: deliver them as new work.
+                let keys: Vec<ObjectKey> = c
+                    .primary_keys()
+                    .into_iter()
+                    .filter(|(n, _)| *n == name)
+                    .collect();
+                c.enqueue(keys, is_initial(event));
+            }
+        });
+        controller.hold(self.cache.subscribe(key, sub), false);
+        set
+    }
+}

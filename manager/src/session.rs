@@ -1,0 +1,852 @@
+//! The gRPC edge: `ctrlhub.v1.ControllerManager`. Protobuf types stop here — registrations are
+//! translated into domain types (with errors naming the offending field), and domain requests
+//! and outcomes are translated back.
+
+use crate::cache::InformerKey;
+use crate::controller::{Completion, Controller, Outbound, Payload, Request, RevokeReason};
+use crate::leader::LeaderState;
+use crate::predicate::{
+    self, LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator,
+};
+use crate::queue::{Backoff, Outcome, Reason};
+use crate::registration::{
+    self, Invalid, Mapping, Mode, NamespaceScope, Owned, Registration, ResourceRef, Watched,
+    defaults,
+};
+use crate::registry::{RegisterError, Registry};
+use crate::tenant::{Access, AuthError, Authenticator, Authorizer, Identity};
+use ctrlhub_proto::v1 as pb;
+use ctrlhub_proto::v1::controller_manager_server::ControllerManager;
+use futures::Stream;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request as GrpcRequest, Response, Status, Streaming};
+
+/// How long a new stream may take to send its Register.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Shared state behind the gRPC service.
+pub struct ServiceState {
+    registry: Arc<Registry>,
+    client: kube::Client,
+    authn: Arc<dyn Authenticator>,
+    authz: Arc<dyn Authorizer>,
+    leader: watch::Receiver<LeaderState>,
+    discovered: Mutex<HashMap<(String, String, String), ResourceRef>>,
+    sessions: Mutex<HashMap<String, (Identity, Arc<Controller>)>>,
+}
+
+impl ServiceState {
+    /// A service over `registry`.
+    pub fn new(
+        registry: Arc<Registry>,
+        client: kube::Client,
+        authn: Arc<dyn Authenticator>,
+        authz: Arc<dyn Authorizer>,
+        leader: watch::Receiver<LeaderState>,
+    ) -> Self {
+        ServiceState {
+            registry,
+            client,
+            authn,
+            authz,
+            leader,
+            discovered: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn authenticate<T>(&self, req: &GrpcRequest<T>) -> Result<Identity, Status> {
+        let header = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        let token = header
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        let token = token.ok_or_else(|| Status::unauthenticated(AuthError::Missing.to_string()))?;
+        self.authn
+            .authenticate(token)
+            .map_err(|e| Status::unauthenticated(e.to_string()))
+    }
+
+    fn require_leader(&self) -> Result<(), Status> {
+        let state = self.leader.borrow().clone();
+        if state.leading {
+            return Ok(());
+        }
+        let leader = state
+            .holder
+            .unwrap_or_else(|| "unknown (election in progress)".into());
+        let mut status = Status::unavailable(format!(
+            "this ctrlhub manager is a standby; the leader is {leader}. Reconnect (through the Service, which selects the leader) with backoff"
+        ));
+        if let Ok(v) = leader.parse() {
+            status.metadata_mut().insert("ctrlhub-leader", v);
+        }
+        Err(status)
+    }
+
+    async fn resolve(
+        &self,
+        rt: Option<&pb::ResourceType>,
+        field: &str,
+    ) -> Result<ResourceRef, Invalid> {
+        let rt =
+            rt.ok_or_else(|| Invalid::new(field, "is required: give group, version and kind"))?;
+        if rt.version.is_empty() {
+            return Err(Invalid::new(
+                format!("{field}.version"),
+                "is required (e.g. \"v1\")",
+            ));
+        }
+        if rt.kind.is_empty() {
+            return Err(Invalid::new(
+                format!("{field}.kind"),
+                "is required (e.g. \"ConfigMap\")",
+            ));
+        }
+        let cache_key = (rt.group.clone(), rt.version.clone(), rt.kind.clone());
+        if let Some(found) = self
+            .discovered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&cache_key)
+        {
+            return Ok(found.clone());
+        }
+        let gvk = kube::api::GroupVersionKind::gvk(&rt.group, &rt.version, &rt.kind);
+        let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk).await.map_err(|_| {
+            let gv = if rt.group.is_empty() { rt.version.clone() } else { format!("{}/{}", rt.group, rt.version) };
+            Invalid::new(field, format!("kind {} in {gv} is not served by the API server (check group, version and kind, and that its CRD is installed)", rt.kind))
+        })?;
+        if !rt.plural.is_empty() && rt.plural != ar.plural {
+            return Err(Invalid::new(
+                format!("{field}.plural"),
+                format!(
+                    "is {:?} but the API server serves {} as {:?}",
+                    rt.plural, rt.kind, ar.plural
+                ),
+            ));
+        }
+        let resolved = ResourceRef {
+            group: ar.group,
+            version: ar.version,
+            kind: ar.kind,
+            plural: ar.plural,
+            namespaced: caps.scope == kube::discovery::Scope::Namespaced,
+        };
+        self.discovered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cache_key, resolved.clone());
+        Ok(resolved)
+    }
+
+    async fn translate(&self, r: &pb::Register) -> Result<Registration, Invalid> {
+        registration::validate_name(&r.controller_name)?;
+        let mode = match pb::register::Mode::try_from(r.mode) {
+            Ok(pb::register::Mode::Unspecified | pb::register::Mode::Reconcile) => Mode::Reconcile,
+            Ok(pb::register::Mode::Events) => {
+                return Err(Invalid::new(
+                    "register.mode",
+                    "MODE_EVENTS is not supported by this manager version yet; use MODE_RECONCILE",
+                ));
+            }
+            Err(_) => {
+                return Err(Invalid::new(
+                    "register.mode",
+                    format!("unknown mode {}", r.mode),
+                ));
+            }
+        };
+        let primary = self.resolve(r.primary.as_ref(), "register.primary").await?;
+        let mut owns = Vec::new();
+        for (i, o) in r.owns.iter().enumerate() {
+            let field = format!("register.owns[{i}]");
+            let predicate =
+                translate_predicate_opt(o.predicate.as_ref(), &format!("{field}.predicate"))?;
+            owns.push(Owned {
+                resource: self
+                    .resolve(o.resource.as_ref(), &format!("{field}.resource"))
+                    .await?,
+                controller_only: o.controller_only,
+                predicate,
+            });
+        }
+        let mut watches = Vec::new();
+        for (i, w) in r.watches.iter().enumerate() {
+            let field = format!("register.watches[{i}]");
+            let mapping = match &w.mapping {
+                Some(pb::watched_resource::Mapping::LabelKey(k)) if !k.is_empty() => {
+                    Mapping::Label(k.clone())
+                }
+                Some(pb::watched_resource::Mapping::AnnotationKey(k)) if !k.is_empty() => {
+                    Mapping::Annotation(k.clone())
+                }
+                Some(pb::watched_resource::Mapping::FieldPath(p)) if !p.is_empty() => {
+                    Mapping::Field(p.trim_start_matches('.').to_string())
+                }
+                _ => {
+                    return Err(Invalid::new(
+                        format!("{field}.mapping"),
+                        "set one of label_key, annotation_key or field_path (non-empty)",
+                    ));
+                }
+            };
+            let predicate =
+                translate_predicate_opt(w.predicate.as_ref(), &format!("{field}.predicate"))?;
+            watches.push(Watched {
+                resource: self
+                    .resolve(w.resource.as_ref(), &format!("{field}.resource"))
+                    .await?,
+                mapping,
+                predicate,
+            });
+        }
+        let namespaces = match r.namespaces.as_ref().and_then(|n| n.scope.as_ref()) {
+            None | Some(pb::namespace_scope::Scope::All(_)) => NamespaceScope::All,
+            Some(pb::namespace_scope::Scope::Names(n)) => {
+                if n.names.is_empty() {
+                    return Err(Invalid::new(
+                        "register.namespaces.names.names",
+                        "must list at least one namespace (use `all` for every namespace)",
+                    ));
+                }
+                for (i, name) in n.names.iter().enumerate() {
+                    if !is_dns_label(name) {
+                        return Err(Invalid::new(
+                            format!("register.namespaces.names.names[{i}]"),
+                            format!("{name:?} is not a valid namespace name"),
+                        ));
+                    }
+                }
+                NamespaceScope::Names(n.names.clone())
+            }
+            Some(pb::namespace_scope::Scope::LabelSelector(sel)) => NamespaceScope::Selector(
+                translate_selector(sel, "register.namespaces.label_selector")?,
+            ),
+        };
+        if !primary.namespaced && !matches!(namespaces, NamespaceScope::All) {
+            return Err(Invalid::new(
+                "register.namespaces",
+                format!(
+                    "{} is cluster-scoped; leave the namespace scope unset",
+                    primary.kind
+                ),
+            ));
+        }
+        let label_selector = match &r.label_selector {
+            Some(sel) => Some(translate_selector(sel, "register.label_selector")?),
+            None => None,
+        };
+        let predicate = translate_predicate_opt(r.predicate.as_ref(), "register.predicate")?;
+        let max_concurrent = if r.max_concurrent_reconciles == 0 {
+            defaults::MAX_CONCURRENT
+        } else {
+            r.max_concurrent_reconciles
+        };
+        let deadline = match &r.request_deadline {
+            None => defaults::DEADLINE,
+            Some(d) => duration(d, "register.request_deadline")?
+                .filter(|d| !d.is_zero())
+                .unwrap_or(defaults::DEADLINE),
+        };
+        let resync = match &r.resync_period {
+            None => Some(defaults::RESYNC),
+            Some(d) => duration(d, "register.resync_period")?.filter(|d| !d.is_zero()),
+        };
+        let mut backoff = Backoff::default();
+        if let Some(b) = &r.backoff {
+            if let Some(base) = b.base.as_ref() {
+                backoff.base = duration(base, "register.backoff.base")?
+                    .filter(|d| !d.is_zero())
+                    .unwrap_or(backoff.base);
+            }
+            if let Some(max) = b.max.as_ref() {
+                backoff.max = duration(max, "register.backoff.max")?
+                    .filter(|d| !d.is_zero())
+                    .unwrap_or(backoff.max);
+            }
+            if backoff.base > backoff.max {
+                return Err(Invalid::new("register.backoff", "base must not exceed max"));
+            }
+        }
+        Ok(Registration {
+            name: r.controller_name.clone(),
+            mode,
+            primary,
+            owns,
+            watches,
+            namespaces,
+            label_selector,
+            predicate,
+            max_concurrent,
+            deadline,
+            resync,
+            backoff,
+            include_object: r.include_object,
+        })
+    }
+
+    fn authorize(&self, who: &Identity, reg: &Registration) -> Result<(), Status> {
+        let namespaces: Vec<String> = match &reg.namespaces {
+            NamespaceScope::Names(n) => n.clone(),
+            _ => vec![String::new()],
+        };
+        let resources = std::iter::once(&reg.primary)
+            .chain(reg.owns.iter().map(|o| &o.resource))
+            .chain(reg.watches.iter().map(|w| &w.resource));
+        for r in resources {
+            for ns in &namespaces {
+                if !self
+                    .authz
+                    .allowed(who, Access::Watch, &r.group, &r.plural, ns)
+                {
+                    return Err(Status::permission_denied(format!(
+                        "{} may not list and watch {}{} in {}",
+                        who.username,
+                        r.plural,
+                        if r.group.is_empty() {
+                            String::new()
+                        } else {
+                            format!(".{}", r.group)
+                        },
+                        if ns.is_empty() {
+                            "all namespaces".to_string()
+                        } else {
+                            format!("namespace {ns}")
+                        }
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn session(&self, id: &str) -> Result<(Identity, Arc<Controller>), Status> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Status::failed_precondition(format!("unknown session_id {id:?}: use the session_id from Registered of a live Connect stream")))
+    }
+
+    fn readable_informers(
+        &self,
+        controller: &Controller,
+        rt: Option<&pb::ResourceType>,
+    ) -> Result<Vec<Arc<crate::cache::Informer>>, Status> {
+        let rt = rt.ok_or_else(|| Status::invalid_argument("resource: is required"))?;
+        let reg = &controller.registration;
+        let registered = std::iter::once(&reg.primary)
+            .chain(reg.owns.iter().map(|o| &o.resource))
+            .chain(reg.watches.iter().map(|w| &w.resource))
+            .any(|r| {
+                r.group == rt.group
+                    && r.kind == rt.kind
+                    && (rt.version.is_empty() || r.version == rt.version)
+            });
+        if !registered {
+            return Err(Status::failed_precondition(format!(
+                "resource: {} is not a kind this session registered (primary, owns or watches); only those are cached",
+                rt.kind
+            )));
+        }
+        let informers: Vec<_> = self
+            .registry
+            .cache()
+            .all()
+            .into_iter()
+            .filter(|i| {
+                let k: &InformerKey = i.key();
+                k.group == rt.group && k.kind == rt.kind
+            })
+            .collect();
+        Ok(informers)
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn duration(d: &prost_types::Duration, field: &str) -> Result<Option<Duration>, Invalid> {
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(Invalid::new(field, "must not be negative"));
+    }
+    let secs = u64::try_from(d.seconds).map_err(|_| Invalid::new(field, "out of range"))?;
+    let nanos = u32::try_from(d.nanos).map_err(|_| Invalid::new(field, "out of range"))?;
+    Ok(Some(Duration::new(secs, nanos)))
+}
+
+fn translate_selector(sel: &pb::LabelSelector, field: &str) -> Result<LabelSelector, Invalid> {
+    let mut out = LabelSelector {
+        match_labels: sel.match_labels.clone().into_iter().collect(),
+        match_expressions: Vec::new(),
+    };
+    for (i, e) in sel.match_expressions.iter().enumerate() {
+        let operator = match pb::label_selector_requirement::Operator::try_from(e.operator) {
+            Ok(pb::label_selector_requirement::Operator::In) => SelectorOperator::In,
+            Ok(pb::label_selector_requirement::Operator::NotIn) => SelectorOperator::NotIn,
+            Ok(pb::label_selector_requirement::Operator::Exists) => SelectorOperator::Exists,
+            Ok(pb::label_selector_requirement::Operator::DoesNotExist) => {
+                SelectorOperator::DoesNotExist
+            }
+            _ => {
+                return Err(Invalid::new(
+                    format!("{field}.match_expressions[{i}].operator"),
+                    "must be one of OPERATOR_IN, OPERATOR_NOT_IN, OPERATOR_EXISTS, OPERATOR_DOES_NOT_EXIST",
+                ));
+            }
+        };
+        out.match_expressions.push(LabelSelectorRequirement {
+            key: e.key.clone(),
+            operator,
+            values: e.values.clone(),
+        });
+    }
+    out.validate_at(field)
+        .map_err(|e| Invalid::new(e.path().to_string(), e.to_string()))?;
+    Ok(out)
+}
+
+fn translate_predicate_opt(
+    p: Option<&pb::Predicate>,
+    field: &str,
+) -> Result<Option<Predicate>, Invalid> {
+    let Some(p) = p else { return Ok(None) };
+    let out = translate_predicate(p, field, 0)?;
+    out.validate_at(field)
+        .map_err(|e| Invalid::new(e.path().to_string(), e.to_string()))?;
+    Ok(Some(out))
+}
+
+fn translate_predicate(p: &pb::Predicate, field: &str, depth: usize) -> Result<Predicate, Invalid> {
+    use pb::predicate::Predicate as P;
+    if depth > predicate::MAX_DEPTH {
+        return Err(Invalid::new(
+            field,
+            format!(
+                "predicate nesting exceeds the maximum depth of {}",
+                predicate::MAX_DEPTH
+            ),
+        ));
+    }
+    let list = |ps: &[pb::Predicate], name: &str| -> Result<Vec<Predicate>, Invalid> {
+        ps.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                translate_predicate(p, &format!("{field}.{name}.predicates[{i}]"), depth + 1)
+            })
+            .collect()
+    };
+    Ok(match p.predicate.as_ref() {
+        None => {
+            return Err(Invalid::new(
+                field,
+                "set one predicate (e.g. generation_changed)",
+            ));
+        }
+        Some(P::GenerationChanged(_)) => Predicate::GenerationChanged,
+        Some(P::LabelsChanged(_)) => Predicate::LabelsChanged,
+        Some(P::AnnotationsChanged(_)) => Predicate::AnnotationsChanged,
+        Some(P::ResourceVersionChanged(_)) => Predicate::ResourceVersionChanged,
+        Some(P::LabelSelector(sel)) => {
+            Predicate::LabelSelector(translate_selector(sel, &format!("{field}.label_selector"))?)
+        }
+        Some(P::Deleting(_)) => Predicate::Deleting,
+        Some(P::HasFinalizer(f)) => Predicate::HasFinalizer(f.name.clone()),
+        Some(P::AllOf(a)) => Predicate::AllOf(list(&a.predicates, "all_of")?),
+        Some(P::AnyOf(a)) => Predicate::AnyOf(list(&a.predicates, "any_of")?),
+        Some(P::Negate(n)) => Predicate::Not(Box::new(translate_predicate(
+            n,
+            &format!("{field}.negate"),
+            depth + 1,
+        )?)),
+    })
+}
+
+fn reason_to_pb(r: Reason, background: bool) -> pb::reconcile_request::Reason {
+    use pb::reconcile_request::Reason as R;
+    match r {
+        Reason::Event => R::Updated,
+        Reason::Resync if background => R::Resync,
+        Reason::Resync => R::Updated,
+        Reason::Scheduled | Reason::RequeueAfter => R::Requeue,
+        Reason::Backoff => R::Retry,
+        Reason::Redelivery => R::Redelivery,
+    }
+}
+
+fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
+    let mut reasons: Vec<i32> = r
+        .reasons
+        .iter()
+        .map(|x| reason_to_pb(*x, r.background) as i32)
+        .collect();
+    let object = match &r.payload {
+        Payload::None => None,
+        Payload::Object(o) => Some(pb::reconcile_request::Object::ObjectJson(
+            serde_json::to_vec(o.as_ref()).unwrap_or_default(),
+        )),
+        Payload::Tombstone {
+            last,
+            final_state_unknown,
+        } => {
+            reasons.push(pb::reconcile_request::Reason::Deleted as i32);
+            let json = if last.is_null() {
+                Vec::new()
+            } else {
+                serde_json::to_vec(last.as_ref()).unwrap_or_default()
+            };
+            Some(pb::reconcile_request::Object::Tombstone(pb::Tombstone {
+                object_json: json,
+                final_state_unknown: *final_state_unknown,
+            }))
+        }
+    };
+    reasons.sort_unstable();
+    reasons.dedup();
+    pb::ReconcileRequest {
+        id: r.id.clone(),
+        key: Some(pb::ObjectKey {
+            namespace: r.key.0.clone(),
+            name: r.key.1.clone(),
+        }),
+        attempt: r.attempt,
+        reasons,
+        object,
+        deadline: Some(timestamp(r.deadline)),
+        traceparent: String::new(),
+        tracestate: String::new(),
+    }
+}
+
+fn outcome_from_pb(r: &pb::ReconcileResult) -> Result<Outcome, Invalid> {
+    use pb::reconcile_result::Outcome as O;
+    Ok(match r.outcome.as_ref() {
+        Some(O::Done(_)) => Outcome::Done,
+        Some(O::RequeueAfter(ra)) => Outcome::RequeueAfter(
+            ra.delay
+                .as_ref()
+                .map(|d| duration(d, "result.requeue_after.delay"))
+                .transpose()?
+                .flatten()
+                .unwrap_or_default(),
+        ),
+        Some(O::Error(e)) => Outcome::Error {
+            retry_after: e
+                .retry_after
+                .as_ref()
+                .map(|d| duration(d, "result.error.retry_after"))
+                .transpose()?
+                .flatten(),
+        },
+        Some(O::Terminal(_)) => Outcome::Terminal,
+        // An empty outcome is a controller bug; retrying is the safe reading.
+        None => Outcome::Error { retry_after: None },
+    })
+}
+
+fn resource_to_pb(r: &ResourceRef) -> pb::ResourceType {
+    pb::ResourceType {
+        group: r.group.clone(),
+        version: r.version.clone(),
+        kind: r.kind.clone(),
+        plural: r.plural.clone(),
+    }
+}
+
+/// The gRPC service: a cheap handle on [`ServiceState`].
+#[derive(Clone)]
+pub struct Service(pub Arc<ServiceState>);
+
+impl std::ops::Deref for Service {
+    type Target = ServiceState;
+    fn deref(&self) -> &ServiceState {
+        &self.0
+    }
+}
+
+type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::ManagerMessage, Status>> + Send>>;
+
+fn msg(m: pb::manager_message::Message) -> pb::ManagerMessage {
+    pb::ManagerMessage { message: Some(m) }
+}
+
+#[tonic::async_trait]
+impl ControllerManager for Service {
+    type ConnectStream = ConnectStream;
+
+    async fn connect(
+        &self,
+        req: GrpcRequest<Streaming<pb::ControllerMessage>>,
+    ) -> Result<Response<ConnectStream>, Status> {
+        let identity = self.authenticate(&req)?;
+        self.require_leader()?;
+        let mut inbound = req.into_inner();
+        let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded("no Register message within 30s of opening the stream")
+            })??
+            .ok_or_else(|| Status::cancelled("the stream closed before Register"))?;
+        let register = match first.message {
+            Some(pb::controller_message::Message::Register(r)) => *r,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "register: the first message on a Connect stream must be Register",
+                ));
+            }
+        };
+        let registration = self
+            .translate(&register)
+            .await
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.authorize(&identity, &registration)?;
+        let credits = if register.max_in_flight == 0 {
+            registration.max_concurrent
+        } else {
+            register.max_in_flight
+        };
+        let attached = self
+            .registry
+            .attach(&identity.tenant, registration.clone(), credits)
+            .map_err(|e| match e {
+                RegisterError::Invalid(i) => Status::invalid_argument(i.to_string()),
+                RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
+            })?;
+        let controller = attached.controller.clone();
+        let session_num = attached.session;
+        let session_id = format!("{}-{}", controller.id.name, uuid::Uuid::new_v4());
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session_id.clone(), (identity.clone(), controller.clone()));
+        tracing::info!(controller = %controller.id, session = %session_id, credits, "session attached");
+
+        let mut effective = register.clone();
+        effective.max_concurrent_reconciles = registration.max_concurrent;
+        effective.max_in_flight = credits;
+        effective.request_deadline =
+            Some(prost_types::Duration::try_from(registration.deadline).unwrap_or_default());
+        effective.resync_period = Some(
+            prost_types::Duration::try_from(registration.resync.unwrap_or_default())
+                .unwrap_or_default(),
+        );
+        effective.backoff = Some(pb::Backoff {
+            base: prost_types::Duration::try_from(registration.backoff.base).ok(),
+            max: prost_types::Duration::try_from(registration.backoff.max).ok(),
+        });
+        let mut readable = vec![pb::ReadableResource {
+            resource: Some(resource_to_pb(&registration.primary)),
+            metadata_only: false,
+        }];
+        readable.extend(registration.owns.iter().map(|o| pb::ReadableResource {
+            resource: Some(resource_to_pb(&o.resource)),
+            metadata_only: true,
+        }));
+        readable.extend(registration.watches.iter().map(|w| pb::ReadableResource {
+            resource: Some(resource_to_pb(&w.resource)),
+            metadata_only: !matches!(w.mapping, Mapping::Field(_)),
+        }));
+        let registered = pb::Registered {
+            session_id: session_id.clone(),
+            leader_identity: self.leader.borrow().holder.clone().unwrap_or_default(),
+            effective: Some(effective),
+            readable,
+        };
+
+        let (tx, rx) = mpsc::channel::<Result<pb::ManagerMessage, Status>>(256);
+        let service = self.clone();
+        let mut outbound = attached.outbound;
+        tokio::spawn(async move {
+            let _ = tx
+                .send(Ok(msg(pb::manager_message::Message::Registered(Box::new(
+                    registered,
+                )))))
+                .await;
+            let end: Option<Status> = loop {
+                tokio::select! {
+                    out = outbound.recv() => match out {
+                        Some(Outbound::Reconcile(r)) => {
+                            if tx.send(Ok(msg(pb::manager_message::Message::Reconcile(request_to_pb(&r))))).await.is_err() {
+                                break None;
+                            }
+                        }
+                        Some(Outbound::Revoke { reason, message }) => {
+                            let (r, status) = match reason {
+                                RevokeReason::LeadershipLost => (pb::revoked::Reason::LeadershipLost, Status::unavailable(message.clone())),
+                                RevokeReason::Superseded => (pb::revoked::Reason::Superseded, Status::aborted(message.clone())),
+                                RevokeReason::ShuttingDown => (pb::revoked::Reason::ShuttingDown, Status::unavailable(message.clone())),
+                            };
+                            let revoked = pb::Revoked { reason: r as i32, code: status.code() as i32, message, leader_identity: String::new() };
+                            let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
+                            break Some(status);
+                        }
+                        Some(Outbound::Drained) => break Some(Status::ok("drained")),
+                        None => break None,
+                    },
+                    incoming = inbound.message() => match incoming {
+                        Ok(Some(m)) => match m.message {
+                            Some(pb::controller_message::Message::Result(result)) => {
+                                match outcome_from_pb(&result) {
+                                    Ok(outcome) => {
+                                        if controller.complete(session_num, &result.id, outcome) == Completion::Discarded {
+                                            tracing::debug!(controller = %controller.id, id = %result.id, "late or unknown result discarded");
+                                        }
+                                    }
+                                    Err(e) => break Some(Status::invalid_argument(e.to_string())),
+                                }
+                            }
+                            Some(pb::controller_message::Message::Credit(c)) => controller.set_credits(session_num, c.max_in_flight),
+                            Some(pb::controller_message::Message::Drain(_)) => controller.drain(session_num),
+                            Some(pb::controller_message::Message::EventAck(_)) => {}
+                            Some(pb::controller_message::Message::Register(_)) => {
+                                break Some(Status::invalid_argument("register: a session registers once; open a new Connect stream to change the registration"));
+                            }
+                            None => {}
+                        },
+                        Ok(None) => break None,
+                        Err(e) => {
+                            tracing::debug!(controller = %controller.id, error = %e, "session stream error");
+                            break None;
+                        }
+                    },
+                }
+            };
+            service.registry.detach(&controller, session_num);
+            service
+                .sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&session_id);
+            tracing::info!(controller = %controller.id, session = %session_id, "session ended");
+            if let Some(status) = end
+                && status.code() != tonic::Code::Ok
+            {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn get(
+        &self,
+        req: GrpcRequest<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let identity = self.authenticate(&req)?;
+        let r = req.into_inner();
+        let (owner, controller) = self.session(&r.session_id)?;
+        if owner != identity {
+            return Err(Status::permission_denied(
+                "session_id belongs to another identity",
+            ));
+        }
+        let informers = self.readable_informers(&controller, r.resource.as_ref())?;
+        let found = informers.iter().find_map(|i| {
+            i.get(&r.namespace, &r.name)
+                .map(|o| (o, i.key().metadata_only))
+        });
+        match found {
+            Some((obj, metadata_only)) => Ok(Response::new(pb::GetResponse {
+                object_json: serde_json::to_vec(obj.as_ref()).unwrap_or_default(),
+                resource_version: obj
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                metadata_only,
+            })),
+            None => Err(Status::not_found(format!(
+                "{}/{} not found in the cache",
+                r.namespace, r.name
+            ))),
+        }
+    }
+
+    async fn list(
+        &self,
+        req: GrpcRequest<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let identity = self.authenticate(&req)?;
+        let r = req.into_inner();
+        let (owner, controller) = self.session(&r.session_id)?;
+        if owner != identity {
+            return Err(Status::permission_denied(
+                "session_id belongs to another identity",
+            ));
+        }
+        let informers = self.readable_informers(&controller, r.resource.as_ref())?;
+        let selector = match &r.label_selector {
+            Some(sel) => Some(
+                translate_selector(sel, "label_selector")
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let namespace = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
+        let mut items: Vec<Arc<Value>> = informers
+            .iter()
+            .flat_map(|i| i.list(namespace))
+            .filter(|o| selector.as_ref().is_none_or(|s| s.matches_object(o)))
+            .collect();
+        items.sort_by_key(|o| crate::mapper::own_key(o));
+        items.dedup_by_key(|o| crate::mapper::own_key(o));
+        let page_size = match r.page_size {
+            0 => 500,
+            n => n.min(5000),
+        } as usize;
+        let offset: usize = if r.page_token.is_empty() {
+            0
+        } else {
+            r.page_token.parse().map_err(|_| {
+                Status::invalid_argument("page_token: not a token from a previous ListResponse")
+            })?
+        };
+        let end = (offset + page_size).min(items.len());
+        let page = items.get(offset.min(end)..end).unwrap_or_default();
+        Ok(Response::new(pb::ListResponse {
+            items: page
+                .iter()
+                .map(|o| pb::CachedObject {
+                    object_json: serde_json::to_vec(o.as_ref()).unwrap_or_default(),
+                    resource_version: o
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                })
+                .collect(),
+            next_page_token: if end < items.len() {
+                end.to_string()
+            } else {
+                String::new()
+            },
+            resource_version: String::new(),
+            metadata_only: informers.first().is_some_and(|i| i.key().metadata_only),
+        }))
+    }
+}
