@@ -78,8 +78,9 @@ impl Faults {
         self.shared.close_watches.send_modify(|n| *n += 1);
     }
 
-    /// Drop the watch history: resuming from any resourceVersion issued so far gets an in-stream
-    /// 410 Expired, as after etcd compaction.
+    /// Drop the watch history: resuming from any resourceVersion older than the current one gets
+    /// an in-stream 410 Expired, as after etcd compaction (the current one stays watchable, so a
+    /// client that relists can resume).
     pub fn compact(&self) {
         self.shared.store.lock().compact();
     }

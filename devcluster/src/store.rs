@@ -249,10 +249,12 @@ impl State {
         self.collections.values().map(BTreeMap::len).sum()
     }
 
-    /// Drop the watch history so any resume from an existing resourceVersion gets 410 Expired.
+    /// Drop the watch history so any resume from an older resourceVersion gets 410 Expired.
     pub fn compact(&mut self) {
         self.history.clear();
-        self.min_resume_rv = self.rv + 1;
+        // Nothing at or after the current version was lost, so a client that relists and
+        // resumes from the list's resourceVersion must not loop on 410.
+        self.min_resume_rv = self.rv;
         self.snapshots.clear();
     }
 
@@ -1781,17 +1783,12 @@ mod tests {
         let store = Store::new(100);
         let mut st = store.lock();
         let info = cm_info(&st);
-        let rv = st.current_rv();
+        let before = st.current_rv();
+        st.create(&info, Some("default"), json!({"metadata": {"name": "x"}}), &opts())
+            .expect("create");
         st.compact();
-        assert!(st.watch(&info, None, WatchStart::From(rv)).is_err());
-        st.create(
-            &info,
-            Some("default"),
-            json!({"metadata": {"name": "x"}}),
-            &opts(),
-        )
-        .expect("create");
+        assert!(st.watch(&info, None, WatchStart::From(before)).is_err(), "older versions are gone");
         let now = st.current_rv();
-        assert!(st.watch(&info, None, WatchStart::From(now)).is_ok());
+        assert!(st.watch(&info, None, WatchStart::From(now)).is_ok(), "the current version stays watchable");
     }
 }

@@ -99,6 +99,9 @@ struct SessionSlot {
     tx: mpsc::UnboundedSender<Outbound>,
 }
 
+/// A slot taken under the lock: session, lease, request id and the tombstone known then.
+type Reserved = (u64, Lease<ObjectKey>, String, Option<(Arc<Value>, bool)>);
+
 struct InFlight {
     key: ObjectKey,
     session: u64,
@@ -397,103 +400,92 @@ impl Controller {
 
     /// Hand out as much ready work as sessions and concurrency allow; expire missed deadlines.
     /// Returns when the caller should look again at the latest.
+    ///
+    /// Informer callbacks take the informer lock and then this controller's lock, so objects are
+    /// read from informers only while this controller's lock is *not* held: slots are reserved
+    /// first, payloads read unlocked, then the requests sent.
     fn dispatch_once(&self, leading: bool) -> Option<Instant> {
         let now = Instant::now();
-        let mut st = self.lock();
-        let expired: Vec<String> = st
-            .in_flight
-            .iter()
-            .filter(|(_, f)| f.deadline <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in expired {
-            if let Some(f) = st.in_flight.remove(&id) {
-                tracing::warn!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), "request missed its deadline; re-queued");
-                self.counters
-                    .deadline_misses
-                    .fetch_add(1, Ordering::Relaxed);
-                st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
-                if let Some(s) = st.sessions.get_mut(&f.session) {
-                    s.in_flight = s.in_flight.saturating_sub(1);
+        let mut reserved: Vec<Reserved> = Vec::new();
+        {
+            let mut st = self.lock();
+            let expired: Vec<String> = st.in_flight.iter().filter(|(_, f)| f.deadline <= now).map(|(id, _)| id.clone()).collect();
+            for id in expired {
+                if let Some(f) = st.in_flight.remove(&id) {
+                    tracing::warn!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), "request missed its deadline; re-queued");
+                    self.counters.deadline_misses.fetch_add(1, Ordering::Relaxed);
+                    st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+                    if let Some(s) = st.sessions.get_mut(&f.session) {
+                        s.in_flight = s.in_flight.saturating_sub(1);
+                    }
+                }
+            }
+            if leading {
+                let max = self.registration.max_concurrent.max(1) as usize;
+                while st.in_flight.len() < max {
+                    let Some(session) = pick_session(&mut st) else { break };
+                    let Some(lease) = st.queue.pop(now) else { break };
+                    let id = format!("{}-{}", self.id.name, self.next_request.fetch_add(1, Ordering::Relaxed));
+                    let tombstone = st.tombstones.get(&lease.key).cloned();
+                    if let Some(slot) = st.sessions.get_mut(&session) {
+                        slot.in_flight += 1;
+                    }
+                    st.in_flight.insert(
+                        id.clone(),
+                        InFlight { key: lease.key.clone(), session, lease: lease.id, deadline: now + self.registration.deadline, started: now },
+                    );
+                    reserved.push((session, lease, id, tombstone));
                 }
             }
         }
-        if leading {
-            let max = self.registration.max_concurrent.max(1) as usize;
-            while st.in_flight.len() < max {
-                let Some(session) = pick_session(&mut st) else {
-                    break;
-                };
-                let Some(lease) = st.queue.pop(now) else {
-                    break;
-                };
-                self.send(&mut st, session, lease, now);
+        if !reserved.is_empty() {
+            let requests: Vec<(u64, Request)> = reserved
+                .into_iter()
+                .map(|(session, lease, id, tombstone)| {
+                    let payload = if self.registration.include_object {
+                        match self.primary_object(&lease.key) {
+                            Some(obj) => Payload::Object(obj),
+                            None => match tombstone {
+                                Some((last, unknown)) => Payload::Tombstone { last, final_state_unknown: unknown },
+                                None => Payload::Tombstone { last: Arc::new(Value::Null), final_state_unknown: true },
+                            },
+                        }
+                    } else {
+                        Payload::None
+                    };
+                    let request = Request {
+                        id,
+                        key: lease.key.clone(),
+                        attempt: lease.attempt,
+                        reasons: lease.reasons.iter().collect(),
+                        background: lease.priority == Priority::Background,
+                        payload,
+                        deadline: SystemTime::now() + self.registration.deadline,
+                    };
+                    (session, request)
+                })
+                .collect();
+            let mut st = self.lock();
+            for (session, request) in requests {
+                let sent = st.sessions.get(&session).is_some_and(|slot| slot.tx.send(Outbound::Reconcile(request.clone())).is_ok());
+                if sent {
+                    self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
+                } else if let Some(f) = st.in_flight.remove(&request.id) {
+                    // The session went away between reservation and sending.
+                    st.queue.done_lease(&f.key, f.lease, Outcome::Lost, Instant::now());
+                    if let Some(slot) = st.sessions.get_mut(&session) {
+                        slot.in_flight = slot.in_flight.saturating_sub(1);
+                    }
+                }
             }
         }
+        let st = self.lock();
         let next_deadline = st.in_flight.values().map(|f| f.deadline).min();
         let next_ready = st.queue.next_ready_at();
         match (next_deadline, next_ready) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
-    }
-
-    fn send(&self, st: &mut State, session: u64, lease: Lease<ObjectKey>, now: Instant) {
-        let id = format!(
-            "{}-{}",
-            self.id.name,
-            self.next_request.fetch_add(1, Ordering::Relaxed)
-        );
-        let payload = if self.registration.include_object {
-            match self.primary_object(&lease.key) {
-                Some(obj) => Payload::Object(obj),
-                None => match st.tombstones.get(&lease.key) {
-                    Some((last, unknown)) => Payload::Tombstone {
-                        last: last.clone(),
-                        final_state_unknown: *unknown,
-                    },
-                    None => Payload::Tombstone {
-                        last: Arc::new(Value::Null),
-                        final_state_unknown: true,
-                    },
-                },
-            }
-        } else {
-            Payload::None
-        };
-        let deadline = now + self.registration.deadline;
-        let request = Request {
-            id: id.clone(),
-            key: lease.key.clone(),
-            attempt: lease.attempt,
-            reasons: lease.reasons.iter().collect(),
-            background: lease.priority == Priority::Background,
-            payload,
-            deadline: SystemTime::now() + self.registration.deadline,
-        };
-        let Some(slot) = st.sessions.get_mut(&session) else {
-            st.queue
-                .done_lease(&lease.key, lease.id, Outcome::Lost, now);
-            return;
-        };
-        if slot.tx.send(Outbound::Reconcile(request)).is_err() {
-            // The session is going away; its removal re-queues nothing for this key, so do it here.
-            st.queue
-                .done_lease(&lease.key, lease.id, Outcome::Lost, now);
-            return;
-        }
-        slot.in_flight += 1;
-        st.in_flight.insert(
-            id,
-            InFlight {
-                key: lease.key,
-                session,
-                lease: lease.id,
-                deadline,
-                started: now,
-            },
-        );
-        self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The dispatch loop: runs until `stop` fires. Only dispatches while `leading` is true.
