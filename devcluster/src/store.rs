@@ -1784,11 +1784,22 @@ mod tests {
         let mut st = store.lock();
         let info = cm_info(&st);
         let before = st.current_rv();
-        st.create(&info, Some("default"), json!({"metadata": {"name": "x"}}), &opts())
-            .expect("create");
+        st.create(
+            &info,
+            Some("default"),
+            json!({"metadata": {"name": "x"}}),
+            &opts(),
+        )
+        .expect("create");
         st.compact();
-        assert!(st.watch(&info, None, WatchStart::From(before)).is_err(), "older versions are gone");
+        assert!(
+            st.watch(&info, None, WatchStart::From(before)).is_err(),
+            "older versions are gone"
+        );
         let now = st.current_rv();
-        assert!(st.watch(&info, None, WatchStart::From(now)).is_ok(), "the current version stays watchable");
+        assert!(
+            st.watch(&info, None, WatchStart::From(now)).is_ok(),
+            "the current version stays watchable"
+        );
     }
 }

@@ -409,11 +409,18 @@ impl Controller {
         let mut reserved: Vec<Reserved> = Vec::new();
         {
             let mut st = self.lock();
-            let expired: Vec<String> = st.in_flight.iter().filter(|(_, f)| f.deadline <= now).map(|(id, _)| id.clone()).collect();
+            let expired: Vec<String> = st
+                .in_flight
+                .iter()
+                .filter(|(_, f)| f.deadline <= now)
+                .map(|(id, _)| id.clone())
+                .collect();
             for id in expired {
                 if let Some(f) = st.in_flight.remove(&id) {
                     tracing::warn!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), "request missed its deadline; re-queued");
-                    self.counters.deadline_misses.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .deadline_misses
+                        .fetch_add(1, Ordering::Relaxed);
                     st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
                     if let Some(s) = st.sessions.get_mut(&f.session) {
                         s.in_flight = s.in_flight.saturating_sub(1);
@@ -423,16 +430,30 @@ impl Controller {
             if leading {
                 let max = self.registration.max_concurrent.max(1) as usize;
                 while st.in_flight.len() < max {
-                    let Some(session) = pick_session(&mut st) else { break };
-                    let Some(lease) = st.queue.pop(now) else { break };
-                    let id = format!("{}-{}", self.id.name, self.next_request.fetch_add(1, Ordering::Relaxed));
+                    let Some(session) = pick_session(&mut st) else {
+                        break;
+                    };
+                    let Some(lease) = st.queue.pop(now) else {
+                        break;
+                    };
+                    let id = format!(
+                        "{}-{}",
+                        self.id.name,
+                        self.next_request.fetch_add(1, Ordering::Relaxed)
+                    );
                     let tombstone = st.tombstones.get(&lease.key).cloned();
                     if let Some(slot) = st.sessions.get_mut(&session) {
                         slot.in_flight += 1;
                     }
                     st.in_flight.insert(
                         id.clone(),
-                        InFlight { key: lease.key.clone(), session, lease: lease.id, deadline: now + self.registration.deadline, started: now },
+                        InFlight {
+                            key: lease.key.clone(),
+                            session,
+                            lease: lease.id,
+                            deadline: now + self.registration.deadline,
+                            started: now,
+                        },
                     );
                     reserved.push((session, lease, id, tombstone));
                 }
@@ -446,8 +467,14 @@ impl Controller {
                         match self.primary_object(&lease.key) {
                             Some(obj) => Payload::Object(obj),
                             None => match tombstone {
-                                Some((last, unknown)) => Payload::Tombstone { last, final_state_unknown: unknown },
-                                None => Payload::Tombstone { last: Arc::new(Value::Null), final_state_unknown: true },
+                                Some((last, unknown)) => Payload::Tombstone {
+                                    last,
+                                    final_state_unknown: unknown,
+                                },
+                                None => Payload::Tombstone {
+                                    last: Arc::new(Value::Null),
+                                    final_state_unknown: true,
+                                },
                             },
                         }
                     } else {
@@ -467,12 +494,16 @@ impl Controller {
                 .collect();
             let mut st = self.lock();
             for (session, request) in requests {
-                let sent = st.sessions.get(&session).is_some_and(|slot| slot.tx.send(Outbound::Reconcile(request.clone())).is_ok());
+                let sent = st
+                    .sessions
+                    .get(&session)
+                    .is_some_and(|slot| slot.tx.send(Outbound::Reconcile(request.clone())).is_ok());
                 if sent {
                     self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
                 } else if let Some(f) = st.in_flight.remove(&request.id) {
                     // The session went away between reservation and sending.
-                    st.queue.done_lease(&f.key, f.lease, Outcome::Lost, Instant::now());
+                    st.queue
+                        .done_lease(&f.key, f.lease, Outcome::Lost, Instant::now());
                     if let Some(slot) = st.sessions.get_mut(&session) {
                         slot.in_flight = slot.in_flight.saturating_sub(1);
                     }

@@ -48,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,kube=warn,tower=warn,h2=warn,hyper=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let stop = shutdown_on_signal();

@@ -38,13 +38,22 @@ async fn contract_level_triggered() {
         async move {
             let mut req = tonic::Request::new(pb::GetRequest {
                 session_id: session,
-                resource: Some(pb::ResourceType { group: String::new(), version: "v1".into(), kind: "ConfigMap".into(), plural: String::new() }),
+                resource: Some(pb::ResourceType {
+                    group: String::new(),
+                    version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    plural: String::new(),
+                }),
                 namespace: "default".into(),
                 name: "lt".into(),
             });
-            req.metadata_mut().insert("authorization", "Bearer dev".parse().expect("header"));
+            req.metadata_mut()
+                .insert("authorization", "Bearer dev".parse().expect("header"));
             match reader.get(req).await {
-                Ok(resp) => serde_json::from_slice::<serde_json::Value>(&resp.into_inner().object_json).is_ok_and(|o| o["data"]["v"] == "5"),
+                Ok(resp) => {
+                    serde_json::from_slice::<serde_json::Value>(&resp.into_inner().object_json)
+                        .is_ok_and(|o| o["data"]["v"] == "5")
+                }
                 Err(_) => false,
             }
         }
@@ -305,7 +314,8 @@ async fn contract_deadline() {
     let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
     let first = r.expect().await;
     let deadline = first.deadline.expect("each request carries its deadline");
-    let deadline = std::time::UNIX_EPOCH + Duration::new(deadline.seconds as u64, deadline.nanos as u32);
+    let deadline =
+        std::time::UNIX_EPOCH + Duration::new(deadline.seconds as u64, deadline.nanos as u32);
     let second = r.expect().await;
     assert_eq!(key(&second), "default/dl");
     assert!(

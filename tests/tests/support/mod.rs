@@ -67,6 +67,16 @@ pub async fn cluster() -> Cluster {
     }
 }
 
+/// Each manager logs to its own file (cargo test cannot capture a child's stderr); the path is
+/// printed so a failing test's output points at it.
+fn log_file(identity: &str, port: u16) -> Stdio {
+    let path = std::env::temp_dir().join(format!("ctrlhub-test-{identity}-{port}.log"));
+    println!("manager {identity} logs to {}", path.display());
+    std::fs::File::create(&path)
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
+
 /// A `ctrlhub run` child process.
 pub struct Manager {
     child: Option<Child>,
@@ -98,7 +108,7 @@ impl Manager {
             .env_remove("WATCH_NAMESPACE")
             .env("RUST_LOG", "info,ctrlhub=debug")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log_file(identity, http_port))
             .kill_on_drop(true);
         let child = cmd.spawn().expect("ctrlhub starts");
         let m = Manager {

@@ -1,0 +1,305 @@
+//! End-to-end behaviours of the manager beyond the contract table: shared watches, predicates,
+//! live namespace scope, owned-kind mapping and registration validation.
+
+mod support;
+
+use ctrlhub_proto::v1 as pb;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams};
+use std::time::Duration;
+use support::*;
+
+async fn setup() -> (Cluster, Manager) {
+    let c = cluster().await;
+    let m = Manager::start(&c, "m1", &[]).await;
+    m.wait_leading().await;
+    (c, m)
+}
+
+fn deployments(name: &str) -> pb::Register {
+    let mut reg = register_configmaps(name, 4);
+    reg.primary = Some(pb::ResourceType {
+        group: "apps".into(),
+        version: "v1".into(),
+        kind: "Deployment".into(),
+        plural: String::new(),
+    });
+    reg
+}
+
+fn deployment(name: &str, replicas: i32) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
+    })
+}
+
+/// Two controllers registering the same kind share one API watch.
+#[tokio::test]
+async fn two_controllers_share_one_watch() {
+    let (c, m) = setup().await;
+    put_configmap(&c.client, "default", "shared", &[("v", "0")]).await;
+    let before = c.dc.stats().request_count("watch", "configmaps");
+    let mut a = Replica::connect(&m.grpc, register_configmaps("first", 1))
+        .await
+        .expect("registered");
+    let ra = a.expect().await;
+    let mut b = Replica::connect(&m.grpc, register_configmaps("second", 1))
+        .await
+        .expect("registered");
+    let rb = b.expect().await;
+    assert_eq!(key(&ra), "default/shared");
+    assert_eq!(
+        key(&rb),
+        "default/shared",
+        "a late subscriber gets the cached snapshot"
+    );
+    let watches = c.dc.stats().request_count("watch", "configmaps") - before;
+    assert_eq!(
+        watches, 1,
+        "two registrations of one kind must share a single watch, devcluster served {watches}"
+    );
+    assert_eq!(
+        c.dc.stats().request_count("list", "configmaps"),
+        1,
+        "and a single list"
+    );
+}
+
+/// A status-only update does not reach a controller registered with the generation predicate.
+#[tokio::test]
+async fn generation_predicate_filters_status_updates() {
+    let (c, m) = setup().await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    api.patch(
+        "web",
+        &PatchParams::apply("tests"),
+        &Patch::Apply(deployment("web", 1)),
+    )
+    .await
+    .expect("deployment");
+    let mut reg = deployments("gen");
+    reg.predicate = Some(pb::Predicate {
+        predicate: Some(pb::predicate::Predicate::GenerationChanged(
+            pb::predicate::GenerationChanged {},
+        )),
+    });
+    let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
+    let first = r.expect().await;
+    r.done(&first.id).await;
+    let status = serde_json::json!({"status": {"replicas": 1, "readyReplicas": 1}});
+    api.patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("status patched");
+    assert!(
+        r.next(Duration::from_secs(2)).await.is_none(),
+        "a status-only update must be filtered by generation_changed"
+    );
+    api.patch(
+        "web",
+        &PatchParams::apply("tests"),
+        &Patch::Apply(deployment("web", 3)),
+    )
+    .await
+    .expect("spec change");
+    let again = r.expect().await;
+    assert_eq!(
+        key(&again),
+        "default/web",
+        "a spec change (new generation) is delivered"
+    );
+    r.done(&again.id).await;
+}
+
+/// A namespace that gains the selected label comes into scope, with its existing objects.
+#[tokio::test]
+async fn namespace_gaining_label_comes_into_scope() {
+    let (c, m) = setup().await;
+    namespace(&c.client, "team-a", &[("tenant", "a")]).await;
+    namespace(&c.client, "team-b", &[]).await;
+    put_configmap(&c.client, "team-a", "in-a", &[("v", "0")]).await;
+    put_configmap(&c.client, "team-b", "in-b", &[("v", "0")]).await;
+    let mut reg = register_configmaps("by-label", 4);
+    reg.namespaces = Some(pb::NamespaceScope {
+        scope: Some(pb::namespace_scope::Scope::LabelSelector(
+            pb::LabelSelector {
+                match_labels: [("tenant".to_string(), "a".to_string())]
+                    .into_iter()
+                    .collect(),
+                match_expressions: vec![],
+            },
+        )),
+    });
+    let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
+    let first = r.expect().await;
+    assert_eq!(key(&first), "team-a/in-a");
+    r.done(&first.id).await;
+    assert!(
+        r.next(Duration::from_secs(2)).await.is_none(),
+        "team-b is not in scope yet"
+    );
+    namespace(&c.client, "team-b", &[("tenant", "a")]).await;
+    let joined = r.expect().await;
+    assert_eq!(
+        key(&joined),
+        "team-b/in-b",
+        "objects of a namespace entering the scope are delivered"
+    );
+    r.done(&joined.id).await;
+}
+
+/// An owned object's change maps to its controller owner.
+#[tokio::test]
+async fn owned_object_change_reaches_owner() {
+    let (c, m) = setup().await;
+    let deps: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    let owner = deps
+        .patch(
+            "owner",
+            &PatchParams::apply("tests"),
+            &Patch::Apply(deployment("owner", 1)),
+        )
+        .await
+        .expect("owner");
+    let uid = owner.metadata.uid.clone().expect("uid");
+    let mut reg = deployments("owner-ctl");
+    reg.owns = vec![pb::OwnedResource {
+        resource: Some(pb::ResourceType {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: String::new(),
+        }),
+        controller_only: true,
+        predicate: None,
+    }];
+    let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
+    let first = r.expect().await;
+    assert_eq!(key(&first), "default/owner");
+    r.done(&first.id).await;
+    let child = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "child", "namespace": "default",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "owner", "uid": uid, "controller": true}]}, "data": {"k": "v"}});
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(c.client.clone(), "default");
+    cms.patch("child", &PatchParams::apply("tests"), &Patch::Apply(child))
+        .await
+        .expect("child");
+    let mapped = r.expect().await;
+    assert_eq!(
+        key(&mapped),
+        "default/owner",
+        "the child's event is delivered as its owner's key"
+    );
+    r.done(&mapped.id).await;
+}
+
+/// A malformed registration gets INVALID_ARGUMENT with a message naming the field.
+#[tokio::test]
+async fn malformed_registration_is_invalid_argument_naming_the_field() {
+    let (_c, m) = setup().await;
+    let mut bad_name = register_configmaps("Not_Valid", 1);
+    let err = Replica::connect(&m.grpc, bad_name.clone())
+        .await
+        .err()
+        .expect("rejected");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("register.controller_name"),
+        "{}",
+        err.message()
+    );
+
+    bad_name.controller_name = "ok".into();
+    bad_name.primary = Some(pb::ResourceType {
+        group: "nope.example.com".into(),
+        version: "v1".into(),
+        kind: "Ghost".into(),
+        plural: String::new(),
+    });
+    let err = Replica::connect(&m.grpc, bad_name.clone())
+        .await
+        .err()
+        .expect("rejected");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("register.primary") && err.message().contains("Ghost"),
+        "{}",
+        err.message()
+    );
+
+    let mut bad_watch = register_configmaps("ok", 1);
+    bad_watch.watches = vec![pb::WatchedResource {
+        resource: Some(pb::ResourceType {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Secret".into(),
+            plural: String::new(),
+        }),
+        mapping: None,
+        predicate: None,
+    }];
+    let err = Replica::connect(&m.grpc, bad_watch)
+        .await
+        .err()
+        .expect("rejected");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("register.watches[0].mapping"),
+        "{}",
+        err.message()
+    );
+
+    let mut bad_selector = register_configmaps("ok", 1);
+    bad_selector.label_selector = Some(pb::LabelSelector {
+        match_labels: Default::default(),
+        match_expressions: vec![pb::LabelSelectorRequirement {
+            key: "tier".into(),
+            operator: pb::label_selector_requirement::Operator::In as i32,
+            values: vec![],
+        }],
+    });
+    let err = Replica::connect(&m.grpc, bad_selector)
+        .await
+        .err()
+        .expect("rejected");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("register.label_selector.match_expressions[0]"),
+        "{}",
+        err.message()
+    );
+}
+
+/// A request without a token is UNAUTHENTICATED and nothing is registered.
+#[tokio::test]
+async fn missing_token_is_unauthenticated() {
+    let (_c, m) = setup().await;
+    let channel = tonic::transport::Endpoint::from_shared(m.grpc.clone())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connects");
+    let mut client =
+        ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient::new(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(pb::ControllerMessage {
+        message: Some(pb::controller_message::Message::Register(Box::new(
+            register_configmaps("anon", 1),
+        ))),
+    })
+    .await
+    .expect("queued");
+    let err = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        m.status().await["controllers"].as_array().map(Vec::len),
+        Some(0)
+    );
+}
