@@ -295,8 +295,7 @@ async fn missing_token_is_unauthenticated() {
     let err = client
         .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     assert_eq!(
         m.status().await["controllers"].as_array().map(Vec::len),
