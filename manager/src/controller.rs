@@ -428,7 +428,10 @@ impl Controller {
                 }
             }
             if leading {
-                let max = self.registration.max_concurrent.max(1) as usize;
+                let max = match self.registration.max_concurrent {
+                    0 => usize::MAX,
+                    n => n as usize,
+                };
                 while st.in_flight.len() < max {
                     let Some(session) = pick_session(&mut st) else {
                         break;

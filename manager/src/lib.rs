@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod config;
 pub mod controller;
+pub mod dev;
 pub mod http;
 pub mod leader;
 pub mod mapper;

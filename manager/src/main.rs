@@ -16,6 +16,9 @@ struct Cli {
 enum Command {
     /// Run the manager against a cluster.
     Run(ctrlhub::config::RunArgs),
+    /// Start devcluster, the manager and the memcached demo controller, apply a sample and show
+    /// the reconciles.
+    Dev(ctrlhub::dev::DevArgs),
 }
 
 fn shutdown_on_signal() -> CancellationToken {
@@ -54,5 +57,6 @@ async fn main() -> anyhow::Result<()> {
     let stop = shutdown_on_signal();
     match cli.command {
         Command::Run(args) => args.run(stop).await,
+        Command::Dev(args) => args.run(stop).await,
     }
 }

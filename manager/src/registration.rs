@@ -104,7 +104,7 @@ pub struct Registration {
     pub label_selector: Option<LabelSelector>,
     /// Predicate on primary events.
     pub predicate: Option<Predicate>,
-    /// Most requests in flight across all replicas.
+    /// Most requests in flight across all replicas; 0 = no bound beyond the sessions' credits.
     pub max_concurrent: u32,
     /// Per-request deadline.
     pub deadline: Duration,
@@ -139,8 +139,8 @@ impl Invalid {
 /// Defaults applied when a registration leaves a setting at zero.
 pub mod defaults {
     use std::time::Duration;
-    /// Requests in flight across all replicas.
-    pub const MAX_CONCURRENT: u32 = 1;
+    /// Credits of a session that advertises none and registers no controller-wide bound.
+    pub const MAX_IN_FLIGHT: u32 = 1;
     /// Per-request deadline.
     pub const DEADLINE: Duration = Duration::from_secs(60);
     /// Resync period (controller-runtime's default is 10 h).

@@ -246,11 +246,8 @@ impl ServiceState {
             None => None,
         };
         let predicate = translate_predicate_opt(r.predicate.as_ref(), "register.predicate")?;
-        let max_concurrent = if r.max_concurrent_reconciles == 0 {
-            defaults::MAX_CONCURRENT
-        } else {
-            r.max_concurrent_reconciles
-        };
+        // 0 = no controller-wide bound: capacity is the sum of the sessions' credits.
+        let max_concurrent = r.max_concurrent_reconciles;
         let deadline = match &r.request_deadline {
             None => defaults::DEADLINE,
             Some(d) => duration(d, "register.request_deadline")?
@@ -624,10 +621,10 @@ impl ControllerManager for Service {
             .await
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.authorize(&identity, &registration)?;
-        let credits = if register.max_in_flight == 0 {
-            registration.max_concurrent
-        } else {
-            register.max_in_flight
+        let credits = match (register.max_in_flight, registration.max_concurrent) {
+            (0, 0) => defaults::MAX_IN_FLIGHT,
+            (0, max) => max,
+            (credits, _) => credits,
         };
         let attached = self
             .registry

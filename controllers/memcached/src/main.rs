@@ -1,2 +1,54 @@
-//! memcached controller
-fn main() {}
+//! `memcached-controller`: the Operator SDK memcached sample as an out-of-process ctrlhub
+//! controller. See the library for the reconcile logic.
+
+use clap::Parser;
+use ctrlhub_sdk::CancellationToken;
+use kube::CustomResourceExt;
+use memcached_controller::{Args, Memcached, run};
+use tracing::{info, warn};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.print_crd {
+        print!("{}", serde_yaml::to_string(&Memcached::crd())?);
+        return Ok(());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        // Plain text when piped (tests and log collectors parse the lines).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone()));
+    run(args, shutdown).await
+}
+
+/// SIGTERM/SIGINT → graceful drain; a second signal exits at once.
+async fn watch_signals(shutdown: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(err) => {
+            warn!("cannot listen for SIGTERM: {err}");
+            let _ = tokio::signal::ctrl_c().await;
+            shutdown.cancel();
+            return;
+        }
+    };
+    for n in 0.. {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        if n == 0 {
+            info!("signal received: draining (signal again to exit immediately)");
+            shutdown.cancel();
+        } else {
+            warn!("second signal: exiting without draining");
+            std::process::exit(130);
+        }
+    }
+}

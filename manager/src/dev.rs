@@ -1,0 +1,305 @@
+//! `ctrlhub dev`: devcluster, the manager and the memcached demo controller in one command.
+//!
+//! Everything runs in this process but talks as in production: the manager reaches devcluster
+//! over HTTPS with a kubeconfig, and the controller reaches the manager over real gRPC on
+//! loopback and writes to devcluster with its own client.
+
+use crate::config::RunArgs;
+use anyhow::Context;
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::watcher;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Options of `ctrlhub dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DevArgs {
+    /// gRPC address of the manager.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub grpc_addr: SocketAddr,
+    /// HTTP address of the manager (/metrics, /status, /healthz).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+    /// Address of the embedded API server; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub api_addr: SocketAddr,
+    /// Where the kubeconfig for kubectl is written.
+    #[arg(long, default_value = ".ctrlhub-dev")]
+    pub state_dir: PathBuf,
+    /// spec.size of the sample Memcached.
+    #[arg(long, default_value_t = 3)]
+    pub size: u32,
+    /// Exit after the sample reports Available (for scripts and tests) instead of running until
+    /// interrupted.
+    #[arg(long)]
+    pub exit_when_ready: bool,
+}
+
+fn say(line: impl AsRef<str>) {
+    println!("ctrlhub dev | {}", line.as_ref());
+}
+
+fn sample(size: u32) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "cache.example.com/v1alpha1",
+        "kind": "Memcached",
+        "metadata": {"name": "memcached-sample", "namespace": "default"},
+        "spec": {"size": size},
+    })
+}
+
+impl DevArgs {
+    /// Run everything until `stop` fires (or the sample is ready, with `--exit-when-ready`).
+    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        say("starting devcluster (in-memory Kubernetes API server)...");
+        let cluster = devcluster::DevCluster::start(devcluster::Options {
+            listen: self.api_addr,
+            ..Default::default()
+        })
+        .await
+        .context("starting devcluster")?;
+        std::fs::create_dir_all(&self.state_dir)
+            .with_context(|| format!("creating {}", self.state_dir.display()))?;
+        let kubeconfig = std::fs::canonicalize(&self.state_dir)
+            .unwrap_or(self.state_dir.clone())
+            .join("kubeconfig");
+        cluster
+            .write_kubeconfig(&kubeconfig)
+            .with_context(|| format!("writing {}", kubeconfig.display()))?;
+        say(format!(
+            "devcluster ready at {} (kubeconfig: {})",
+            cluster.url(),
+            kubeconfig.display()
+        ));
+
+        let manager_stop = stop.child_token();
+        let run = RunArgs {
+            kubeconfig: Some(kubeconfig.clone()),
+            grpc_addr: self.grpc_addr,
+            http_addr: self.http_addr,
+            watch_namespace: String::new(),
+            token: "dev".into(),
+            lease_name: "ctrlhub-leader".into(),
+            lease_namespace: "kube-system".into(),
+            identity: Some("ctrlhub-dev".into()),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        say(format!(
+            "starting the manager: gRPC {} , HTTP {}",
+            self.grpc_addr, self.http_addr
+        ));
+        let manager = tokio::spawn(run.run(manager_stop.clone()));
+        wait_for_leader(&format!("http://{}/status", self.http_addr), &manager).await?;
+        say("manager is the leader and accepts controllers");
+
+        say("starting the memcached controller (connects over gRPC, installs its CRD)...");
+        let controller_stop = stop.child_token();
+        let args = memcached_controller::Args {
+            manager: format!("http://{}", self.grpc_addr),
+            token: "dev".into(),
+            kubeconfig: Some(kubeconfig.clone()),
+            install_crd: true,
+            print_crd: false,
+            max_concurrent_reconciles: 4,
+            namespaces: Vec::new(),
+        };
+        let controller = tokio::spawn(memcached_controller::run(args, controller_stop.clone()));
+
+        let client = cluster
+            .client()
+            .await
+            .context("kube client for devcluster")?;
+        let ar = kube::api::ApiResource {
+            group: "cache.example.com".into(),
+            version: "v1alpha1".into(),
+            api_version: "cache.example.com/v1alpha1".into(),
+            kind: "Memcached".into(),
+            plural: "memcacheds".into(),
+        };
+        let memcacheds: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+        let applied = async {
+            loop {
+                match memcacheds
+                    .patch(
+                        "memcached-sample",
+                        &PatchParams::apply("ctrlhub-dev"),
+                        &Patch::Apply(sample(self.size)),
+                    )
+                    .await
+                {
+                    Ok(_) => return,
+                    // The CRD is installed by the controller; wait for it to be served.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), applied)
+            .await
+            .context("the Memcached CRD was not served within 60s")?;
+        say(format!(
+            "applied Memcached default/memcached-sample (spec.size={})",
+            self.size
+        ));
+        say("next steps:");
+        say(format!(
+            "  kubectl --kubeconfig {} get memcacheds,deployments",
+            kubeconfig.display()
+        ));
+        say(format!(
+            "  kubectl --kubeconfig {} patch memcached memcached-sample --type=merge -p '{{\"spec\":{{\"size\":5}}}}'",
+            kubeconfig.display()
+        ));
+        say(format!(
+            "  curl http://{}/status    (controllers, queues, informers)",
+            self.http_addr
+        ));
+        say(format!(
+            "  curl http://{}/metrics   (Prometheus)",
+            self.http_addr
+        ));
+        say("  Ctrl-C stops everything");
+
+        let mut events = watcher(memcacheds.clone(), watcher::Config::default()).boxed();
+        let mut last = String::new();
+        let mut ready = false;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                ev = events.next() => match ev {
+                    Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
+                        let whole = serde_json::to_value(&obj).unwrap_or_default();
+                        let line = describe(&whole);
+                        if line != last {
+                            say(format!("memcached-sample: {line}"));
+                            last = line;
+                        }
+                        let available = whole.pointer("/status/conditions").and_then(|c| c.as_array()).is_some_and(|c| {
+                            c.iter().any(|c| c["type"] == "Available" && c["status"] == "True")
+                        });
+                        if available && !ready {
+                            ready = true;
+                            let deps: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), "default");
+                            if let Ok(d) = deps.get("memcached-sample").await {
+                                say(format!("Deployment default/memcached-sample has spec.replicas={}", d.spec.and_then(|s| s.replicas).unwrap_or_default()));
+                            }
+                            if let Ok(status) = reqwest_status(&format!("http://{}/status", self.http_addr)).await {
+                                say(format!("manager status: {status}"));
+                            }
+                            if self.exit_when_ready {
+                                break;
+                            }
+                        }
+                    }
+                    Some(Ok(watcher::Event::Delete(_))) => say("memcached-sample deleted"),
+                    Some(_) => {}
+                    None => break,
+                },
+            }
+        }
+        say("shutting down: controller drains, manager releases the lease...");
+        controller_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+        manager_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
+        cluster.shutdown().await;
+        say("stopped");
+        if self.exit_when_ready && !ready {
+            anyhow::bail!("the sample never became Available");
+        }
+        Ok(())
+    }
+}
+
+fn describe(obj: &serde_json::Value) -> String {
+    let generation = obj
+        .pointer("/metadata/generation")
+        .and_then(|g| g.as_i64())
+        .unwrap_or(0);
+    let observed = obj
+        .pointer("/status/observedGeneration")
+        .and_then(|g| g.as_i64());
+    let condition = obj
+        .pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+        .map(|c| {
+            format!(
+                "Available={} ({})",
+                c["status"].as_str().unwrap_or("?"),
+                c["message"].as_str().unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|| "no status yet".into());
+    match observed {
+        Some(o) => format!("generation {generation}, observed {o}: {condition}"),
+        None => format!("generation {generation}: {condition}"),
+    }
+}
+
+async fn wait_for_leader(
+    url: &str,
+    manager: &tokio::task::JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    for _ in 0..300 {
+        if manager.is_finished() {
+            anyhow::bail!(
+                "the manager stopped during start-up (is {url} already in use? pass --grpc-addr/--http-addr)"
+            );
+        }
+        if reqwest_status(url)
+            .await
+            .is_ok_and(|s| s.contains("leading=true"))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the manager did not become leader within 30s")
+}
+
+/// A one-line summary of the manager's /status (plain HTTP on loopback, no client crate needed).
+async fn reqwest_status(url: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").context("http URL")?;
+    let (host, path) = rest.split_once('/').context("URL with a path")?;
+    let mut stream = tokio::net::TcpStream::connect(host).await?;
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(body)?;
+    let controllers: Vec<String> = v["controllers"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    format!(
+                        "{} (sessions={}, dispatched={}, done={}, queued={})",
+                        c["name"].as_str().unwrap_or("?"),
+                        c["sessions"],
+                        c["dispatched"],
+                        c["done"],
+                        c["queued"]
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(format!(
+        "leading={} controllers=[{}] informers={}",
+        v["leading"],
+        controllers.join(", "),
+        v["informers"].as_array().map(Vec::len).unwrap_or(0)
+    ))
+}

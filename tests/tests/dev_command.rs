@@ -1,0 +1,71 @@
+//! `ctrlhub dev`, the README's main command, run as a user would (the real binary).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+fn bin(name: &str) -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("debug").join(name)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// devcluster, manager and memcached controller come up, the sample gets its Deployment and an
+/// Available condition, and everything shuts down cleanly.
+#[tokio::test]
+async fn ctrlhub_dev_reconciles_the_sample_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = tokio::process::Command::new(bin("ctrlhub"))
+        .arg("dev")
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--exit-when-ready")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("ctrlhub dev starts");
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("ctrlhub dev finishes")
+        .expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "ctrlhub dev failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("devcluster ready at https://127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Available=True"),
+        "the sample reports Available:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("spec.replicas=3"),
+        "the Deployment is sized to spec.size:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("kubectl --kubeconfig"),
+        "it tells the user where to look next:\n{stdout}"
+    );
+    assert!(
+        stderr.contains("reconcile start key=default/memcached-sample"),
+        "reconciles are shown:\n{stderr}"
+    );
+    assert!(
+        dir.path().join("state/kubeconfig").exists(),
+        "the kubeconfig for kubectl is written"
+    );
+}
