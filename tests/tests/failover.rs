@@ -1,0 +1,178 @@
+//! Leader failover with a real controller process: the leader manager is SIGKILLed, the standby
+//! takes the Lease, the memcached controller (SDK) reconnects and reconciliation resumes with no
+//! key lost. A tiny TCP proxy plays the Service that selects the leader pod.
+
+mod support;
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use support::*;
+
+/// Forward each new connection to whichever manager currently leads.
+async fn leader_proxy(managers: Arc<Vec<(String, String)>>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("proxy binds");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            let managers = managers.clone();
+            tokio::spawn(async move {
+                for (http, grpc) in managers.iter() {
+                    let leading = async {
+                        let s: serde_json::Value = reqwest::get(format!("{http}/status"))
+                            .await
+                            .ok()?
+                            .json()
+                            .await
+                            .ok()?;
+                        Some(s["leading"] == serde_json::json!(true))
+                    };
+                    if tokio::time::timeout(Duration::from_secs(1), leading)
+                        .await
+                        .ok()
+                        .flatten()
+                        == Some(true)
+                    {
+                        let addr = grpc.trim_start_matches("http://").to_string();
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                        return;
+                    }
+                }
+                // No leader right now: closing makes the SDK back off and retry, as with a
+                // Service without ready endpoints.
+            });
+        }
+    });
+    port
+}
+
+fn memcached_api(client: &kube::Client) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: "cache.example.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "cache.example.com/v1alpha1".into(),
+        kind: "Memcached".into(),
+        plural: "memcacheds".into(),
+    };
+    Api::namespaced_with(client.clone(), "default", &ar)
+}
+
+async fn apply_memcached(api: &Api<DynamicObject>, name: &str, size: u32) {
+    let obj = serde_json::json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": name, "namespace": "default"}, "spec": {"size": size}});
+    api.patch(
+        name,
+        &PatchParams::apply("tests").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .expect("memcached applied");
+}
+
+/// Every listed Memcached has observed its current generation and its Deployment has `size` replicas.
+async fn all_reconciled(client: &kube::Client, names: &[String], size: i32) -> bool {
+    let api = memcached_api(client);
+    let deps: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "default");
+    for name in names {
+        let Ok(obj) = api.get(name).await else {
+            return false;
+        };
+        let generation = obj.metadata.generation.unwrap_or(-1);
+        if obj
+            .data
+            .pointer("/status/observedGeneration")
+            .and_then(|g| g.as_i64())
+            != Some(generation)
+        {
+            return false;
+        }
+        let Ok(d) = deps.get(name).await else {
+            return false;
+        };
+        if d.spec.and_then(|s| s.replicas) != Some(size) {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test]
+async fn leader_kill_hands_over_and_reconcile_resumes() {
+    let c = cluster().await;
+    let timing = [
+        "--lease-duration",
+        "3s",
+        "--renew-deadline",
+        "2s",
+        "--retry-period",
+        "500ms",
+    ];
+    let mut m1 = Manager::start(&c, "fo-a", &timing).await;
+    m1.wait_leading().await;
+    let m2 = Manager::start(&c, "fo-b", &timing).await;
+    let proxy = leader_proxy(Arc::new(vec![
+        (m1.http.clone(), m1.grpc.clone()),
+        (m2.http.clone(), m2.grpc.clone()),
+    ]))
+    .await;
+
+    let log = std::env::temp_dir().join(format!("memcached-failover-{proxy}.log"));
+    println!("memcached controller logs to {}", log.display());
+    let _controller = tokio::process::Command::new(bin("memcached-controller"))
+        .args([
+            "--manager",
+            &format!("http://127.0.0.1:{proxy}"),
+            "--token",
+            "dev",
+            "--install-crd",
+        ])
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .stdout(
+            std::fs::File::create(&log)
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        )
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("controller starts");
+
+    let api = memcached_api(&c.client);
+    wait_until("the controller installed its CRD", || async {
+        api.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    let mut names: Vec<String> = (0..5).map(|i| format!("mc-{i}")).collect();
+    for n in &names {
+        apply_memcached(&api, n, 1).await;
+    }
+    wait_until("first leader reconciles all", || {
+        all_reconciled(&c.client, &names, 1)
+    })
+    .await;
+
+    m1.kill().await;
+    // Changes made while there is no leader must not be lost.
+    for n in &names {
+        apply_memcached(&api, n, 2).await;
+    }
+    names.push("mc-new".into());
+    apply_memcached(&api, "mc-new", 2).await;
+    m2.wait_leading().await;
+    wait_until(
+        "the new leader reconciles every change made around the handover",
+        || all_reconciled(&c.client, &names, 2),
+    )
+    .await;
+}
