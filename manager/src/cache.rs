@@ -196,6 +196,21 @@ impl Store {
         Some(old)
     }
 
+    /// Store an object and announce it: Added if new, Modified if its resourceVersion moved,
+    /// nothing if a relist saw it unchanged.
+    fn upsert(&mut self, key: ObjectKey, obj: Arc<Value>, initial: bool) {
+        match self.insert(key, obj.clone()) {
+            None => self.emit(&CacheEvent::Added {
+                object: obj,
+                initial,
+            }),
+            Some(old) if resource_version(&old) != resource_version(&obj) => {
+                self.emit(&CacheEvent::Modified { old, new: obj })
+            }
+            Some(_) => {}
+        }
+    }
+
     fn emit(&self, event: &CacheEvent) {
         for (_, sub) in &self.subscribers {
             sub(event);
@@ -304,32 +319,14 @@ impl Informer {
                 let mut listed: Vec<(ObjectKey, Arc<Value>)> = listed.into_iter().collect();
                 listed.sort_by(|a, b| a.0.cmp(&b.0));
                 for (key, obj) in listed {
-                    match store.insert(key, obj.clone()) {
-                        None => store.emit(&CacheEvent::Added {
-                            object: obj,
-                            initial: true,
-                        }),
-                        Some(old) if resource_version(&old) != resource_version(&obj) => {
-                            store.emit(&CacheEvent::Modified { old, new: obj })
-                        }
-                        Some(_) => {}
-                    }
+                    store.upsert(key, obj, true);
                 }
                 drop(store);
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {
                 let obj = Arc::new(obj);
-                match store.insert(key_of(&obj), obj.clone()) {
-                    None => store.emit(&CacheEvent::Added {
-                        object: obj,
-                        initial: false,
-                    }),
-                    Some(old) if resource_version(&old) != resource_version(&obj) => {
-                        store.emit(&CacheEvent::Modified { old, new: obj })
-                    }
-                    Some(_) => {}
-                }
+                store.upsert(key_of(&obj), obj, false);
             }
             Event::Delete(obj) => {
                 let key = key_of(&obj);
@@ -515,29 +512,16 @@ impl Cache {
         let client = self.client.clone();
         tracing::info!(informer = %label, "informer started");
         let task = tokio::spawn(async move {
-            let stream = if key.metadata_only {
+            let mut stream = if key.metadata_only {
                 let api: Api<PartialObjectMeta<DynamicObject>> =
                     match (&key.namespace, key.namespaced) {
                         (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
                         _ => Api::all_with(client.clone(), &ar),
                     };
-                watcher::watcher(api, config)
-                    .default_backoff()
-                    .filter_map(|r| {
-                        let key = key.clone();
-                        async move { log_err(r).and_then(|e| map_event(e, &key)) }
-                    })
-                    .boxed()
+                as_values(api, config, key.clone())
             } else {
-                watcher::watcher(api, config)
-                    .default_backoff()
-                    .filter_map(|r| {
-                        let key = key.clone();
-                        async move { log_err(r).and_then(|e| map_event(e, &key)) }
-                    })
-                    .boxed()
+                as_values(api, config, key.clone())
             };
-            let mut stream = stream;
             while let Some(event) = stream.next().await {
                 let Some(informer) = weak.upgrade() else {
                     break;
@@ -549,6 +533,30 @@ impl Cache {
         *informer.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
         informer
     }
+}
+
+/// A watcher over `api` with kube's default backoff, as JSON values with apiVersion and kind set.
+fn as_values<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    key: InformerKey,
+) -> futures::stream::BoxStream<'static, Event<Value>>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    watcher::watcher(api, config)
+        .default_backoff()
+        .filter_map(move |r| {
+            let key = key.clone();
+            async move { log_err(r).and_then(|e| map_event(e, &key)) }
+        })
+        .boxed()
 }
 
 fn log_err<T>(r: Result<T, watcher::Error>) -> Option<T> {

@@ -67,16 +67,48 @@ fn is_initial(event: &CacheEvent) -> bool {
 type ScopeSet = Arc<RwLock<HashSet<String>>>;
 
 fn in_scope(scope: &Option<ScopeSet>, obj: &Value) -> bool {
-    match scope {
-        None => true,
-        Some(set) => {
-            let ns = obj
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            set.read().unwrap_or_else(|p| p.into_inner()).contains(ns)
+    key_in_scope(
+        scope,
+        obj.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+    )
+}
+
+fn key_in_scope(scope: &Option<ScopeSet>, namespace: &str) -> bool {
+    scope.as_ref().is_none_or(|set| {
+        set.read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(namespace)
+    })
+}
+
+/// A subscriber for an owned or watched kind: filter by its predicate, map old and new states
+/// to primary keys, keep those in scope, enqueue.
+fn related_subscriber(
+    controller: &Arc<Controller>,
+    scope: Option<ScopeSet>,
+    predicate: Option<Predicate>,
+    map: impl Fn(&Value) -> Vec<ObjectKey> + Send + Sync + 'static,
+) -> Subscriber {
+    let c = Arc::downgrade(controller);
+    Arc::new(move |event: &CacheEvent| {
+        let Some(c) = c.upgrade() else { return };
+        if !passes(&predicate, event) {
+            return;
         }
-    }
+        let mut keys: Vec<ObjectKey> = Vec::new();
+        // An update can move an object from one primary to another: both need a look.
+        if let CacheEvent::Modified { old, .. } = event {
+            keys.extend(map(old));
+        }
+        let (_, _, obj) = event_kind(event);
+        keys.extend(map(obj));
+        keys.retain(|(ns, _)| key_in_scope(&scope, ns));
+        keys.sort();
+        keys.dedup();
+        c.enqueue(keys, is_initial(event));
+    })
 }
 
 impl Registry {
@@ -261,73 +293,35 @@ impl Registry {
             controller.hold(subscription, true);
         }
         for owned in &reg.owns {
+            let primary = reg.primary.clone();
+            let controller_only = owned.controller_only;
+            let map = move |obj: &Value| mapper::owner_keys(obj, &primary, controller_only);
             for key in self.informer_keys(&owned.resource, namespaces, None, true) {
-                let c = Arc::downgrade(controller);
-                let scope = scope.clone();
-                let owned = owned.clone();
-                let primary = reg.primary.clone();
-                let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
-                    let Some(c) = c.upgrade() else { return };
-                    if !passes(&owned.predicate, event) {
-                        return;
-                    }
-                    let mut keys: Vec<ObjectKey> = Vec::new();
-                    if let CacheEvent::Modified { old, .. } = event {
-                        keys.extend(mapper::owner_keys(old, &primary, owned.controller_only));
-                    }
-                    let (_, _, obj) = event_kind(event);
-                    keys.extend(mapper::owner_keys(obj, &primary, owned.controller_only));
-                    keys.retain(|k| {
-                        scope.is_none()
-                            || in_scope(
-                                &scope,
-                                &serde_json::json!({"metadata": {"namespace": k.0}}),
-                            )
-                    });
-                    keys.sort();
-                    keys.dedup();
-                    c.enqueue(keys, is_initial(event));
-                });
+                let sub = related_subscriber(
+                    controller,
+                    scope.clone(),
+                    owned.predicate.clone(),
+                    map.clone(),
+                );
                 controller.hold(self.cache.subscribe(key, sub), false);
             }
         }
         for watched in &reg.watches {
             let metadata_only = !matches!(watched.mapping, crate::registration::Mapping::Field(_));
+            let mapping = watched.mapping.clone();
+            let primary_namespaced = reg.primary.namespaced;
+            let map = move |obj: &Value| {
+                mapper::mapped_key(obj, &mapping, primary_namespaced)
+                    .into_iter()
+                    .collect::<Vec<_>>()
+            };
             for key in self.informer_keys(&watched.resource, namespaces, None, metadata_only) {
-                let c = Arc::downgrade(controller);
-                let scope = scope.clone();
-                let watched = watched.clone();
-                let primary_namespaced = reg.primary.namespaced;
-                let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
-                    let Some(c) = c.upgrade() else { return };
-                    if !passes(&watched.predicate, event) {
-                        return;
-                    }
-                    let mut keys: Vec<ObjectKey> = Vec::new();
-                    if let CacheEvent::Modified { old, .. } = event {
-                        keys.extend(mapper::mapped_key(
-                            old,
-                            &watched.mapping,
-                            primary_namespaced,
-                        ));
-                    }
-                    let (_, _, obj) = event_kind(event);
-                    keys.extend(mapper::mapped_key(
-                        obj,
-                        &watched.mapping,
-                        primary_namespaced,
-                    ));
-                    keys.retain(|k| {
-                        scope.is_none()
-                            || in_scope(
-                                &scope,
-                                &serde_json::json!({"metadata": {"namespace": k.0}}),
-                            )
-                    });
-                    keys.sort();
-                    keys.dedup();
-                    c.enqueue(keys, is_initial(event));
-                });
+                let sub = related_subscriber(
+                    controller,
+                    scope.clone(),
+                    watched.predicate.clone(),
+                    map.clone(),
+                );
                 controller.hold(self.cache.subscribe(key, sub), false);
             }
         }

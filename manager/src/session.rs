@@ -335,6 +335,23 @@ impl ServiceState {
             .ok_or_else(|| Status::failed_precondition(format!("unknown session_id {id:?}: use the session_id from Registered of a live Connect stream")))
     }
 
+    /// The informers a cached read may use: the session must be live and the caller's own, and
+    /// the kind one the session registered.
+    fn cached_read(
+        &self,
+        identity: &Identity,
+        session_id: &str,
+        rt: Option<&pb::ResourceType>,
+    ) -> Result<Vec<Arc<crate::cache::Informer>>, Status> {
+        let (owner, controller) = self.session(session_id)?;
+        if &owner != identity {
+            return Err(Status::permission_denied(
+                "session_id belongs to another identity",
+            ));
+        }
+        self.readable_informers(&controller, rt)
+    }
+
     fn readable_informers(
         &self,
         controller: &Controller,
@@ -756,13 +773,7 @@ impl ControllerManager for Service {
     ) -> Result<Response<pb::GetResponse>, Status> {
         let identity = self.authenticate(&req)?;
         let r = req.into_inner();
-        let (owner, controller) = self.session(&r.session_id)?;
-        if owner != identity {
-            return Err(Status::permission_denied(
-                "session_id belongs to another identity",
-            ));
-        }
-        let informers = self.readable_informers(&controller, r.resource.as_ref())?;
+        let informers = self.cached_read(&identity, &r.session_id, r.resource.as_ref())?;
         let found = informers.iter().find_map(|i| {
             i.get(&r.namespace, &r.name)
                 .map(|o| (o, i.key().metadata_only))
@@ -790,13 +801,7 @@ impl ControllerManager for Service {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let identity = self.authenticate(&req)?;
         let r = req.into_inner();
-        let (owner, controller) = self.session(&r.session_id)?;
-        if owner != identity {
-            return Err(Status::permission_denied(
-                "session_id belongs to another identity",
-            ));
-        }
-        let informers = self.readable_informers(&controller, r.resource.as_ref())?;
+        let informers = self.cached_read(&identity, &r.session_id, r.resource.as_ref())?;
         let selector = match &r.label_selector {
             Some(sel) => Some(
                 translate_selector(sel, "label_selector")

@@ -428,14 +428,7 @@ async fn contract_scoping() {
 #[tokio::test]
 async fn contract_single_leader() {
     let c = cluster().await;
-    let timing = [
-        "--lease-duration",
-        "3s",
-        "--renew-deadline",
-        "2s",
-        "--retry-period",
-        "500ms",
-    ];
+    let timing = FAST_LEASE;
     let mut m1 = Manager::start(&c, "leader-a", &timing).await;
     m1.wait_leading().await;
     let m2 = Manager::start(&c, "leader-b", &timing).await;

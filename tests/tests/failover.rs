@@ -109,14 +109,7 @@ async fn all_reconciled(client: &kube::Client, names: &[String], size: i32) -> b
 #[tokio::test]
 async fn leader_kill_hands_over_and_reconcile_resumes() {
     let c = cluster().await;
-    let timing = [
-        "--lease-duration",
-        "3s",
-        "--renew-deadline",
-        "2s",
-        "--retry-period",
-        "500ms",
-    ];
+    let timing = FAST_LEASE;
     let mut m1 = Manager::start(&c, "fo-a", &timing).await;
     m1.wait_leading().await;
     let m2 = Manager::start(&c, "fo-b", &timing).await;

@@ -30,6 +30,17 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Lease timings short enough for failover tests to finish quickly (renew deadline below the
+/// lease duration, as the manager requires).
+pub const FAST_LEASE: [&str; 6] = [
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
+
 /// A free loopback port (bound and released; good enough on a test machine).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
