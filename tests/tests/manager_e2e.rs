@@ -302,3 +302,46 @@ async fn missing_token_is_unauthenticated() {
         Some(0)
     );
 }
+
+/// WATCH_NAMESPACE is the ceiling for every registration: "all namespaces" means all within it,
+/// and naming a namespace outside it is refused.
+#[tokio::test]
+async fn watch_namespace_is_the_ceiling() {
+    let c = cluster().await;
+    namespace(&c.client, "allowed", &[]).await;
+    namespace(&c.client, "forbidden", &[]).await;
+    put_configmap(&c.client, "allowed", "a", &[("v", "0")]).await;
+    put_configmap(&c.client, "forbidden", "f", &[("v", "0")]).await;
+    let m = Manager::start(&c, "ceiling", &["--watch-namespace", "allowed"]).await;
+    m.wait_leading().await;
+
+    let mut outside = register_configmaps("outside", 1);
+    outside.namespaces = Some(pb::NamespaceScope {
+        scope: Some(pb::namespace_scope::Scope::Names(
+            pb::namespace_scope::Names {
+                names: vec!["forbidden".into()],
+            },
+        )),
+    });
+    let err = Replica::connect(&m.grpc, outside)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert!(
+        err.message().contains("WATCH_NAMESPACE"),
+        "{}",
+        err.message()
+    );
+
+    let mut r = Replica::connect(&m.grpc, register_configmaps("everything", 4))
+        .await
+        .expect("registered");
+    let got = r.expect().await;
+    assert_eq!(key(&got), "allowed/a");
+    r.done(&got.id).await;
+    assert!(
+        r.next(Duration::from_secs(2)).await.is_none(),
+        "nothing from outside WATCH_NAMESPACE arrives"
+    );
+}
