@@ -6,7 +6,9 @@
 //! passes; a late result carries a stale lease id and is ignored.
 
 use crate::cache::{CacheEvent, Informer, ObjectKey, Subscription};
+use crate::events::{Delivery, EventQueue, EventType};
 use crate::queue::{Lease, Outcome, Priority, Reason, WorkQueue};
+use crate::registration::Mode;
 use crate::registration::Registration;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -70,6 +72,15 @@ pub struct Request {
 pub enum Outbound {
     /// A reconcile request.
     Reconcile(Request),
+    /// An EVENTS-mode delivery.
+    Event {
+        /// Unique request id, acknowledged with EventAck.
+        id: String,
+        /// The key, its event and attempt.
+        delivery: Delivery,
+        /// When the manager stops waiting for the ack.
+        deadline: SystemTime,
+    },
     /// The session must end (superseded, leadership lost, shutting down).
     Revoke {
         /// Why.
@@ -108,6 +119,8 @@ struct InFlight {
     lease: u64,
     deadline: Instant,
     started: Instant,
+    /// An EVENTS-mode delivery (acknowledged, not completed with an outcome).
+    event: bool,
 }
 
 struct State {
@@ -115,7 +128,19 @@ struct State {
     sessions: BTreeMap<u64, SessionSlot>,
     in_flight: HashMap<String, InFlight>,
     tombstones: HashMap<ObjectKey, (Arc<Value>, bool)>,
+    events: EventQueue,
     next_session_pick: u64,
+}
+
+impl State {
+    /// Hand a lost delivery out again at once (at-least-once), in whichever queue it came from.
+    fn requeue_lost(&mut self, f: &InFlight, now: Instant) {
+        if f.event {
+            self.events.lost(&f.key);
+        } else {
+            self.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+        }
+    }
 }
 
 /// Counters for status and metrics.
@@ -174,6 +199,7 @@ impl Controller {
                 sessions: BTreeMap::new(),
                 in_flight: HashMap::new(),
                 tombstones: HashMap::new(),
+                events: EventQueue::default(),
                 next_session_pick: 0,
             }),
             wake: Notify::new(),
@@ -322,7 +348,7 @@ impl Controller {
             .collect();
         for id in &lost {
             if let Some(f) = st.in_flight.remove(id) {
-                st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+                st.requeue_lost(&f, now);
             }
         }
         let remaining = st.sessions.len();
@@ -363,6 +389,40 @@ impl Controller {
         )
     }
 
+    /// EVENTS mode: append a change of a primary.
+    pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
+        let key = crate::mapper::own_key(&object);
+        self.lock().events.push(key, kind, object);
+        self.wake.notify_one();
+    }
+
+    /// EVENTS mode: `session` acknowledged delivery `id`.
+    pub fn ack(&self, session: u64, id: &str) -> Completion {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let valid = st
+            .in_flight
+            .get(id)
+            .is_some_and(|f| f.session == session && f.deadline > now && f.event);
+        if !valid {
+            return Completion::Discarded;
+        }
+        let Some(f) = st.in_flight.remove(id) else {
+            return Completion::Discarded;
+        };
+        st.events.ack(&f.key);
+        if let Some(s) = st.sessions.get_mut(&f.session) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if s.draining && s.in_flight == 0 {
+                let _ = s.tx.send(Outbound::Drained);
+            }
+        }
+        drop(st);
+        self.counters.done.fetch_add(1, Ordering::Relaxed);
+        self.wake.notify_one();
+        Completion::Accepted
+    }
+
     /// A result from `session` for request `id`.
     pub fn complete(&self, session: u64, id: &str, outcome: Outcome) -> Completion {
         let now = Instant::now();
@@ -370,7 +430,7 @@ impl Controller {
         let valid = st
             .in_flight
             .get(id)
-            .is_some_and(|f| f.session == session && f.deadline > now);
+            .is_some_and(|f| f.session == session && f.deadline > now && !f.event);
         if !valid {
             return Completion::Discarded;
         }
@@ -421,7 +481,7 @@ impl Controller {
                     self.counters
                         .deadline_misses
                         .fetch_add(1, Ordering::Relaxed);
-                    st.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+                    st.requeue_lost(&f, now);
                     if let Some(s) = st.sessions.get_mut(&f.session) {
                         s.in_flight = s.in_flight.saturating_sub(1);
                     }
@@ -436,6 +496,48 @@ impl Controller {
                     let Some(session) = pick_session(&mut st) else {
                         break;
                     };
+                    if self.registration.mode == Mode::Events {
+                        // Events carry their object already: send right away.
+                        let Some(delivery) = st.events.pop() else {
+                            break;
+                        };
+                        let id = format!(
+                            "{}-{}",
+                            self.id.name,
+                            self.next_request.fetch_add(1, Ordering::Relaxed)
+                        );
+                        let deadline = SystemTime::now() + self.registration.deadline;
+                        let key = delivery.key.clone();
+                        let sent = st.sessions.get(&session).is_some_and(|slot| {
+                            slot.tx
+                                .send(Outbound::Event {
+                                    id: id.clone(),
+                                    delivery,
+                                    deadline,
+                                })
+                                .is_ok()
+                        });
+                        if !sent {
+                            st.events.lost(&key);
+                            break;
+                        }
+                        if let Some(slot) = st.sessions.get_mut(&session) {
+                            slot.in_flight += 1;
+                        }
+                        st.in_flight.insert(
+                            id,
+                            InFlight {
+                                key,
+                                session,
+                                lease: 0,
+                                deadline: now + self.registration.deadline,
+                                started: now,
+                                event: true,
+                            },
+                        );
+                        self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let Some(lease) = st.queue.pop(now) else {
                         break;
                     };
@@ -456,6 +558,7 @@ impl Controller {
                             lease: lease.id,
                             deadline: now + self.registration.deadline,
                             started: now,
+                            event: false,
                         },
                     );
                     reserved.push((session, lease, id, tombstone));

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod dev;
+pub mod events;
 pub mod http;
 pub mod leader;
 pub mod mapper;

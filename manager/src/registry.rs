@@ -59,6 +59,17 @@ fn passes(predicate: &Option<Predicate>, event: &CacheEvent) -> bool {
         .is_none_or(|p| p.evaluate(kind, old, new))
 }
 
+/// EVENTS mode: a list-time Added is a SYNC (it may have changed while nobody watched).
+fn event_type(event: &CacheEvent) -> crate::events::EventType {
+    use crate::events::EventType as T;
+    match event {
+        CacheEvent::Added { initial: true, .. } => T::Sync,
+        CacheEvent::Added { .. } => T::Added,
+        CacheEvent::Modified { .. } => T::Modified,
+        CacheEvent::Deleted { .. } => T::Deleted,
+    }
+}
+
 fn is_initial(event: &CacheEvent) -> bool {
     matches!(event, CacheEvent::Added { initial: true, .. })
 }
@@ -283,6 +294,18 @@ impl Registry {
             let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
                 let Some(c) = c.upgrade() else { return };
                 c.observe_primary(event);
+                if c.registration.mode == crate::registration::Mode::Events {
+                    let (_, _, obj) = event_kind(event);
+                    if in_scope(&scope, obj) && passes(&predicate, event) {
+                        let object = match event {
+                            CacheEvent::Added { object, .. }
+                            | CacheEvent::Deleted { object, .. } => object,
+                            CacheEvent::Modified { new, .. } => new,
+                        };
+                        c.push_event(event_type(event), object.clone());
+                    }
+                    return;
+                }
                 let (_, _, obj) = event_kind(event);
                 if !in_scope(&scope, obj) || !passes(&predicate, event) {
                     return;

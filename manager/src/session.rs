@@ -153,10 +153,17 @@ impl ServiceState {
         let mode = match pb::register::Mode::try_from(r.mode) {
             Ok(pb::register::Mode::Unspecified | pb::register::Mode::Reconcile) => Mode::Reconcile,
             Ok(pb::register::Mode::Events) => {
-                return Err(Invalid::new(
-                    "register.mode",
-                    "MODE_EVENTS is not supported by this manager version yet; use MODE_RECONCILE",
-                ));
+                if !r.owns.is_empty() || !r.watches.is_empty() {
+                    return Err(Invalid::new(
+                        if r.owns.is_empty() {
+                            "register.watches"
+                        } else {
+                            "register.owns"
+                        },
+                        "MODE_EVENTS delivers the primary's own changes; owns and watches map to keys and need MODE_RECONCILE",
+                    ));
+                }
+                Mode::Events
             }
             Err(_) => {
                 return Err(Invalid::new(
@@ -556,6 +563,30 @@ fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
     }
 }
 
+fn event_to_pb(id: &str, d: &crate::events::Delivery, deadline: SystemTime) -> pb::Event {
+    use crate::events::EventType as T;
+    let kind = match d.event.kind {
+        T::Added => pb::event::Type::Added,
+        T::Modified => pb::event::Type::Modified,
+        T::Deleted => pb::event::Type::Deleted,
+        T::Sync => pb::event::Type::Sync,
+    };
+    pb::Event {
+        id: id.to_string(),
+        key: Some(pb::ObjectKey {
+            namespace: d.key.0.clone(),
+            name: d.key.1.clone(),
+        }),
+        r#type: kind as i32,
+        object_json: serde_json::to_vec(d.event.object.as_ref()).unwrap_or_default(),
+        sequence: d.event.sequence,
+        attempt: d.attempt,
+        deadline: Some(timestamp(deadline)),
+        traceparent: String::new(),
+        tracestate: String::new(),
+    }
+}
+
 fn outcome_from_pb(r: &pb::ReconcileResult) -> Result<Outcome, Invalid> {
     use pb::reconcile_result::Outcome as O;
     Ok(match r.outcome.as_ref() {
@@ -718,6 +749,11 @@ impl ControllerManager for Service {
                             let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
                             break Some(status);
                         }
+                        Some(Outbound::Event { id, delivery, deadline }) => {
+                            if tx.send(Ok(msg(pb::manager_message::Message::Event(event_to_pb(&id, &delivery, deadline))))).await.is_err() {
+                                break None;
+                            }
+                        }
                         Some(Outbound::Drained) => break Some(Status::ok("drained")),
                         None => break None,
                     },
@@ -735,7 +771,11 @@ impl ControllerManager for Service {
                             }
                             Some(pb::controller_message::Message::Credit(c)) => controller.set_credits(session_num, c.max_in_flight),
                             Some(pb::controller_message::Message::Drain(_)) => controller.drain(session_num),
-                            Some(pb::controller_message::Message::EventAck(_)) => {}
+                            Some(pb::controller_message::Message::EventAck(ack)) => {
+                                if controller.ack(session_num, &ack.id) == Completion::Discarded {
+                                    tracing::debug!(controller = %controller.id, id = %ack.id, "late or unknown ack discarded");
+                                }
+                            }
                             Some(pb::controller_message::Message::Register(_)) => {
                                 break Some(Status::invalid_argument("register: a session registers once; open a new Connect stream to change the registration"));
                             }

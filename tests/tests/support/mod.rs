@@ -295,6 +295,29 @@ impl Replica {
         }
     }
 
+    /// The next EVENTS-mode delivery, or None if none arrives within `within`.
+    pub async fn next_event(&mut self, within: Duration) -> Option<pb::Event> {
+        loop {
+            match tokio::time::timeout(within, self.rx.message()).await {
+                Ok(Ok(Some(pb::ManagerMessage {
+                    message: Some(pb::manager_message::Message::Event(e)),
+                }))) => return Some(e),
+                Ok(Ok(Some(_))) => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// Acknowledge an EVENTS-mode delivery.
+    pub async fn ack(&self, id: &str) {
+        let msg = pb::ControllerMessage {
+            message: Some(pb::controller_message::Message::EventAck(pb::EventAck {
+                id: id.to_string(),
+            })),
+        };
+        let _ = self.tx.send(msg).await;
+    }
+
     /// The next request, failing the test if none arrives within [`PATIENCE`].
     pub async fn expect(&mut self) -> pb::ReconcileRequest {
         self.next(PATIENCE).await.expect("a reconcile request")
