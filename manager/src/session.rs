@@ -771,11 +771,12 @@ impl ControllerManager for Service {
                             }
                             Some(pb::controller_message::Message::Credit(c)) => controller.set_credits(session_num, c.max_in_flight),
                             Some(pb::controller_message::Message::Drain(_)) => controller.drain(session_num),
-                            Some(pb::controller_message::Message::EventAck(ack)) => {
-                                if controller.ack(session_num, &ack.id) == Completion::Discarded {
-                                    tracing::debug!(controller = %controller.id, id = %ack.id, "late or unknown ack discarded");
-                                }
+                            Some(pb::controller_message::Message::EventAck(ack))
+                                if controller.ack(session_num, &ack.id) == Completion::Discarded =>
+                            {
+                                tracing::debug!(controller = %controller.id, id = %ack.id, "late or unknown ack discarded");
                             }
+                            Some(pb::controller_message::Message::EventAck(_)) => {}
                             Some(pb::controller_message::Message::Register(_)) => {
                                 break Some(Status::invalid_argument("register: a session registers once; open a new Connect stream to change the registration"));
                             }
