@@ -708,6 +708,16 @@ mod tests {
         }
     }
 
+    fn controller(max_concurrent: u32) -> Arc<Controller> {
+        Controller::new(
+            ControllerId {
+                tenant: "t".into(),
+                name: "c".into(),
+            },
+            registration(max_concurrent),
+        )
+    }
+
     fn recv_all(rx: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<Request> {
         let mut out = Vec::new();
         while let Ok(m) = rx.try_recv() {
@@ -720,13 +730,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_sessions_and_never_twice_in_flight() {
-        let c = Controller::new(
-            ControllerId {
-                tenant: "t".into(),
-                name: "c".into(),
-            },
-            registration(10),
-        );
+        let c = controller(10);
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         let (tx2, mut rx2) = mpsc::unbounded_channel();
         c.add_session(1, 2, tx1);
@@ -746,13 +750,7 @@ mod tests {
 
     #[test]
     fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
-        let c = Controller::new(
-            ControllerId {
-                tenant: "t".into(),
-                name: "c".into(),
-            },
-            registration(10),
-        );
+        let c = controller(10);
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         c.add_session(1, 5, tx1);
         c.enqueue([("ns".to_string(), "a".to_string())], false);
@@ -778,13 +776,7 @@ mod tests {
 
     #[test]
     fn standby_does_not_dispatch() {
-        let c = Controller::new(
-            ControllerId {
-                tenant: "t".into(),
-                name: "c".into(),
-            },
-            registration(10),
-        );
+        let c = controller(10);
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         c.add_session(1, 5, tx1);
         c.enqueue([("ns".to_string(), "a".to_string())], false);
@@ -796,13 +788,7 @@ mod tests {
 
     #[test]
     fn max_concurrent_bounds_all_sessions() {
-        let c = Controller::new(
-            ControllerId {
-                tenant: "t".into(),
-                name: "c".into(),
-            },
-            registration(3),
-        );
+        let c = controller(3);
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         let (tx2, mut rx2) = mpsc::unbounded_channel();
         c.add_session(1, 10, tx1);
