@@ -11,6 +11,18 @@ banner() {
     printf '\n==== %s ====\n' "$*"
 }
 
+banner "Debian packages (promtool from prometheus)"
+if command -v promtool >/dev/null; then
+    echo "promtool already installed: $(promtool --version 2>&1 | head -1)"
+else
+    echo "installing prometheus (for promtool) with apt-get..."
+    SUDO=""
+    if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    echo "installed: $(promtool --version 2>&1 | head -1)"
+fi
+
 banner "python environment (.venv)"
 if [[ ! -x .venv/bin/python ]]; then
     echo "creating .venv with $(python3 --version)"

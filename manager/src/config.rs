@@ -7,6 +7,7 @@ use crate::http::{self, HttpState};
 use crate::leader::{Elector, LeaderConfig};
 use crate::registry::Registry;
 use crate::session::{Service, ServiceState};
+use crate::telemetry::Metrics;
 use crate::tenant::{AllowAll, StaticTokens};
 use anyhow::Context;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManagerServer;
@@ -116,11 +117,13 @@ impl RunArgs {
         let election = tokio::spawn(elector.run(election_stop.clone()));
 
         let cache = Cache::new(client.clone());
+        let metrics = Arc::new(Metrics::new());
         let registry = Registry::new(
             cache.clone(),
             self.ceiling(),
             leading.clone(),
             stop.child_token(),
+            metrics.clone(),
         );
         {
             // Sessions live only on the leader: when it steps down, every session must reconnect.
@@ -151,6 +154,7 @@ impl RunArgs {
             Arc::new(StaticTokens::new([(self.token.clone(), "dev".to_string())])),
             Arc::new(AllowAll),
             leader_state.clone(),
+            metrics.clone(),
         )));
         let grpc_listener = tokio::net::TcpListener::bind(self.grpc_addr)
             .await
@@ -176,6 +180,8 @@ impl RunArgs {
             cache: cache.clone(),
             leader: leader_state,
             identity,
+            metrics,
+            lease_name: self.lease_name.clone(),
         });
         let http = {
             let stop = stop.clone();

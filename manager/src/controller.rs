@@ -10,6 +10,7 @@ use crate::events::{Delivery, EventQueue, EventType};
 use crate::queue::{Lease, Outcome, Priority, Reason, WorkQueue};
 use crate::registration::Mode;
 use crate::registration::Registration;
+use crate::telemetry::{Metrics, ResultLabel};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -176,6 +177,26 @@ pub struct Controller {
     subscriptions: Mutex<Vec<Subscription>>,
     /// Counters for status and metrics.
     pub counters: Counters,
+    metrics: Arc<Metrics>,
+}
+
+/// A controller's queue as `/metrics` reports it.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueStats {
+    /// Keys ready or waiting on a timer.
+    pub depth: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Sessions attached.
+    pub sessions: usize,
+    /// Cumulative adds.
+    pub adds: u64,
+    /// Cumulative retries.
+    pub retries: u64,
+    /// Seconds of work in progress.
+    pub unfinished: f64,
+    /// Seconds the longest in-flight request has been running.
+    pub longest: f64,
 }
 
 /// What a result did.
@@ -189,7 +210,7 @@ pub enum Completion {
 
 impl Controller {
     /// A controller with an empty queue and no sessions.
-    pub fn new(id: ControllerId, registration: Registration) -> Arc<Self> {
+    pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
         let queue = WorkQueue::new(registration.backoff);
         Arc::new(Controller {
             id,
@@ -207,6 +228,7 @@ impl Controller {
             primaries: Mutex::new(Vec::new()),
             subscriptions: Mutex::new(Vec::new()),
             counters: Counters::default(),
+            metrics,
         })
     }
 
@@ -379,6 +401,29 @@ impl Controller {
         self.lock().sessions.len()
     }
 
+    /// Queue figures for `/metrics`.
+    pub fn queue_stats(&self) -> QueueStats {
+        let now = Instant::now();
+        let st = self.lock();
+        QueueStats {
+            depth: st.queue.len() + st.queue.waiting_len() + st.events.len(),
+            in_flight: st.in_flight.len(),
+            sessions: st.sessions.len(),
+            adds: st.queue.adds_total(),
+            retries: st.queue.retries_total(),
+            unfinished: st
+                .in_flight
+                .values()
+                .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
+                .sum(),
+            longest: st
+                .in_flight
+                .values()
+                .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
+                .fold(0.0, f64::max),
+        }
+    }
+
     /// Queue depth, in-flight count and number of sessions, for status pages.
     pub fn snapshot(&self) -> (usize, usize, usize) {
         let st = self.lock();
@@ -419,6 +464,13 @@ impl Controller {
         }
         drop(st);
         self.counters.done.fetch_add(1, Ordering::Relaxed);
+        self.metrics.reconciled(
+            &self.id.name,
+            &self.id.tenant,
+            ResultLabel::Success,
+            false,
+            f.started.elapsed(),
+        );
         self.wake.notify_one();
         Completion::Accepted
     }
@@ -445,6 +497,20 @@ impl Controller {
             }
         }
         drop(st);
+        let (label, terminal) = match outcome {
+            Outcome::Done => (ResultLabel::Success, false),
+            Outcome::RequeueAfter(d) if d.is_zero() => (ResultLabel::Requeue, false),
+            Outcome::RequeueAfter(_) => (ResultLabel::RequeueAfter, false),
+            Outcome::Error { .. } | Outcome::Lost => (ResultLabel::Error, false),
+            Outcome::Terminal => (ResultLabel::Error, true),
+        };
+        self.metrics.reconciled(
+            &self.id.name,
+            &self.id.tenant,
+            label,
+            terminal,
+            f.started.elapsed(),
+        );
         let c = match outcome {
             Outcome::Done => &self.counters.done,
             Outcome::RequeueAfter(_) => &self.counters.requeued,
@@ -481,6 +547,7 @@ impl Controller {
                     self.counters
                         .deadline_misses
                         .fetch_add(1, Ordering::Relaxed);
+                    self.metrics.deadline_missed(&self.id.name, &self.id.tenant);
                     st.requeue_lost(&f, now);
                     if let Some(s) = st.sessions.get_mut(&f.session) {
                         s.in_flight = s.in_flight.saturating_sub(1);
@@ -569,6 +636,11 @@ impl Controller {
             let requests: Vec<(u64, Request)> = reserved
                 .into_iter()
                 .map(|(session, lease, id, tombstone)| {
+                    self.metrics.dispatched(
+                        &self.id.name,
+                        &self.id.tenant,
+                        lease.enqueued_at.elapsed(),
+                    );
                     let payload = if self.registration.include_object {
                         match self.primary_object(&lease.key) {
                             Some(obj) => Payload::Object(obj),
@@ -715,6 +787,7 @@ mod tests {
                 name: "c".into(),
             },
             registration(max_concurrent),
+            Arc::new(Metrics::new()),
         )
     }
 

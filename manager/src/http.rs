@@ -4,6 +4,7 @@
 use crate::cache::Cache;
 use crate::leader::LeaderState;
 use crate::registry::Registry;
+use crate::telemetry::Metrics;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -24,6 +25,10 @@ pub struct HttpState {
     pub leader: watch::Receiver<LeaderState>,
     /// This manager's identity.
     pub identity: String,
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The Lease name (the `name` label of leader_election_master_status).
+    pub lease_name: String,
 }
 
 /// The router for the HTTP port.
@@ -80,56 +85,59 @@ async fn status(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let leading = i32::from(s.leader.borrow().leading);
-    let _ = writeln!(
-        out,
-        "# HELP leader_election_master_status Gauge of if the reporter is master of the relevant lease, 0 indicates backup, 1 indicates master."
-    );
-    let _ = writeln!(out, "# TYPE leader_election_master_status gauge");
-    let _ = writeln!(
-        out,
-        "leader_election_master_status{{name=\"ctrlhub\"}} {leading}"
-    );
-    let _ = writeln!(
-        out,
-        "# HELP controller_runtime_reconcile_total Total number of reconciliations per controller"
-    );
-    let _ = writeln!(out, "# TYPE controller_runtime_reconcile_total counter");
+    // Gauges that describe the present are set at scrape time, from the source of truth.
+    let m = &s.metrics;
+    m.leader
+        .with_label_values(&[s.lease_name.as_str()])
+        .set(i64::from(s.leader.borrow().leading));
+    // Controllers and informers come and go: drop their old series before writing live ones.
+    m.depth.reset();
+    m.active_workers.reset();
+    m.sessions.reset();
+    m.max_concurrent.reset();
+    m.unfinished.reset();
+    m.longest.reset();
+    m.informer_objects.reset();
+    m.informer_relists.reset();
     for c in s.registry.all() {
-        let n = &c.id.name;
-        let t = &c.id.tenant;
-        for (result, v) in [
-            ("success", c.counters.done.load(Ordering::Relaxed)),
-            ("requeue_after", c.counters.requeued.load(Ordering::Relaxed)),
-            (
-                "error",
-                c.counters.errors.load(Ordering::Relaxed)
-                    + c.counters.terminal.load(Ordering::Relaxed),
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "controller_runtime_reconcile_total{{controller=\"{n}\",tenant=\"{t}\",result=\"{result}\"}} {v}"
-            );
-        }
+        let (name, tenant) = (c.id.name.as_str(), c.id.tenant.as_str());
+        let q = c.queue_stats();
+        let labels = [name, tenant];
+        m.depth
+            .with_label_values(&labels)
+            .set(i64::try_from(q.depth).unwrap_or(i64::MAX));
+        m.active_workers
+            .with_label_values(&labels)
+            .set(i64::try_from(q.in_flight).unwrap_or(i64::MAX));
+        m.sessions
+            .with_label_values(&labels)
+            .set(i64::try_from(q.sessions).unwrap_or(i64::MAX));
+        m.max_concurrent
+            .with_label_values(&labels)
+            .set(i64::from(c.registration.max_concurrent));
+        m.unfinished.with_label_values(&labels).set(q.unfinished);
+        m.longest.with_label_values(&labels).set(q.longest);
+        Metrics::advance(&m.adds, &labels, q.adds);
+        Metrics::advance(&m.retries, &labels, q.retries);
     }
-    let _ = writeln!(
-        out,
-        "# HELP ctrlhub_informer_objects Objects held by each informer"
-    );
-    let _ = writeln!(out, "# TYPE ctrlhub_informer_objects gauge");
-    for i in s.cache.all() {
+    let informers = s.cache.all();
+    m.informers.set(informers.len() as f64);
+    for i in &informers {
         let k = i.key();
-        let _ = writeln!(
-            out,
-            "ctrlhub_informer_objects{{group=\"{}\",resource=\"{}\",namespace=\"{}\"}} {}",
-            k.group,
-            k.plural,
+        let labels = [
+            k.group.as_str(),
+            k.plural.as_str(),
             k.namespace.as_deref().unwrap_or(""),
-            i.len()
-        );
+        ];
+        m.informer_objects
+            .with_label_values(&labels)
+            .set(i64::try_from(i.len()).unwrap_or(i64::MAX));
+        m.informer_relists
+            .with_label_values(&labels)
+            .set(i64::try_from(i.relists()).unwrap_or(i64::MAX));
     }
-    ([("content-type", "text/plain; version=0.0.4")], out)
+    (
+        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        m.render(),
+    )
 }

@@ -18,4 +18,5 @@ pub mod queue;
 pub mod registration;
 pub mod registry;
 pub mod session;
+pub mod telemetry;
 pub mod tenant;

@@ -42,6 +42,7 @@ pub struct Registry {
     next_session: AtomicU64,
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
+    metrics: Arc<crate::telemetry::Metrics>,
 }
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
@@ -129,6 +130,7 @@ impl Registry {
         ceiling: Option<Vec<String>>,
         leading: watch::Receiver<bool>,
         stop: CancellationToken,
+        metrics: Arc<crate::telemetry::Metrics>,
     ) -> Arc<Self> {
         Arc::new(Registry {
             cache,
@@ -137,6 +139,7 @@ impl Registry {
             next_session: AtomicU64::new(1),
             leading,
             stop,
+            metrics,
         })
     }
 
@@ -182,7 +185,8 @@ impl Registry {
                         old.revoke_all(RevokeReason::Superseded, "a replica registered a different definition under this controller name");
                         old.release_informers();
                     }
-                    let controller = Controller::new(id.clone(), registration.clone());
+                    let controller =
+                        Controller::new(id.clone(), registration.clone(), self.metrics.clone());
                     self.wire(&controller, &namespaces);
                     tokio::spawn(
                         controller

@@ -38,6 +38,7 @@ pub struct ServiceState {
     leader: watch::Receiver<LeaderState>,
     discovered: Mutex<HashMap<(String, String, String), ResourceRef>>,
     sessions: Mutex<HashMap<String, (Identity, Arc<Controller>)>>,
+    metrics: Arc<crate::telemetry::Metrics>,
 }
 
 impl ServiceState {
@@ -48,6 +49,7 @@ impl ServiceState {
         authn: Arc<dyn Authenticator>,
         authz: Arc<dyn Authorizer>,
         leader: watch::Receiver<LeaderState>,
+        metrics: Arc<crate::telemetry::Metrics>,
     ) -> Self {
         ServiceState {
             registry,
@@ -57,6 +59,7 @@ impl ServiceState {
             leader,
             discovered: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
+            metrics,
         }
     }
 
@@ -647,6 +650,34 @@ impl ControllerManager for Service {
         &self,
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
     ) -> Result<Response<ConnectStream>, Status> {
+        let result = self.open(req).await;
+        if let Err(status) = &result {
+            self.metrics.rejected(&format!("{:?}", status.code()));
+        }
+        result
+    }
+
+    async fn get(
+        &self,
+        req: GrpcRequest<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        self.read_one(req).await
+    }
+
+    async fn list(
+        &self,
+        req: GrpcRequest<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        self.read_many(req).await
+    }
+}
+
+impl Service {
+    /// Authenticate, register and start a session (the body of Connect).
+    async fn open(
+        &self,
+        req: GrpcRequest<Streaming<pb::ControllerMessage>>,
+    ) -> Result<Response<ConnectStream>, Status> {
         let identity = self.authenticate(&req)?;
         self.require_leader()?;
         let mut inbound = req.into_inner();
@@ -808,7 +839,8 @@ impl ControllerManager for Service {
         )))
     }
 
-    async fn get(
+    /// A cached Get.
+    async fn read_one(
         &self,
         req: GrpcRequest<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
@@ -836,7 +868,8 @@ impl ControllerManager for Service {
         }
     }
 
-    async fn list(
+    /// A cached List.
+    async fn read_many(
         &self,
         req: GrpcRequest<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {

@@ -404,3 +404,75 @@ async fn events_mode_delivers_in_order_per_key() {
         "every change, in order, none collapsed"
     );
 }
+
+/// /metrics carries controller-runtime's series for a reconciling controller, and a live scrape
+/// passes `promtool check metrics` (Debian's prometheus package; tests/run.sh installs it).
+#[tokio::test]
+async fn metrics_use_controller_runtime_names_and_pass_promtool() {
+    let (c, m) = setup().await;
+    put_configmap(&c.client, "default", "ok", &[("v", "0")]).await;
+    put_configmap(&c.client, "default", "bad", &[("v", "0")]).await;
+    let mut reg = register_configmaps("metered", 2);
+    reg.backoff = Some(pb::Backoff {
+        base: Some(secs(30.0)),
+        max: Some(secs(60.0)),
+    });
+    let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
+    for _ in 0..2 {
+        let req = r.expect().await;
+        if key(&req) == "default/bad" {
+            r.reply(
+                &req.id,
+                pb::reconcile_result::Outcome::Error(pb::reconcile_result::Error {
+                    message: "boom".into(),
+                    retry_after: None,
+                }),
+            )
+            .await;
+        } else {
+            r.done(&req.id).await;
+        }
+    }
+    let scrape = || async {
+        reqwest::get(format!("{}/metrics", m.http))
+            .await
+            .expect("metrics reachable")
+            .text()
+            .await
+            .expect("text")
+    };
+    wait_until("both results counted", || async {
+        let text = scrape().await;
+        text.contains(r#"controller_runtime_reconcile_total{controller="metered",result="success",tenant="dev"} 1"#)
+            && text.contains(r#"controller_runtime_reconcile_total{controller="metered",result="error",tenant="dev"} 1"#)
+    })
+    .await;
+    let text = scrape().await;
+    for series in [
+        r#"controller_runtime_reconcile_errors_total{controller="metered",tenant="dev"} 1"#,
+        r#"controller_runtime_reconcile_time_seconds_count{controller="metered",tenant="dev"} 2"#,
+        r#"workqueue_depth{name="metered",tenant="dev"} 1"#,
+        r#"ctrlhub_sessions{controller="metered",tenant="dev"} 1"#,
+        r#"leader_election_master_status{name="ctrlhub-leader"} 1"#,
+        r#"ctrlhub_informer_objects{group="",namespace="",resource="configmaps"} 2"#,
+        "workqueue_queue_duration_seconds_bucket",
+        "workqueue_adds_total",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("scrape.txt");
+    std::fs::write(&file, &text).expect("scrape saved");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).expect("scrape readable"))
+        .output()
+        .expect("promtool is installed (tests/run.sh installs Debian's prometheus package)");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

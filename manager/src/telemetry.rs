@@ -1,0 +1,387 @@
+//! Prometheus metrics with controller-runtime's names, types and labels, so existing
+//! controller-runtime dashboards and alerts work unchanged, plus ctrlhub's own `ctrlhub_` series.
+//! Labels are bounded (controller, tenant, resource); never an object name.
+
+use prometheus::{
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use std::time::Duration;
+
+/// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets (5 ms to 60 s).
+const RECONCILE_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+/// client-go's workqueue duration buckets: 10 ns to 10^3 s, exponential by 10.
+fn workqueue_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(10e-9, 10.0, 12)
+        .unwrap_or_else(|_| vec![1e-8, 1e-6, 1e-3, 1.0, 10.0, 100.0])
+}
+
+/// The reconcile result label, as controller-runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultLabel {
+    /// Done.
+    Success,
+    /// Error or terminal error.
+    Error,
+    /// Requeue as soon as possible.
+    Requeue,
+    /// Requeue after a delay.
+    RequeueAfter,
+}
+
+impl ResultLabel {
+    fn as_str(self) -> &'static str {
+        match self {
+            ResultLabel::Success => "success",
+            ResultLabel::Error => "error",
+            ResultLabel::Requeue => "requeue",
+            ResultLabel::RequeueAfter => "requeue_after",
+        }
+    }
+}
+
+/// Every metric the manager exports.
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    reconcile_total: IntCounterVec,
+    reconcile_errors: IntCounterVec,
+    terminal_errors: IntCounterVec,
+    reconcile_time: HistogramVec,
+    /// `controller_runtime_max_concurrent_reconciles`.
+    pub max_concurrent: IntGaugeVec,
+    /// `controller_runtime_active_workers`.
+    pub active_workers: IntGaugeVec,
+    /// `workqueue_depth`.
+    pub depth: IntGaugeVec,
+    /// `workqueue_adds_total`.
+    pub adds: IntCounterVec,
+    queue_duration: HistogramVec,
+    work_duration: HistogramVec,
+    /// `workqueue_unfinished_work_seconds`.
+    pub unfinished: GaugeVec,
+    /// `workqueue_longest_running_processor_seconds`.
+    pub longest: GaugeVec,
+    /// `workqueue_retries_total`.
+    pub retries: IntCounterVec,
+    /// `leader_election_master_status`.
+    pub leader: IntGaugeVec,
+    /// `ctrlhub_sessions`.
+    pub sessions: IntGaugeVec,
+    /// `ctrlhub_informer_objects`.
+    pub informer_objects: IntGaugeVec,
+    /// `ctrlhub_informer_relists`.
+    pub informer_relists: IntGaugeVec,
+    /// `ctrlhub_informers`.
+    pub informers: Gauge,
+    deadline_misses: IntCounterVec,
+    dispatch_latency: HistogramVec,
+    rejected: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(c.clone()))
+        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(g.clone()))
+        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
+    g
+}
+
+fn fgauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(g.clone()))
+        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
+    g
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(h.clone()))
+        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
+    h
+}
+
+impl Metrics {
+    /// All metrics registered in a fresh registry (with process metrics).
+    ///
+    /// Panics only on a programming error in the static definitions above.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        #[cfg(target_os = "linux")]
+        {
+            // Process metrics are best effort: a registry without them still serves.
+            let _ = r.register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ));
+        }
+        let cr = ["controller", "tenant"];
+        let wq = ["name", "tenant"];
+        let informers = Gauge::new(
+            "ctrlhub_informers",
+            "Informers running (one list/watch each).",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let _ = r.register(Box::new(informers.clone()));
+        Metrics {
+            reconcile_total: counter(
+                &r,
+                "controller_runtime_reconcile_total",
+                "Total number of reconciliations per controller",
+                &["controller", "tenant", "result"],
+            ),
+            reconcile_errors: counter(
+                &r,
+                "controller_runtime_reconcile_errors_total",
+                "Total number of reconciliation errors per controller",
+                &cr,
+            ),
+            terminal_errors: counter(
+                &r,
+                "controller_runtime_terminal_reconcile_errors_total",
+                "Total number of terminal reconciliation errors per controller",
+                &cr,
+            ),
+            reconcile_time: histogram(
+                &r,
+                "controller_runtime_reconcile_time_seconds",
+                "Length of time per reconciliation per controller",
+                &cr,
+                RECONCILE_BUCKETS.to_vec(),
+            ),
+            max_concurrent: gauge(
+                &r,
+                "controller_runtime_max_concurrent_reconciles",
+                "Maximum number of concurrent reconciles per controller",
+                &cr,
+            ),
+            active_workers: gauge(
+                &r,
+                "controller_runtime_active_workers",
+                "Number of currently used workers per controller",
+                &cr,
+            ),
+            depth: gauge(&r, "workqueue_depth", "Current depth of workqueue", &wq),
+            adds: counter(
+                &r,
+                "workqueue_adds_total",
+                "Total number of adds handled by workqueue",
+                &wq,
+            ),
+            queue_duration: histogram(
+                &r,
+                "workqueue_queue_duration_seconds",
+                "How long in seconds an item stays in workqueue before being requested",
+                &wq,
+                workqueue_buckets(),
+            ),
+            work_duration: histogram(
+                &r,
+                "workqueue_work_duration_seconds",
+                "How long in seconds processing an item from workqueue takes",
+                &wq,
+                workqueue_buckets(),
+            ),
+            unfinished: fgauge(
+                &r,
+                "workqueue_unfinished_work_seconds",
+                "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+                &wq,
+            ),
+            longest: fgauge(
+                &r,
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running",
+                &wq,
+            ),
+            retries: counter(
+                &r,
+                "workqueue_retries_total",
+                "Total number of retries handled by workqueue",
+                &wq,
+            ),
+            leader: gauge(
+                &r,
+                "leader_election_master_status",
+                "Gauge of if the reporter is master of the relevant lease, 0 indicates backup, 1 indicates master",
+                &["name"],
+            ),
+            sessions: gauge(
+                &r,
+                "ctrlhub_sessions",
+                "Connected controller sessions (replicas) per controller",
+                &cr,
+            ),
+            informer_objects: gauge(
+                &r,
+                "ctrlhub_informer_objects",
+                "Objects cached per informer",
+                &["group", "resource", "namespace"],
+            ),
+            informer_relists: gauge(
+                &r,
+                "ctrlhub_informer_relists",
+                "Lists performed by an informer since it started (1 = only the initial list)",
+                &["group", "resource", "namespace"],
+            ),
+            informers,
+            deadline_misses: counter(
+                &r,
+                "ctrlhub_deadline_misses_total",
+                "Requests whose deadline passed without a result (re-queued)",
+                &cr,
+            ),
+            dispatch_latency: histogram(
+                &r,
+                "ctrlhub_dispatch_latency_seconds",
+                "Time from a key becoming ready to its request being sent to a session",
+                &cr,
+                RECONCILE_BUCKETS.to_vec(),
+            ),
+            rejected: counter(
+                &r,
+                "ctrlhub_rejected_registrations_total",
+                "Registrations refused, by gRPC status code",
+                &["reason"],
+            ),
+            registry: r,
+        }
+    }
+
+    /// A finished reconcile.
+    pub fn reconciled(
+        &self,
+        controller: &str,
+        tenant: &str,
+        result: ResultLabel,
+        terminal: bool,
+        took: Duration,
+    ) {
+        self.reconcile_total
+            .with_label_values(&[controller, tenant, result.as_str()])
+            .inc();
+        if result == ResultLabel::Error {
+            self.reconcile_errors
+                .with_label_values(&[controller, tenant])
+                .inc();
+        }
+        if terminal {
+            self.terminal_errors
+                .with_label_values(&[controller, tenant])
+                .inc();
+        }
+        self.reconcile_time
+            .with_label_values(&[controller, tenant])
+            .observe(took.as_secs_f64());
+        self.work_duration
+            .with_label_values(&[controller, tenant])
+            .observe(took.as_secs_f64());
+    }
+
+    /// A request handed to a session after waiting `queued` in the queue.
+    pub fn dispatched(&self, controller: &str, tenant: &str, queued: Duration) {
+        self.queue_duration
+            .with_label_values(&[controller, tenant])
+            .observe(queued.as_secs_f64());
+        self.dispatch_latency
+            .with_label_values(&[controller, tenant])
+            .observe(queued.as_secs_f64());
+    }
+
+    /// A request missed its deadline.
+    pub fn deadline_missed(&self, controller: &str, tenant: &str) {
+        self.deadline_misses
+            .with_label_values(&[controller, tenant])
+            .inc();
+    }
+
+    /// A registration was refused with `code` (a gRPC status code name).
+    pub fn rejected(&self, code: &str) {
+        self.rejected.with_label_values(&[code]).inc();
+    }
+
+    /// Raise a counter to a cumulative value read from elsewhere (queues keep their own totals).
+    pub fn advance(counter: &IntCounterVec, labels: &[&str], total: u64) {
+        let c = counter.with_label_values(labels);
+        let now = c.get();
+        if total > now {
+            c.inc_by(total - now);
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_uses_controller_runtime_names() {
+        let m = Metrics::new();
+        m.reconciled(
+            "memcached",
+            "dev",
+            ResultLabel::Success,
+            false,
+            Duration::from_millis(7),
+        );
+        m.reconciled(
+            "memcached",
+            "dev",
+            ResultLabel::Error,
+            true,
+            Duration::from_millis(3),
+        );
+        let text = m.render();
+        assert!(text.contains(r#"controller_runtime_reconcile_total{controller="memcached",result="success",tenant="dev"} 1"#), "{text}");
+        assert!(text.contains(
+            r#"controller_runtime_reconcile_errors_total{controller="memcached",tenant="dev"} 1"#
+        ));
+        assert!(text.contains(r#"controller_runtime_terminal_reconcile_errors_total{controller="memcached",tenant="dev"} 1"#));
+        assert!(text.contains(r#"controller_runtime_reconcile_time_seconds_bucket{controller="memcached",tenant="dev",le="0.005"} 1"#), "7 ms is above the first bucket, 3 ms below it");
+    }
+
+    #[test]
+    fn advance_never_goes_backwards() {
+        let m = Metrics::new();
+        Metrics::advance(&m.adds, &["c", "t"], 5);
+        Metrics::advance(&m.adds, &["c", "t"], 3);
+        assert_eq!(m.adds.with_label_values(&["c", "t"]).get(), 5);
+    }
+}
