@@ -53,6 +53,47 @@ pub struct RunArgs {
     /// Interval between election attempts.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub retry_period: Duration,
+    /// Label the leader sets to "true" on its own pod (named by --identity, in
+    /// --lease-namespace) so a Service selecting it routes controllers to the leader; unset
+    /// disables pod labelling (dev, tests).
+    #[arg(long, env = "CTRLHUB_LEADER_POD_LABEL")]
+    pub leader_pod_label: Option<String>,
+}
+
+/// The leader's own-pod label, which the controllers' Service selects.
+struct PodLabel {
+    pods: kube::Api<k8s_openapi::api::core::v1::Pod>,
+    pod: String,
+    label: String,
+}
+
+impl PodLabel {
+    /// Set the label to "true" while leading and remove it otherwise; failures are logged, not
+    /// fatal (the lease, not the label, decides who dispatches).
+    async fn set(&self, leading: bool) {
+        let value = if leading {
+            serde_json::json!("true")
+        } else {
+            serde_json::Value::Null
+        };
+        let patch = serde_json::json!({"metadata": {"labels": {self.label.as_str(): value}}});
+        match self
+            .pods
+            .patch(
+                &self.pod,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(pod = %self.pod, label = %self.label, leading, "leader pod label updated")
+            }
+            Err(e) => {
+                tracing::warn!(pod = %self.pod, label = %self.label, error = %e, "could not update the leader pod label")
+            }
+        }
+    }
 }
 
 impl RunArgs {
@@ -116,6 +157,13 @@ impl RunArgs {
         let election_stop = CancellationToken::new();
         let election = tokio::spawn(elector.run(election_stop.clone()));
 
+        let pod_label = self.leader_pod_label.clone().map(|label| {
+            Arc::new(PodLabel {
+                pods: kube::Api::namespaced(client.clone(), &self.lease_namespace),
+                pod: identity.clone(),
+                label,
+            })
+        });
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
         let registry = Registry::new(
@@ -130,6 +178,7 @@ impl RunArgs {
             let registry = registry.clone();
             let mut leading = leading.clone();
             let stop = stop.clone();
+            let pod_label = pod_label.clone();
             tokio::spawn(async move {
                 let mut was = *leading.borrow();
                 loop {
@@ -143,6 +192,11 @@ impl RunArgs {
                             RevokeReason::LeadershipLost,
                             "this manager lost the leader lease; reconnect to the new leader",
                         );
+                    }
+                    if was != now
+                        && let Some(p) = &pod_label
+                    {
+                        p.set(now).await;
                     }
                     was = now;
                 }
@@ -201,6 +255,10 @@ impl RunArgs {
         // Give sessions a moment to deliver Revoked before the transport closes.
         tokio::time::sleep(Duration::from_millis(200)).await;
         grpc_stop.cancel();
+        if let Some(p) = &pod_label {
+            // Stop attracting controllers before the lease is released to a successor.
+            p.set(false).await;
+        }
         election_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;

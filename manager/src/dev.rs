@@ -88,6 +88,7 @@ impl DevArgs {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            leader_pod_label: None,
         };
         say(format!(
             "starting the manager: gRPC {} , HTTP {}",

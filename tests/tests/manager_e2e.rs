@@ -476,3 +476,52 @@ async fn metrics_use_controller_runtime_names_and_pass_promtool() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The leader labels its own pod (the Service that controllers dial selects that label) and
+/// removes the label when it shuts down.
+#[tokio::test]
+async fn leader_labels_its_own_pod_for_the_service() {
+    use k8s_openapi::api::core::v1::Pod;
+    let c = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ctrlhub-0", "namespace": "default"},
+        "spec": {"containers": [{"name": "manager", "image": "ctrlhub"}]}});
+    pods.patch(
+        "ctrlhub-0",
+        &PatchParams::apply("tests"),
+        &Patch::Apply(pod),
+    )
+    .await
+    .expect("pod");
+    let label = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("ctrlhub.io/leader").cloned())
+    };
+    let mut m = Manager::start(
+        &c,
+        "ctrlhub-0",
+        &[
+            "--lease-namespace",
+            "default",
+            "--leader-pod-label",
+            "ctrlhub.io/leader",
+        ],
+    )
+    .await;
+    m.wait_leading().await;
+    wait_until("the leader labels its pod", || async {
+        pods.get("ctrlhub-0")
+            .await
+            .is_ok_and(|p| label(&p).as_deref() == Some("true"))
+    })
+    .await;
+    m.stop().await;
+    let after = pods.get("ctrlhub-0").await.expect("pod still there");
+    assert_eq!(
+        label(&after),
+        None,
+        "a stopped leader no longer attracts controllers"
+    );
+}
