@@ -14,7 +14,7 @@ use ctrlhub_sdk::{Action, CancellationToken, Config, Controller, ReconcileError,
 use futures::Stream;
 use k8s_openapi::api::core::v1::ConfigMap;
 use pb::{controller_message, manager_message};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Status, Streaming};
 
@@ -34,14 +34,14 @@ struct Fake {
     script: Script,
     connects: AtomicUsize,
     seen: mpsc::UnboundedSender<pb::ControllerMessage>,
+    slow_deadline: Arc<std::sync::Mutex<Option<oneshot::Sender<SystemTime>>>>,
 }
 
 fn msg(m: manager_message::Message) -> Result<pb::ManagerMessage, Status> {
     Ok(pb::ManagerMessage { message: Some(m) })
 }
 
-fn request(id: &str, name: &str, deadline: Duration) -> manager_message::Message {
-    let at = SystemTime::now() + deadline;
+fn request(id: &str, name: &str, at: SystemTime) -> manager_message::Message {
     let since = at.duration_since(SystemTime::UNIX_EPOCH).unwrap();
     manager_message::Message::Reconcile(pb::ReconcileRequest {
         id: id.into(),
@@ -81,6 +81,7 @@ impl ControllerManager for Fake {
         let mut inbound = req.into_inner();
         let seen = self.seen.clone();
         let script = self.script;
+        let slow_deadline_tx = self.slow_deadline.clone();
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
             let first = inbound.message().await.unwrap().unwrap();
@@ -112,12 +113,20 @@ impl ControllerManager for Fake {
             ))))
             .await
             .unwrap();
-            tx.send(msg(request("r-slow", "slow", Duration::from_millis(400))))
+            let slow_deadline = SystemTime::now() + Duration::from_millis(400);
+            tx.send(msg(request("r-slow", "slow", slow_deadline)))
                 .await
                 .unwrap();
-            tx.send(msg(request("r-1", "a", Duration::from_secs(10))))
-                .await
-                .unwrap();
+            if let Some(report) = slow_deadline_tx.lock().unwrap().take() {
+                let _ = report.send(slow_deadline);
+            }
+            tx.send(msg(request(
+                "r-1",
+                "a",
+                SystemTime::now() + Duration::from_secs(10),
+            )))
+            .await
+            .unwrap();
             // Forward everything until Drain, then close with OK.
             while let Ok(Some(m)) = inbound.message().await {
                 let drain = matches!(m.message, Some(controller_message::Message::Drain(_)));
@@ -148,12 +157,22 @@ impl ControllerManager for Fake {
     }
 }
 
-async fn serve(script: Script) -> (String, UnboundedReceiverStream<pb::ControllerMessage>) {
+/// The fake manager's address, what the controller sent it, and the deadline it gave the slow
+/// request (so the test waits for that event, not a guessed duration).
+async fn serve(
+    script: Script,
+) -> (
+    String,
+    UnboundedReceiverStream<pb::ControllerMessage>,
+    oneshot::Receiver<SystemTime>,
+) {
     let (seen_tx, seen_rx) = mpsc::unbounded_channel();
+    let (deadline_tx, deadline_rx) = oneshot::channel();
     let fake = Fake {
         script,
         connects: AtomicUsize::new(0),
         seen: seen_tx,
+        slow_deadline: Arc::new(std::sync::Mutex::new(Some(deadline_tx))),
     };
     let incoming =
         tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -166,13 +185,14 @@ async fn serve(script: Script) -> (String, UnboundedReceiverStream<pb::Controlle
     (
         format!("http://{addr}"),
         UnboundedReceiverStream::new(seen_rx),
+        deadline_rx,
     )
 }
 
 async fn reconcile(req: Request<ConfigMap>, _: Arc<()>) -> Result<Action, ReconcileError> {
     if req.name() == "slow" {
-        // Outlives its deadline: the SDK must cancel it and not answer.
-        tokio::time::sleep(Duration::from_secs(30)).await;
+        // Never finishes: the SDK must cancel it at its deadline and not answer.
+        std::future::pending::<()>().await;
     }
     // A cached read through the session: not found maps to None.
     let cached = req.reader().get::<ConfigMap>("ns", req.name()).await?;
@@ -184,7 +204,7 @@ async fn reconcile(req: Request<ConfigMap>, _: Arc<()>) -> Result<Action, Reconc
 #[tokio::test]
 async fn reconnects_registers_answers_and_drains() {
     use futures::StreamExt as _;
-    let (addr, mut seen) = serve(Script::Work).await;
+    let (addr, mut seen, slow_deadline) = serve(Script::Work).await;
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(
         Controller::new("test")
@@ -221,8 +241,16 @@ async fn reconnects_registers_answers_and_drains() {
         Some(pb::reconcile_result::Outcome::RequeueAfter(_))
     ));
 
-    // The slow request's deadline passes: no result for it.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Once the slow request's deadline has passed (plus a margin for the SDK to act on it),
+    // no result may come for it: the next message must be the Drain.
+    let deadline = tokio::time::timeout(Duration::from_secs(5), slow_deadline)
+        .await
+        .unwrap()
+        .unwrap();
+    let left = deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(300)).await;
     shutdown.cancel();
     let next = tokio::time::timeout(Duration::from_secs(5), seen.next())
         .await
@@ -242,7 +270,7 @@ async fn reconnects_registers_answers_and_drains() {
 
 #[tokio::test]
 async fn invalid_registration_is_fatal() {
-    let (addr, _seen) = serve(Script::Reject).await;
+    let (addr, _seen, _) = serve(Script::Reject).await;
     let outcome = tokio::time::timeout(
         Duration::from_secs(5),
         Controller::new("test").reconciles::<ConfigMap>().run(
