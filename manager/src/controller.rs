@@ -7,12 +7,12 @@
 
 use crate::cache::{CacheEvent, Informer, ObjectKey, Subscription};
 use crate::events::{Delivery, EventQueue, EventType};
-use crate::queue::{Lease, Outcome, Priority, Reason, WorkQueue};
+use crate::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
 use crate::registration::Mode;
 use crate::registration::Registration;
 use crate::telemetry::{Metrics, ResultLabel};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -120,8 +120,52 @@ struct InFlight {
     lease: u64,
     deadline: Instant,
     started: Instant,
+    /// 1-based attempt, for status pages and error records.
+    attempt: u32,
     /// An EVENTS-mode delivery (acknowledged, not completed with an outcome).
     event: bool,
+}
+
+/// How many failed reconciles each controller keeps for the status page.
+pub const RECENT_ERRORS: usize = 20;
+
+/// A failed reconcile kept for the status page: bounded per controller, newest last.
+#[derive(Debug, Clone)]
+pub struct RecentError {
+    /// When the manager saw it.
+    pub at: SystemTime,
+    /// The key.
+    pub key: ObjectKey,
+    /// The attempt that failed.
+    pub attempt: u32,
+    /// `error`, `terminal` or `deadline`.
+    pub kind: &'static str,
+    /// The controller's message (empty for a missed deadline).
+    pub message: String,
+}
+
+/// A request in flight, as the status page shows it.
+#[derive(Debug, Clone)]
+pub struct InFlightView {
+    /// The key.
+    pub key: ObjectKey,
+    /// The session it went to.
+    pub session: u64,
+    /// 1-based attempt.
+    pub attempt: u32,
+    /// How long it has been running.
+    pub running: Duration,
+}
+
+/// A controller's keys for the status page, each list bounded by the caller's limit.
+#[derive(Debug, Clone, Default)]
+pub struct KeysView {
+    /// Requests in flight, longest-running first.
+    pub in_flight: Vec<InFlightView>,
+    /// Queued keys in dispatch order, then keys waiting on a timer.
+    pub queued: Vec<(ObjectKey, QueuedAs)>,
+    /// The latest failures, newest first.
+    pub recent_errors: Vec<RecentError>,
 }
 
 struct State {
@@ -178,6 +222,7 @@ pub struct Controller {
     /// Counters for status and metrics.
     pub counters: Counters,
     metrics: Arc<Metrics>,
+    recent_errors: Mutex<VecDeque<RecentError>>,
 }
 
 /// A controller's queue as `/metrics` reports it.
@@ -229,6 +274,7 @@ impl Controller {
             subscriptions: Mutex::new(Vec::new()),
             counters: Counters::default(),
             metrics,
+            recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
         })
     }
 
@@ -434,6 +480,55 @@ impl Controller {
         )
     }
 
+    /// In-flight requests, queued keys and recent errors, each list at most `limit` long.
+    pub fn keys_view(&self, limit: usize) -> KeysView {
+        let now = Instant::now();
+        let (mut in_flight, queued) = {
+            let st = self.lock();
+            let in_flight: Vec<InFlightView> = st
+                .in_flight
+                .values()
+                .map(|f| InFlightView {
+                    key: f.key.clone(),
+                    session: f.session,
+                    attempt: f.attempt,
+                    running: now.saturating_duration_since(f.started),
+                })
+                .collect();
+            (in_flight, st.queue.peek(limit))
+        };
+        in_flight.sort_by(|a, b| b.running.cmp(&a.running).then_with(|| a.key.cmp(&b.key)));
+        in_flight.truncate(limit);
+        let recent_errors = self
+            .recent_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect();
+        KeysView {
+            in_flight,
+            queued,
+            recent_errors,
+        }
+    }
+
+    fn record_error(&self, key: &ObjectKey, attempt: u32, kind: &'static str, message: &str) {
+        let mut ring = self.recent_errors.lock().unwrap_or_else(|e| e.into_inner());
+        if ring.len() == RECENT_ERRORS {
+            ring.pop_front();
+        }
+        ring.push_back(RecentError {
+            at: SystemTime::now(),
+            key: key.clone(),
+            attempt,
+            kind,
+            message: message.to_owned(),
+        });
+    }
+
     /// EVENTS mode: append a change of a primary.
     pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
         let key = crate::mapper::own_key(&object);
@@ -475,8 +570,8 @@ impl Controller {
         Completion::Accepted
     }
 
-    /// A result from `session` for request `id`.
-    pub fn complete(&self, session: u64, id: &str, outcome: Outcome) -> Completion {
+    /// A result from `session` for request `id`; `message` is the controller's error text.
+    pub fn complete(&self, session: u64, id: &str, outcome: Outcome, message: &str) -> Completion {
         let now = Instant::now();
         let mut st = self.lock();
         let valid = st
@@ -519,6 +614,11 @@ impl Controller {
             Outcome::Lost => &self.counters.redelivered,
         };
         c.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Error { .. } => self.record_error(&f.key, f.attempt, "error", message),
+            Outcome::Terminal => self.record_error(&f.key, f.attempt, "terminal", message),
+            _ => {}
+        }
         tracing::debug!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), ?outcome, took = ?f.started.elapsed(), "result");
         self.wake.notify_one();
         Completion::Accepted
@@ -549,6 +649,7 @@ impl Controller {
                         .fetch_add(1, Ordering::Relaxed);
                     self.metrics.deadline_missed(&self.id.name, &self.id.tenant);
                     st.requeue_lost(&f, now);
+                    self.record_error(&f.key, f.attempt, "deadline", "");
                     if let Some(s) = st.sessions.get_mut(&f.session) {
                         s.in_flight = s.in_flight.saturating_sub(1);
                     }
@@ -575,6 +676,7 @@ impl Controller {
                         );
                         let deadline = SystemTime::now() + self.registration.deadline;
                         let key = delivery.key.clone();
+                        let attempt = delivery.attempt;
                         let sent = st.sessions.get(&session).is_some_and(|slot| {
                             slot.tx
                                 .send(Outbound::Event {
@@ -599,6 +701,7 @@ impl Controller {
                                 lease: 0,
                                 deadline: now + self.registration.deadline,
                                 started: now,
+                                attempt,
                                 event: true,
                             },
                         );
@@ -625,6 +728,7 @@ impl Controller {
                             lease: lease.id,
                             deadline: now + self.registration.deadline,
                             started: now,
+                            attempt: lease.attempt,
                             event: false,
                         },
                     );
@@ -838,11 +942,11 @@ mod tests {
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].attempt, 2);
         assert_eq!(
-            c.complete(1, &first[0].id, Outcome::Done),
+            c.complete(1, &first[0].id, Outcome::Done, ""),
             Completion::Discarded
         );
         assert_eq!(
-            c.complete(2, &again[0].id, Outcome::Done),
+            c.complete(2, &again[0].id, Outcome::Done, ""),
             Completion::Accepted
         );
     }

@@ -269,6 +269,17 @@ impl Entry {
     }
 }
 
+/// Where a queued key sits, as [`WorkQueue::peek`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueuedAs {
+    /// Ready in the Live lane.
+    Live,
+    /// Ready in the Background lane.
+    Background,
+    /// Waiting on a requeue-after, backoff or `add_after` timer until this instant.
+    Timer(Instant),
+}
+
 /// A level-triggered, exclusive, prioritized work queue with per-key backoff and timers.
 ///
 /// `K` needs `Ord` only so timers with equal deadlines have a deterministic order.
@@ -658,6 +669,26 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         }
     }
 
+    /// Up to `limit` keys in the order they would be popped now (Live lane first), then keys
+    /// waiting on a timer, earliest first; for status pages, so bounded by `limit`.
+    pub fn peek(&self, limit: usize) -> Vec<(K, QueuedAs)> {
+        self.live
+            .values()
+            .map(|k| (k.clone(), QueuedAs::Live))
+            .chain(
+                self.background
+                    .values()
+                    .map(|k| (k.clone(), QueuedAs::Background)),
+            )
+            .chain(
+                self.timers
+                    .iter()
+                    .map(|((at, _), k)| (k.clone(), QueuedAs::Timer(*at))),
+            )
+            .take(limit)
+            .collect()
+    }
+
     /// Keys waiting on a timer (requeue-after, backoff, `add_after`).
     pub fn waiting_len(&self) -> usize {
         self.timers.len()
@@ -851,6 +882,26 @@ mod tests {
         let lease = q.pop(now);
         q.check_invariants();
         lease.map(|l| l.key)
+    }
+
+    #[test]
+    fn peek_lists_keys_in_pop_order_then_timers_and_is_bounded() {
+        let c = Clock::new();
+        let mut q = queue();
+        q.add("bg", Priority::Background, c.now());
+        q.add("live", Priority::Live, c.now());
+        q.add_after("later", 5 * MS, c.now());
+        assert_eq!(
+            q.peek(10),
+            vec![
+                ("live", QueuedAs::Live),
+                ("bg", QueuedAs::Background),
+                ("later", QueuedAs::Timer(c.now() + 5 * MS)),
+            ]
+        );
+        assert_eq!(q.peek(1), vec![("live", QueuedAs::Live)]);
+        assert_eq!(pop_key(&mut q, c.now()), Some("live"));
+        assert_eq!(q.peek(10).len(), 2, "a popped key is in flight, not queued");
     }
 
     #[test]

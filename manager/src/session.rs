@@ -590,6 +590,16 @@ fn event_to_pb(id: &str, d: &crate::events::Delivery, deadline: SystemTime) -> p
     }
 }
 
+/// The controller's error text of a result, for the status page's recent errors.
+fn result_message(r: &pb::ReconcileResult) -> &str {
+    use pb::reconcile_result::Outcome as O;
+    match r.outcome.as_ref() {
+        Some(O::Error(e)) => &e.message,
+        Some(O::Terminal(t)) => &t.message,
+        _ => "",
+    }
+}
+
 fn outcome_from_pb(r: &pb::ReconcileResult) -> Result<Outcome, Invalid> {
     use pb::reconcile_result::Outcome as O;
     Ok(match r.outcome.as_ref() {
@@ -793,7 +803,7 @@ impl Service {
                             Some(pb::controller_message::Message::Result(result)) => {
                                 match outcome_from_pb(&result) {
                                     Ok(outcome) => {
-                                        if controller.complete(session_num, &result.id, outcome) == Completion::Discarded {
+                                        if controller.complete(session_num, &result.id, outcome, result_message(&result)) == Completion::Discarded {
                                             tracing::debug!(controller = %controller.id, id = %result.id, "late or unknown result discarded");
                                         }
                                     }
