@@ -157,11 +157,26 @@ pub struct InFlightView {
     pub running: Duration,
 }
 
+/// An attached session, as the status page shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionView {
+    /// The session number (also in logs).
+    pub session: u64,
+    /// Requests it accepts at once.
+    pub credits: u32,
+    /// Requests it holds now.
+    pub in_flight: u32,
+    /// Whether it asked to drain.
+    pub draining: bool,
+}
+
 /// A controller's keys for the status page, each list bounded by the caller's limit.
 #[derive(Debug, Clone, Default)]
 pub struct KeysView {
     /// Requests in flight, longest-running first.
     pub in_flight: Vec<InFlightView>,
+    /// Attached sessions in the order they attached.
+    pub sessions: Vec<SessionView>,
     /// Queued keys in dispatch order, then keys waiting on a timer.
     pub queued: Vec<(ObjectKey, QueuedAs)>,
     /// The latest failures, newest first.
@@ -483,7 +498,7 @@ impl Controller {
     /// In-flight requests, queued keys and recent errors, each list at most `limit` long.
     pub fn keys_view(&self, limit: usize) -> KeysView {
         let now = Instant::now();
-        let (mut in_flight, queued) = {
+        let (mut in_flight, sessions, queued) = {
             let st = self.lock();
             let in_flight: Vec<InFlightView> = st
                 .in_flight
@@ -495,7 +510,17 @@ impl Controller {
                     running: now.saturating_duration_since(f.started),
                 })
                 .collect();
-            (in_flight, st.queue.peek(limit))
+            let sessions = st
+                .sessions
+                .iter()
+                .map(|(n, slot)| SessionView {
+                    session: *n,
+                    credits: slot.credits,
+                    in_flight: slot.in_flight,
+                    draining: slot.draining,
+                })
+                .collect();
+            (in_flight, sessions, st.queue.peek(limit))
         };
         in_flight.sort_by(|a, b| b.running.cmp(&a.running).then_with(|| a.key.cmp(&b.key)));
         in_flight.truncate(limit);
@@ -510,6 +535,7 @@ impl Controller {
             .collect();
         KeysView {
             in_flight,
+            sessions,
             queued,
             recent_errors,
         }
