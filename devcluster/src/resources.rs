@@ -228,6 +228,25 @@ impl Registry {
                 .in_all(),
             ResourceInfo::builtin("coordination.k8s.io", "v1", "leases", "Lease", true),
             ResourceInfo::builtin(
+                "policy",
+                "v1",
+                "poddisruptionbudgets",
+                "PodDisruptionBudget",
+                true,
+            )
+            .short(&["pdb"])
+            .with_status()
+            .with_generation(),
+            ResourceInfo::builtin(
+                "networking.k8s.io",
+                "v1",
+                "networkpolicies",
+                "NetworkPolicy",
+                true,
+            )
+            .short(&["netpol"])
+            .with_generation(),
+            ResourceInfo::builtin(
                 "apiextensions.k8s.io",
                 "v1",
                 "customresourcedefinitions",

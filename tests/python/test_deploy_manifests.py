@@ -31,9 +31,49 @@ def test_overlay_objects_pass_strict_schema_validation(overlay: str):
     docs = render(overlay)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "ServiceAccount"} <= kinds
+    assert {"PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor"} <= kinds
     for doc in docs:
+        if doc["apiVersion"].startswith(OPERATOR_GROUP + "/"):
+            # Prometheus Operator kinds are not in the Kubernetes schemas; shape checked below.
+            continue
         # Raises ValidationError naming the field on any unknown or mistyped field.
         kubernetes_validate.validate(doc, "1.32", strict=True)
+
+
+OPERATOR_GROUP = "monitoring.coreos.com"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_servicemonitor_selects_the_metrics_service(overlay: str):
+    docs = render(overlay)
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    metrics = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "ctrlhub-metrics")
+    assert monitor["metadata"]["namespace"] == metrics["metadata"]["namespace"]
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    assert wanted.items() <= metrics["metadata"]["labels"].items()
+    ports = {p["name"] for p in metrics["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rbac_grants_only_what_ctrlhub_needs(overlay: str):
+    """Reads for the caches, Leases and its own pod's label, TokenReview and SubjectAccessReview:
+    nothing that writes a tenant's objects."""
+    for doc in render(overlay):
+        if doc["kind"] not in ("Role", "ClusterRole"):
+            continue
+        for rule in doc["rules"]:
+            verbs = set(rule["verbs"])
+            writes = verbs - {"get", "list", "watch"}
+            if not writes:
+                continue
+            resources = set(rule["resources"])
+            if writes == {"create"}:
+                assert resources <= {"tokenreviews", "subjectaccessreviews"}, rule
+            elif resources == {"leases"}:
+                assert writes <= {"create", "update", "patch"}, rule
+            else:
+                assert resources == {"pods"} and writes == {"patch"}, rule
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -49,5 +89,11 @@ def test_namespaced_overlay_sets_the_ceiling():
     deployment = next(d for d in render("namespaced") if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["WATCH_NAMESPACE"] == "team-a,team-b"
-    bound = {d["metadata"]["namespace"] for d in render("namespaced") if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "ctrlhub-reader"}
+    docs = render("namespaced")
+    bound = {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "ctrlhub-cache-reader"}
     assert bound == {"team-a", "team-b"}
+    # Role instead of ClusterRole: the only cluster-wide grant is the tenancy reviews.
+    cluster_reads = [
+        r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"] if {"list", "watch"} & set(r["verbs"])
+    ]
+    assert cluster_reads == []

@@ -1,5 +1,6 @@
-//! deploy/: every overlay renders with kubectl's kustomize and applies cleanly with kubectl to
-//! devcluster, creating the manager's Deployment and the leader-selecting Service.
+//! deploy/: every overlay renders with kubectl's kustomize and applies with
+//! `kubectl apply --server-side` to devcluster, and the manager started with the rendered
+//! Deployment's own arguments and environment becomes ready there.
 
 mod support;
 
@@ -43,6 +44,7 @@ fn kubectl(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_overlays_apply_with_kubectl() {
     let c = cluster().await;
+    install_monitoring_crds(&c);
     namespace(&c.client, "team-a", &[]).await;
     namespace(&c.client, "team-b", &[]).await;
     let cache = tempfile::tempdir().expect("cache dir");
@@ -58,9 +60,21 @@ async fn deploy_overlays_apply_with_kubectl() {
         let applied = kubectl(
             &c,
             cache.path(),
-            &["apply", "-f", "-"],
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=ctrlhub-deploy",
+                "-f",
+                "-",
+            ],
             Some(rendered.as_bytes()),
         );
+        for kind in ["poddisruptionbudget", "networkpolicy", "servicemonitor"] {
+            assert!(
+                applied.contains(&format!("{kind}.")),
+                "{overlay}: {kind} applied: {applied}"
+            );
+        }
         assert!(
             applied.contains("deployment.apps/ctrlhub"),
             "{overlay}: {applied}"
@@ -109,7 +123,7 @@ async fn deploy_overlays_apply_with_kubectl() {
         &[
             "get",
             "rolebinding",
-            "ctrlhub-reader",
+            "ctrlhub-cache-reader",
             "-n",
             "team-b",
             "-o",
@@ -119,6 +133,270 @@ async fn deploy_overlays_apply_with_kubectl() {
     );
     assert_eq!(
         bindings.trim(),
-        "rolebinding.rbac.authorization.k8s.io/ctrlhub-reader"
+        "rolebinding.rbac.authorization.k8s.io/ctrlhub-cache-reader"
     );
+}
+
+/// The Prometheus Operator's kinds, reduced to what a cluster needs to accept the objects: the
+/// monitoring component targets clusters that run the operator.
+fn install_monitoring_crds(c: &Cluster) {
+    let cache = tempfile::tempdir().expect("cache dir");
+    for (plural, kind) in [
+        ("servicemonitors", "ServiceMonitor"),
+        ("prometheusrules", "PrometheusRule"),
+    ] {
+        let crd = serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "names": {"plural": plural, "kind": kind, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                "scope": "Namespaced",
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                }],
+            },
+        });
+        kubectl(
+            c,
+            cache.path(),
+            &["apply", "-f", "-"],
+            Some(crd.to_string().as_bytes()),
+        );
+    }
+}
+
+/// What the kubelet would resolve for one `env` entry of the Deployment's container.
+fn resolve_env(
+    c: &Cluster,
+    cache: &std::path::Path,
+    pod: &str,
+    entry: &serde_json::Value,
+) -> String {
+    if let Some(v) = entry["value"].as_str() {
+        return v.to_string();
+    }
+    let from = &entry["valueFrom"];
+    match from["fieldRef"]["fieldPath"].as_str() {
+        Some("metadata.name") => return pod.to_string(),
+        Some("metadata.namespace") => return "ctrlhub-system".to_string(),
+        Some(other) => panic!("the test does not resolve fieldRef {other}"),
+        None => {}
+    }
+    let secret = &from["secretKeyRef"];
+    let (name, key) = (
+        secret["name"].as_str().expect("secretKeyRef.name"),
+        secret["key"].as_str().expect("secretKeyRef.key"),
+    );
+    let encoded = kubectl(
+        c,
+        cache,
+        &[
+            "get",
+            "secret",
+            name,
+            "-n",
+            "ctrlhub-system",
+            "-o",
+            &format!("jsonpath={{.data.{key}}}"),
+        ],
+        None,
+    );
+    let bytes = base64_decode(encoded.trim());
+    String::from_utf8(bytes).expect("secret value is UTF-8")
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for b in s.bytes().filter(|b| *b != b'=') {
+        let v = ALPHABET.iter().position(|a| *a == b).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+// The Deployment is the contract between deploy/ and the binary: its args, env and probes must
+// start a manager that becomes ready. Only what a cluster supplies is stood in for: the pod
+// (created in devcluster so the leader can label it), the API server (KUBECONFIG instead of the
+// in-cluster config) and loopback ports instead of the container's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_starts_with_the_deployments_own_args_and_env() {
+    let c = cluster().await;
+    install_monitoring_crds(&c);
+    let cache = tempfile::tempdir().expect("cache dir");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rendered = kubectl(
+        &c,
+        cache.path(),
+        &[
+            "kustomize",
+            &repo.join("deploy/overlays/cluster-wide").to_string_lossy(),
+        ],
+        None,
+    );
+    kubectl(
+        &c,
+        cache.path(),
+        &["apply", "--server-side", "-f", "-"],
+        Some(rendered.as_bytes()),
+    );
+    // The Secret the Deployment's comment tells operators to create.
+    kubectl(
+        &c,
+        cache.path(),
+        &["create", "-f", "-"],
+        Some(
+            serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "ctrlhub-controller-token", "namespace": "ctrlhub-system"},
+                "stringData": {"token": "from-the-secret"}})
+            .to_string()
+            .as_bytes(),
+        ),
+    );
+    let deployment: serde_json::Value = serde_json::from_str(&kubectl(
+        &c,
+        cache.path(),
+        &[
+            "get",
+            "deployment",
+            "ctrlhub",
+            "-n",
+            "ctrlhub-system",
+            "-o",
+            "json",
+        ],
+        None,
+    ))
+    .expect("json");
+    let template = &deployment["spec"]["template"];
+    let container = &template["spec"]["containers"][0];
+    let pod = "ctrlhub-7d9f-abcde";
+    kubectl(
+        &c,
+        cache.path(),
+        &["create", "-f", "-"],
+        Some(
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": "ctrlhub-system", "labels": template["metadata"]["labels"]},
+                "spec": template["spec"]})
+            .to_string()
+            .as_bytes(),
+        ),
+    );
+
+    let ports: std::collections::HashMap<String, u16> = container["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().expect("port name").to_string(),
+                u16::try_from(p["containerPort"].as_u64().expect("containerPort")).expect("port"),
+            )
+        })
+        .collect();
+    let mut local: std::collections::HashMap<u16, u16> = std::collections::HashMap::new();
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| {
+            let a = a.as_str().expect("string arg");
+            match a.rsplit_once(':') {
+                Some(("0.0.0.0", port)) => {
+                    let port: u16 = port.parse().expect("port");
+                    let free = *local.entry(port).or_insert_with(free_port);
+                    format!("127.0.0.1:{free}")
+                }
+                _ => a.to_string(),
+            }
+        })
+        .collect();
+    let mut cmd = tokio::process::Command::new(bin("ctrlhub"));
+    cmd.args(&args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("KUBECONFIG", &c.kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut env_names = Vec::new();
+    for entry in container["env"].as_array().expect("env") {
+        let name = entry["name"].as_str().expect("env name");
+        env_names.push(name.to_string());
+        cmd.env(name, resolve_env(&c, cache.path(), pod, entry));
+    }
+    assert!(
+        env_names.iter().any(|n| n == "POD_NAME") && env_names.iter().any(|n| n == "POD_NAMESPACE"),
+        "the Deployment passes the pod's identity: {env_names:?}"
+    );
+    let mut child = cmd.spawn().expect("ctrlhub starts");
+
+    let probe_url = |probe: &str| {
+        let p = &container[probe]["httpGet"];
+        let port = match &p["port"] {
+            serde_json::Value::String(name) => ports[name],
+            other => u16::try_from(other.as_u64().expect("probe port")).expect("port"),
+        };
+        let local_port = local
+            .get(&port)
+            .copied()
+            .expect("the probe's port is one the args bind");
+        format!(
+            "http://127.0.0.1:{local_port}{}",
+            p["path"].as_str().expect("probe path")
+        )
+    };
+    let (live, ready) = (probe_url("livenessProbe"), probe_url("readinessProbe"));
+    let http = reqwest::Client::new();
+    for url in [&live, &ready] {
+        wait_until(&format!("{url} answers 200"), || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                http.get(&url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await;
+    }
+    // Leading, it labels its own pod, so the `ctrlhub` Service would route controllers to it.
+    wait_until("the manager labels its pod as leader", || async {
+        kubectl(
+            &c,
+            cache.path(),
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                "ctrlhub-system",
+                "-o",
+                "jsonpath={.metadata.labels.ctrlhub\\.io/leader}",
+            ],
+            None,
+        )
+        .trim()
+            == "true"
+    })
+    .await;
+    let grpc_port = local[&ports["grpc"]];
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", grpc_port))
+            .await
+            .is_ok(),
+        "the gRPC port from the args accepts connections"
+    );
+    let _ = child.kill().await;
 }
