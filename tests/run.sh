@@ -11,16 +11,21 @@ banner() {
     printf '\n==== %s ====\n' "$*"
 }
 
-banner "Debian packages (promtool from prometheus)"
-if command -v promtool >/dev/null; then
-    echo "promtool already installed: $(promtool --version 2>&1 | head -1)"
+banner "Debian packages (prometheus + promtool, chromium)"
+# prometheus: promtool checks metrics and rules, and the real server runs every dashboard query.
+# chromium: the status page test drives it headless.
+missing=()
+command -v promtool >/dev/null && command -v prometheus >/dev/null || missing+=(prometheus)
+command -v chromium >/dev/null || missing+=(chromium)
+if [[ ${#missing[@]} -eq 0 ]]; then
+    echo "already installed: $(prometheus --version 2>&1 | head -1); $(chromium --version 2>/dev/null | head -1)"
 else
-    echo "installing prometheus (for promtool) with apt-get..."
+    echo "installing ${missing[*]} with apt-get (a few minutes on a fresh machine)..."
     SUDO=""
     if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    echo "installed: $(promtool --version 2>&1 | head -1)"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    echo "installed: $(prometheus --version 2>&1 | head -1); $(chromium --version 2>/dev/null | head -1)"
 fi
 
 banner "python environment (.venv)"
