@@ -1,6 +1,7 @@
 //! `ctrlhub run`: command-line options and all the wiring in one place — client, caches,
 //! leader election, registry, gRPC and HTTP servers, and one shutdown token passed to all.
 
+use crate::accessreview::{AccessReviewAuthorizer, DecisionTtl};
 use crate::cache::Cache;
 use crate::controller::RevokeReason;
 use crate::http::{self, HttpState};
@@ -9,6 +10,7 @@ use crate::registry::Registry;
 use crate::session::{Service, ServiceState};
 use crate::telemetry::Metrics;
 use crate::tenant::{AllowAll, StaticTokens};
+use crate::tokenreview::TokenReviewAuthenticator;
 use anyhow::Context;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManagerServer;
 use std::net::SocketAddr;
@@ -32,9 +34,31 @@ pub struct RunArgs {
     /// Comma-separated namespaces every registration is confined to; empty = all namespaces.
     #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]
     pub watch_namespace: String,
-    /// Static bearer token controllers must present (dev and tests); tenant `dev`.
+    /// How controllers are authenticated and authorized: `static` (one shared --token, tenant
+    /// `dev`, everything allowed; for `ctrlhub dev` and tests) or `kubernetes` (ServiceAccount
+    /// tokens verified by TokenReview, RBAC checked by SubjectAccessReview).
+    #[arg(long, env = "CTRLHUB_AUTH", value_enum, default_value = "static")]
+    pub auth: AuthMode,
+    /// Static bearer token controllers must present with `--auth static`.
     #[arg(long, env = "CTRLHUB_TOKEN", default_value = "dev")]
     pub token: String,
+    /// The audience controllers' ServiceAccount tokens must carry (`--auth kubernetes`).
+    #[arg(long, env = "CTRLHUB_AUDIENCE", default_value = "ctrlhub")]
+    pub audience: String,
+    /// How long a TokenReview decision is reused.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub token_cache_ttl: Duration,
+    /// How long an RBAC allow is reused; live registrations are re-checked this often.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub authz_allow_ttl: Duration,
+    /// How long an RBAC deny is reused.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub authz_deny_ttl: Duration,
+    /// Comma-separated tenants (full usernames, e.g.
+    /// `system:serviceaccount:team-a:vault-sync`) that may register Secrets; RBAC must allow
+    /// them too.
+    #[arg(long, env = "CTRLHUB_SECRETS_TENANTS", default_value = "")]
+    pub secrets_tenants: String,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "ctrlhub-leader")]
     pub lease_name: String,
@@ -58,6 +82,15 @@ pub struct RunArgs {
     /// disables pod labelling (dev, tests).
     #[arg(long, env = "CTRLHUB_LEADER_POD_LABEL")]
     pub leader_pod_label: Option<String>,
+}
+
+/// How controllers are authenticated and authorized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// One shared static token; everything allowed.
+    Static,
+    /// TokenReview + SubjectAccessReview.
+    Kubernetes,
 }
 
 /// The leader's own-pod label, which the controllers' Service selects.
@@ -202,14 +235,40 @@ impl RunArgs {
                 }
             });
         }
-        let service = Service(Arc::new(ServiceState::new(
-            registry.clone(),
-            client.clone(),
-            Arc::new(StaticTokens::new([(self.token.clone(), "dev".to_string())])),
-            Arc::new(AllowAll),
-            leader_state.clone(),
-            metrics.clone(),
-        )));
+        let service = Service(Arc::new(match self.auth {
+            AuthMode::Static => ServiceState::new(
+                registry.clone(),
+                client.clone(),
+                Arc::new(StaticTokens::new([(self.token.clone(), "dev".to_string())])),
+                Arc::new(AllowAll),
+                leader_state.clone(),
+                metrics.clone(),
+            ),
+            AuthMode::Kubernetes => ServiceState::new(
+                registry.clone(),
+                client.clone(),
+                Arc::new(TokenReviewAuthenticator::new(
+                    client.clone(),
+                    self.audience.clone(),
+                    self.token_cache_ttl,
+                )),
+                Arc::new(AccessReviewAuthorizer::new(
+                    client.clone(),
+                    DecisionTtl {
+                        allow: self.authz_allow_ttl,
+                        deny: self.authz_deny_ttl,
+                    },
+                    self.secrets_tenants
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .map(String::from),
+                )),
+                leader_state.clone(),
+                metrics.clone(),
+            )
+            .with_rbac(self.authz_allow_ttl),
+        }));
         let grpc_listener = tokio::net::TcpListener::bind(self.grpc_addr)
             .await
             .with_context(|| format!("binding gRPC {}", self.grpc_addr))?;

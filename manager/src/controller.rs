@@ -102,6 +102,8 @@ pub enum RevokeReason {
     Superseded,
     /// The manager is shutting down.
     ShuttingDown,
+    /// The tenant lost RBAC access to something the registration watches.
+    PermissionRevoked,
 }
 
 struct SessionSlot {

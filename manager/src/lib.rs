@@ -5,6 +5,7 @@
 //! `cache` (informers) → `registry` (scope, predicates) → `mapper` (keys) → `queue` (per
 //! controller) → `controller` (dispatch to sessions) → `session` (gRPC) → back into `queue`.
 
+pub mod accessreview;
 pub mod cache;
 pub mod config;
 pub mod controller;
@@ -20,3 +21,5 @@ pub mod registry;
 pub mod session;
 pub mod telemetry;
 pub mod tenant;
+pub mod tokenreview;
+pub mod ttlcache;

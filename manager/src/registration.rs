@@ -124,6 +124,9 @@ pub struct Invalid {
     pub field: String,
     /// What to change.
     pub message: String,
+    /// Set when the field names a (group, kind) the API server does not serve. Under RBAC the
+    /// session layer answers this exactly like a denial, so tenants cannot probe what exists.
+    pub unserved: Option<(String, String)>,
 }
 
 impl Invalid {
@@ -132,7 +135,14 @@ impl Invalid {
         Invalid {
             field: field.into(),
             message: message.into(),
+            unserved: None,
         }
+    }
+
+    /// The field names `kind` in `group`, which is not served.
+    pub fn unserved(mut self, group: &str, kind: &str) -> Self {
+        self.unserved = Some((group.to_string(), kind.to_string()));
+        self
     }
 }
 

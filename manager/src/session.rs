@@ -39,9 +39,22 @@ pub struct ServiceState {
     discovered: Mutex<HashMap<(String, String, String), ResourceRef>>,
     sessions: Mutex<HashMap<String, (Identity, Arc<Controller>)>>,
     metrics: Arc<crate::telemetry::Metrics>,
+    /// Answer a registration naming an unserved kind like a denied one (set under RBAC).
+    conceal_unserved: bool,
+    /// How often live registrations are re-authorized (under RBAC).
+    recheck: Option<Duration>,
 }
 
 impl ServiceState {
+    /// RBAC mode: live registrations are re-authorized every `recheck` and revoked with
+    /// PERMISSION_DENIED when access is gone, and a kind that does not exist is reported
+    /// exactly as a denied one would be.
+    pub fn with_rbac(mut self, recheck: Duration) -> Self {
+        self.conceal_unserved = true;
+        self.recheck = Some(recheck);
+        self
+    }
+
     /// A service over `registry`.
     pub fn new(
         registry: Arc<Registry>,
@@ -60,22 +73,18 @@ impl ServiceState {
             discovered: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             metrics,
+            conceal_unserved: false,
+            recheck: None,
         }
     }
 
-    fn authenticate<T>(&self, req: &GrpcRequest<T>) -> Result<Identity, Status> {
-        let header = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let token = header
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty());
-        let token = token.ok_or_else(|| Status::unauthenticated(AuthError::Missing.to_string()))?;
-        self.authn
-            .authenticate(token)
-            .map_err(|e| Status::unauthenticated(e.to_string()))
+    async fn authenticate<T>(&self, req: &GrpcRequest<T>) -> Result<Identity, Status> {
+        let token =
+            bearer_token(req.metadata()).map_err(|e| Status::unauthenticated(e.to_string()))?;
+        self.authn.authenticate(token).await.map_err(|e| match e {
+            AuthError::Unavailable(_) => Status::unavailable(e.to_string()),
+            _ => Status::unauthenticated(e.to_string()),
+        })
     }
 
     fn require_leader(&self) -> Result<(), Status> {
@@ -127,6 +136,7 @@ impl ServiceState {
         let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk).await.map_err(|_| {
             let gv = if rt.group.is_empty() { rt.version.clone() } else { format!("{}/{}", rt.group, rt.version) };
             Invalid::new(field, format!("kind {} in {gv} is not served by the API server (check group, version and kind, and that its CRD is installed)", rt.kind))
+                .unserved(&rt.group, &rt.kind)
         })?;
         if !rt.plural.is_empty() && rt.plural != ar.plural {
             return Err(Invalid::new(
@@ -301,7 +311,7 @@ impl ServiceState {
         })
     }
 
-    fn authorize(&self, who: &Identity, reg: &Registration) -> Result<(), Status> {
+    async fn authorize(&self, who: &Identity, reg: &Registration) -> Result<(), Status> {
         let namespaces: Vec<String> = match &reg.namespaces {
             NamespaceScope::Names(n) => n.clone(),
             _ => vec![String::new()],
@@ -311,25 +321,13 @@ impl ServiceState {
             .chain(reg.watches.iter().map(|w| &w.resource));
         for r in resources {
             for ns in &namespaces {
-                if !self
+                let allowed = self
                     .authz
                     .allowed(who, Access::Watch, &r.group, &r.plural, ns)
-                {
-                    return Err(Status::permission_denied(format!(
-                        "{} may not list and watch {}{} in {}",
-                        who.username,
-                        r.plural,
-                        if r.group.is_empty() {
-                            String::new()
-                        } else {
-                            format!(".{}", r.group)
-                        },
-                        if ns.is_empty() {
-                            "all namespaces".to_string()
-                        } else {
-                            format!("namespace {ns}")
-                        }
-                    )));
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                if !allowed {
+                    return Err(denied(who, &r.group, &r.kind, ns));
                 }
             }
         }
@@ -347,11 +345,12 @@ impl ServiceState {
 
     /// The informers a cached read may use: the session must be live and the caller's own, and
     /// the kind one the session registered.
-    fn cached_read(
+    async fn cached_read(
         &self,
         identity: &Identity,
         session_id: &str,
         rt: Option<&pb::ResourceType>,
+        namespace: &str,
     ) -> Result<Vec<Arc<crate::cache::Informer>>, Status> {
         let (owner, controller) = self.session(session_id)?;
         if &owner != identity {
@@ -359,7 +358,26 @@ impl ServiceState {
                 "session_id belongs to another identity",
             ));
         }
-        self.readable_informers(&controller, rt)
+        let informers = self.readable_informers(&controller, rt)?;
+        // Registering granted list+watch; reading from the cache also needs get+list, checked
+        // for the namespace asked about ("" = all, which needs a cluster-wide grant).
+        if let Some(plural) = informers.first().map(|i| i.key().plural.clone()) {
+            let group = informers[0].key().group.clone();
+            let allowed = self
+                .authz
+                .allowed(identity, Access::Read, &group, &plural, namespace)
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            if !allowed {
+                return Err(Status::permission_denied(format!(
+                    "{} may not get and list {} in {}",
+                    identity.username,
+                    resource_name(&group, &plural),
+                    namespace_phrase(namespace)
+                )));
+            }
+        }
+        Ok(informers)
     }
 
     fn readable_informers(
@@ -394,6 +412,38 @@ impl ServiceState {
             })
             .collect();
         Ok(informers)
+    }
+}
+
+/// A registration's denial. A kind the API server does not serve gets this same answer under
+/// RBAC, so the message names only what the tenant sent and what to do.
+fn denied(who: &Identity, group: &str, kind: &str, ns: &str) -> Status {
+    let kind = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
+    Status::permission_denied(format!(
+        "{} may not list and watch {kind} in {}: ask for a Role granting list and watch there, bound to this identity",
+        who.username,
+        namespace_phrase(ns)
+    ))
+}
+
+/// `plural.group`, or just `plural` for the core group, as kubectl spells a resource.
+fn resource_name(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+fn namespace_phrase(ns: &str) -> String {
+    if ns.is_empty() {
+        "all namespaces".to_string()
+    } else {
+        format!("namespace {ns}")
     }
 }
 
@@ -600,6 +650,31 @@ fn result_message(r: &pb::ReconcileResult) -> &str {
     }
 }
 
+/// Stops the re-authorization task when its session ends.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The bearer token of a request, without ever putting it into an error.
+fn bearer_token(metadata: &tonic::metadata::MetadataMap) -> Result<&str, AuthError> {
+    let Some(value) = metadata.get("authorization") else {
+        return Err(AuthError::Missing);
+    };
+    let header = value.to_str().map_err(|_| AuthError::Malformed)?;
+    let token = header
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .ok_or(AuthError::Malformed)?;
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        return Err(AuthError::Malformed);
+    }
+    Ok(token)
+}
+
 fn outcome_from_pb(r: &pb::ReconcileResult) -> Result<Outcome, Invalid> {
     use pb::reconcile_result::Outcome as O;
     Ok(match r.outcome.as_ref() {
@@ -688,7 +763,7 @@ impl Service {
         &self,
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
     ) -> Result<Response<ConnectStream>, Status> {
-        let identity = self.authenticate(&req)?;
+        let identity = self.authenticate(&req).await?;
         self.require_leader()?;
         let mut inbound = req.into_inner();
         let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
@@ -705,11 +780,23 @@ impl Service {
                 ));
             }
         };
-        let registration = self
-            .translate(&register)
-            .await
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.authorize(&identity, &registration)?;
+        let registration = match self.translate(&register).await {
+            Ok(r) => r,
+            Err(Invalid {
+                unserved: Some((group, kind)),
+                ..
+            }) if self.conceal_unserved => {
+                let ns = match register.namespaces.as_ref().and_then(|n| n.scope.as_ref()) {
+                    Some(pb::namespace_scope::Scope::Names(n)) => {
+                        n.names.first().cloned().unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
+                return Err(denied(&identity, &group, &kind, &ns));
+            }
+            Err(e) => return Err(Status::invalid_argument(e.to_string())),
+        };
+        self.authorize(&identity, &registration).await?;
         let credits = match (register.max_in_flight, registration.max_concurrent) {
             (0, 0) => defaults::MAX_IN_FLIGHT,
             (0, max) => max,
@@ -763,10 +850,39 @@ impl Service {
             readable,
         };
 
+        let recheck = self.recheck.map(|every| {
+            let (service, who, reg, controller) = (
+                self.clone(),
+                identity.clone(),
+                registration.clone(),
+                controller.clone(),
+            );
+            AbortOnDrop(
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    tick.tick().await;
+                    loop {
+                        tick.tick().await;
+                        match service.authorize(&who, &reg).await {
+                            Err(denied) if denied.code() == tonic::Code::PermissionDenied => {
+                                tracing::warn!(controller = %controller.id, user = %who.username, "permission revoked; ending the registration's sessions");
+                                controller.revoke_all(RevokeReason::PermissionRevoked, denied.message());
+                                return;
+                            }
+                            // An API outage is not a revocation: keep the session, ask again.
+                            _ => {}
+                        }
+                    }
+                })
+                .abort_handle(),
+            )
+        });
         let (tx, rx) = mpsc::channel::<Result<pb::ManagerMessage, Status>>(256);
         let service = self.clone();
         let mut outbound = attached.outbound;
         tokio::spawn(async move {
+            let _recheck = recheck;
             let _ = tx
                 .send(Ok(msg(pb::manager_message::Message::Registered(Box::new(
                     registered,
@@ -785,6 +901,7 @@ impl Service {
                                 RevokeReason::LeadershipLost => (pb::revoked::Reason::LeadershipLost, Status::unavailable(message.clone())),
                                 RevokeReason::Superseded => (pb::revoked::Reason::Superseded, Status::aborted(message.clone())),
                                 RevokeReason::ShuttingDown => (pb::revoked::Reason::ShuttingDown, Status::unavailable(message.clone())),
+                                RevokeReason::PermissionRevoked => (pb::revoked::Reason::PermissionRevoked, Status::permission_denied(message.clone())),
                             };
                             let revoked = pb::Revoked { reason: r as i32, code: status.code() as i32, message, leader_identity: String::new() };
                             let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
@@ -854,9 +971,11 @@ impl Service {
         &self,
         req: GrpcRequest<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
-        let identity = self.authenticate(&req)?;
+        let identity = self.authenticate(&req).await?;
         let r = req.into_inner();
-        let informers = self.cached_read(&identity, &r.session_id, r.resource.as_ref())?;
+        let informers = self
+            .cached_read(&identity, &r.session_id, r.resource.as_ref(), &r.namespace)
+            .await?;
         let found = informers.iter().find_map(|i| {
             i.get(&r.namespace, &r.name)
                 .map(|o| (o, i.key().metadata_only))
@@ -883,9 +1002,11 @@ impl Service {
         &self,
         req: GrpcRequest<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let identity = self.authenticate(&req)?;
+        let identity = self.authenticate(&req).await?;
         let r = req.into_inner();
-        let informers = self.cached_read(&identity, &r.session_id, r.resource.as_ref())?;
+        let informers = self
+            .cached_read(&identity, &r.session_id, r.resource.as_ref(), &r.namespace)
+            .await?;
         let selector = match &r.label_selector {
             Some(sel) => Some(
                 translate_selector(sel, "label_selector")

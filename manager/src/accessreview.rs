@@ -1,0 +1,157 @@
+//! Authorization with Kubernetes RBAC as the policy, through SubjectAccessReview: a tenant may
+//! watch R in N through ctrlhub only if its own identity may `list` and `watch` R in N.
+//!
+//! Allows are cached longer than denies (reference: 5 minutes and 30 seconds), so a new
+//! RoleBinding takes effect quickly and a revoked one is noticed within the allow TTL, which is
+//! also the interval on which live registrations are re-checked. Secrets need more than RBAC: a
+//! tenant must also be listed in the manager's configuration, because a shared cache of Secrets
+//! is a bigger exposure than a tenant's own API access.
+
+use crate::tenant::{Access, Authorizer, AuthzError, Identity, SeamFuture};
+use crate::ttlcache::TtlCache;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How many decisions the cache remembers; beyond that, it evicts.
+const CACHE_ENTRIES: usize = 50_000;
+
+/// How long decisions are trusted.
+#[derive(Debug, Clone, Copy)]
+pub struct DecisionTtl {
+    /// An allow (also the re-check interval of live registrations).
+    pub allow: Duration,
+    /// A deny.
+    pub deny: Duration,
+}
+
+impl Default for DecisionTtl {
+    fn default() -> Self {
+        DecisionTtl {
+            allow: Duration::from_secs(300),
+            deny: Duration::from_secs(30),
+        }
+    }
+}
+
+type DecisionKey = (String, String, &'static str, String, String, String);
+
+/// Authorizes through SubjectAccessReview.
+pub struct AccessReviewAuthorizer {
+    api: Api<SubjectAccessReview>,
+    ttl: DecisionTtl,
+    secrets_tenants: HashSet<String>,
+    cache: Mutex<TtlCache<DecisionKey, bool>>,
+}
+
+impl AccessReviewAuthorizer {
+    /// Check through `client`; `secrets_tenants` are the tenants (full usernames) that may have
+    /// Secrets cached for them at all.
+    pub fn new(
+        client: kube::Client,
+        ttl: DecisionTtl,
+        secrets_tenants: impl IntoIterator<Item = String>,
+    ) -> Self {
+        AccessReviewAuthorizer {
+            api: Api::all(client),
+            ttl,
+            secrets_tenants: secrets_tenants.into_iter().collect(),
+            cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
+        }
+    }
+
+    async fn verb_allowed(
+        &self,
+        who: &Identity,
+        verb: &'static str,
+        group: &str,
+        plural: &str,
+        namespace: &str,
+    ) -> Result<bool, AuthzError> {
+        let key: DecisionKey = (
+            who.username.clone(),
+            who.uid.clone(),
+            verb,
+            group.to_string(),
+            plural.to_string(),
+            namespace.to_string(),
+        );
+        let now = Instant::now();
+        if let Some(hit) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key, now)
+        {
+            return Ok(hit);
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(who.username.clone()),
+                uid: (!who.uid.is_empty()).then(|| who.uid.clone()),
+                groups: (!who.groups.is_empty()).then(|| who.groups.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.to_string()),
+                    group: Some(group.to_string()),
+                    resource: Some(plural.to_string()),
+                    // "" asks about all namespaces: only a cluster-wide grant allows that.
+                    namespace: Some(namespace.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = self
+            .api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthzError::Unavailable(e.to_string()))?;
+        let allowed = answer
+            .status
+            .is_some_and(|s| s.allowed && s.denied != Some(true));
+        let ttl = if allowed {
+            self.ttl.allow
+        } else {
+            self.ttl.deny
+        };
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, allowed, ttl, now);
+        Ok(allowed)
+    }
+}
+
+impl Authorizer for AccessReviewAuthorizer {
+    fn allowed<'a>(
+        &'a self,
+        who: &'a Identity,
+        access: Access,
+        group: &'a str,
+        plural: &'a str,
+        namespace: &'a str,
+    ) -> SeamFuture<'a, Result<bool, AuthzError>> {
+        Box::pin(async move {
+            if group.is_empty()
+                && plural == "secrets"
+                && !self.secrets_tenants.contains(&who.tenant)
+            {
+                return Ok(false);
+            }
+            for verb in access.verbs() {
+                if !self
+                    .verb_allowed(who, verb, group, plural, namespace)
+                    .await?
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+}

@@ -1,0 +1,107 @@
+//! Authentication of controllers by their ServiceAccount tokens, through the Kubernetes
+//! TokenReview API.
+//!
+//! The token must be valid *for ctrlhub's audience*: a projected token minted for another
+//! service is refused even though it authenticates to the API server. Decisions are cached
+//! briefly (reference: 2 minutes) so a reconnect storm does not become a TokenReview storm; a
+//! rotated token is simply a new cache key, so long-lived sessions keep working.
+
+use crate::tenant::{AuthError, Authenticator, Identity, SeamFuture};
+use crate::ttlcache::TtlCache;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::{Api, PostParams};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How many distinct tokens the cache remembers; beyond that, it evicts.
+const CACHE_ENTRIES: usize = 10_000;
+
+/// Authenticates bearer tokens with TokenReview.
+pub struct TokenReviewAuthenticator {
+    api: Api<TokenReview>,
+    audience: String,
+    ttl: Duration,
+    cache: Mutex<TtlCache<String, Result<Identity, AuthError>>>,
+}
+
+impl TokenReviewAuthenticator {
+    /// Review tokens through `client`, accepting only tokens for `audience`; decisions are
+    /// cached for `ttl`.
+    pub fn new(client: kube::Client, audience: impl Into<String>, ttl: Duration) -> Self {
+        TokenReviewAuthenticator {
+            api: Api::all(client),
+            audience: audience.into(),
+            ttl,
+            cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
+        }
+    }
+
+    async fn review(&self, token: &str) -> Result<Identity, AuthError> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![self.audience.clone()]),
+            },
+            ..Default::default()
+        };
+        let answer = self
+            .api
+            .create(&PostParams::default(), &review)
+            .await
+            // kube's error text names the request, never the body, so the token stays out.
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let status = answer.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            // The API server says why (expired, audience); only the audience case is worth
+            // telling the caller apart, and its message must not echo anything token-derived.
+            let error = status.error.unwrap_or_default();
+            if error.contains("audience") {
+                return Err(AuthError::WrongAudience(self.audience.clone()));
+            }
+            return Err(AuthError::Rejected);
+        }
+        // An API server that ignores spec.audiences returns none: do not take that as a yes.
+        let audiences = status.audiences.unwrap_or_default();
+        if !audiences.iter().any(|a| a == &self.audience) {
+            return Err(AuthError::WrongAudience(self.audience.clone()));
+        }
+        let user = status.user.unwrap_or_default();
+        let username = user.username.unwrap_or_default();
+        if username.is_empty() {
+            return Err(AuthError::Rejected);
+        }
+        Ok(Identity {
+            tenant: username.clone(),
+            username,
+            uid: user.uid.unwrap_or_default(),
+            groups: user.groups.unwrap_or_default(),
+        })
+    }
+}
+
+impl Authenticator for TokenReviewAuthenticator {
+    fn authenticate<'a>(&'a self, token: &'a str) -> SeamFuture<'a, Result<Identity, AuthError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            if let Some(hit) = self
+                .cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&token.to_string(), now)
+            {
+                return hit;
+            }
+            let decided = self.review(token).await;
+            // An outage is not a decision: the next attempt asks again.
+            if !matches!(decided, Err(AuthError::Unavailable(_))) {
+                self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    token.to_string(),
+                    decided.clone(),
+                    self.ttl,
+                    now,
+                );
+            }
+            decided
+        })
+    }
+}
