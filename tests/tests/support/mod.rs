@@ -237,16 +237,38 @@ pub struct Replica {
 /// Why a replica could not register.
 pub type ConnectError = tonic::Status;
 
-fn authed<T>(msg: T) -> tonic::Request<T> {
+/// A request carrying `authorization` metadata as given (None: none at all).
+pub fn with_authorization<T>(msg: T, authorization: Option<&str>) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("authorization", "Bearer dev".parse().expect("valid header"));
+    if let Some(value) = authorization {
+        req.metadata_mut()
+            .insert("authorization", value.parse().expect("valid header value"));
+    }
     req
 }
 
 impl Replica {
-    /// Connect and register; Err carries the status the manager answered.
+    /// Connect and register with the static `dev` token; Err carries the manager's status.
     pub async fn connect(endpoint: &str, register: pb::Register) -> Result<Replica, ConnectError> {
+        Self::connect_with(endpoint, register, Some("Bearer dev")).await
+    }
+
+    /// Connect and register sending `authorization` metadata as given (None: no metadata).
+    pub async fn connect_with(
+        endpoint: &str,
+        register: pb::Register,
+        authorization: Option<&str>,
+    ) -> Result<Replica, ConnectError> {
+        Self::connect_with_metadata(endpoint, register, authorization, &[]).await
+    }
+
+    /// As [`Replica::connect_with`], plus extra metadata (e.g. headers trying to spoof a tenant).
+    pub async fn connect_with_metadata(
+        endpoint: &str,
+        register: pb::Register,
+        authorization: Option<&str>,
+        extra: &[(&'static str, &str)],
+    ) -> Result<Replica, ConnectError> {
         let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
             .expect("valid endpoint")
             .connect()
@@ -261,10 +283,16 @@ impl Replica {
         })
         .await
         .expect("queue register");
-        let mut stream = client
-            .connect(authed(tokio_stream::wrappers::ReceiverStream::new(rx)))
-            .await?
-            .into_inner();
+        let mut request = with_authorization(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            authorization,
+        );
+        for (name, value) in extra {
+            request
+                .metadata_mut()
+                .insert(*name, value.parse().expect("ascii metadata"));
+        }
+        let mut stream = client.connect(request).await?.into_inner();
         let first = tokio::time::timeout(PATIENCE, stream.message())
             .await
             .map_err(|_| tonic::Status::deadline_exceeded("no Registered"))??
@@ -304,6 +332,24 @@ impl Replica {
                 }))) => return Some(e),
                 Ok(Ok(Some(_))) => continue,
                 _ => return None,
+            }
+        }
+    }
+
+    /// How the session ended, if it ends within `within`: the Revoked code, or the stream's
+    /// final status. Reconcile requests arriving meanwhile are ignored.
+    pub async fn ended(&mut self, within: Duration) -> Option<tonic::Status> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match tokio::time::timeout(left, self.rx.message()).await {
+                Ok(Ok(Some(pb::ManagerMessage {
+                    message: Some(pb::manager_message::Message::Revoked(r)),
+                }))) => return Some(tonic::Status::new(tonic::Code::from(r.code), r.message)),
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) => return Some(tonic::Status::ok("stream closed")),
+                Ok(Err(status)) => return Some(status),
+                Err(_) => return None,
             }
         }
     }

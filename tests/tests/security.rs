@@ -1,0 +1,440 @@
+//! The security suite: the real manager in `--auth kubernetes` mode on devcluster, controllers
+//! presenting ServiceAccount tokens from the TokenRequest API, Kubernetes RBAC as the policy.
+//! One test per threat; each fails if the check it names is removed.
+
+mod support;
+
+use ctrlhub_proto::v1 as pb;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use std::time::Duration;
+use support::*;
+use tonic::Code;
+
+/// Short decision TTLs so grants and revocations show within seconds; the defaults are 5 min and
+/// 30 s and only change how long a test would wait.
+const RBAC_ARGS: [&str; 10] = [
+    "--auth",
+    "kubernetes",
+    "--audience",
+    "ctrlhub",
+    "--authz-allow-ttl",
+    "2s",
+    "--authz-deny-ttl",
+    "1s",
+    "--token-cache-ttl",
+    "1s",
+];
+
+async fn rbac_manager(c: &Cluster, identity: &str) -> Manager {
+    let m = Manager::start(c, identity, &RBAC_ARGS).await;
+    m.wait_leading().await;
+    m
+}
+
+async fn service_account(c: &Cluster, ns: &str, name: &str) {
+    let api: Api<ServiceAccount> = Api::namespaced(c.client.clone(), ns);
+    let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}});
+    api.patch(
+        name,
+        &PatchParams::apply("tests").force(),
+        &Patch::Apply(&sa),
+    )
+    .await
+    .expect("serviceaccount applied");
+}
+
+/// A token from the TokenRequest API, as a projected volume would hold it.
+async fn token(c: &Cluster, ns: &str, sa: &str, audience: &str) -> String {
+    let api: Api<ServiceAccount> = Api::namespaced(c.client.clone(), ns);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.to_string()],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let issued: TokenRequest = api
+        .create_subresource("token", sa, &PostParams::default(), &request)
+        .await
+        .expect("token issued");
+    issued.status.expect("token status").token
+}
+
+/// A tenant: a namespace, a ServiceAccount in it, and a token for ctrlhub's audience.
+async fn tenant(c: &Cluster, ns: &str, sa: &str) -> String {
+    namespace(&c.client, ns, &[]).await;
+    service_account(c, ns, sa).await;
+    format!("Bearer {}", token(c, ns, sa, "ctrlhub").await)
+}
+
+/// Grant `sa` list and watch on ConfigMaps in `ns` (RoleBinding) or everywhere (`ns` = None).
+async fn grant_configmaps(c: &Cluster, sa_ns: &str, sa: &str, ns: Option<&str>) {
+    let rules = serde_json::json!([{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "watch"]}]);
+    let subject = serde_json::json!([{"kind": "ServiceAccount", "name": sa, "namespace": sa_ns}]);
+    let name = format!("{sa_ns}-{sa}-reader");
+    let (role, binding) = match ns {
+        Some(ns) => (
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": ns}, "rules": rules}),
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": subject}),
+        ),
+        None => (
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules}),
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": subject}),
+        ),
+    };
+    for obj in [role, binding] {
+        apply_dynamic(c, &obj).await;
+    }
+}
+
+async fn apply_dynamic(c: &Cluster, obj: &serde_json::Value) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let kind = obj["kind"].as_str().expect("kind");
+    let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+    let ar = ApiResource::from_gvk(&gvk);
+    let name = obj["metadata"]["name"].as_str().expect("name");
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(c.client.clone(), ns, &ar),
+        None => Api::all_with(c.client.clone(), &ar),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply("tests").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .expect("rbac object applied");
+}
+
+async fn revoke_configmaps(c: &Cluster, sa_ns: &str, sa: &str, ns: &str) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+    ));
+    let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), ns, &ar);
+    api.delete(&format!("{sa_ns}-{sa}-reader"), &DeleteParams::default())
+        .await
+        .expect("rolebinding deleted");
+}
+
+fn configmaps_in(name: &str, namespaces: &[&str]) -> pb::Register {
+    let mut r = register_configmaps(name, 8);
+    if !namespaces.is_empty() {
+        r.namespaces = Some(pb::NamespaceScope {
+            scope: Some(pb::namespace_scope::Scope::Names(
+                pb::namespace_scope::Names {
+                    names: namespaces.iter().map(|n| n.to_string()).collect(),
+                },
+            )),
+        });
+    }
+    r
+}
+
+async fn refused(m: &Manager, register: pb::Register, auth: Option<&str>) -> tonic::Status {
+    match Replica::connect_with(&m.grpc, register, auth).await {
+        Ok(_) => panic!("the manager accepted a registration it must refuse"),
+        Err(status) => status,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_is_unauthenticated() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-none").await;
+    let status = refused(&m, configmaps_in("c", &[]), None).await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(
+        status.message().contains("Bearer"),
+        "says what to send: {status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_token_is_unauthenticated() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-malformed").await;
+    for auth in ["Bearer not.a.token", "Basic dXNlcjpwYXNz", "Bearer "] {
+        let status = refused(&m, configmaps_in("c", &[]), Some(auth)).await;
+        assert_eq!(status.code(), Code::Unauthenticated, "{auth}: {status:?}");
+        assert!(
+            !status.message().contains("not.a.token"),
+            "the token is never echoed: {status:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_for_another_audience_is_unauthenticated() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-audience").await;
+    namespace(&c.client, "team-a", &[]).await;
+    service_account(&c, "team-a", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    let other = format!("Bearer {}", token(&c, "team-a", "ctl", "vault").await);
+    let status = refused(&m, configmaps_in("c", &["team-a"]), Some(&other)).await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("audience"), "{status:?}");
+    // The same identity with the right audience is fine: only the audience was wrong.
+    let right = format!("Bearer {}", token(&c, "team-a", "ctl", "ctrlhub").await);
+    Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&right))
+        .await
+        .expect("a token for ctrlhub's audience registers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_serviceaccount_token_is_unauthenticated() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-deleted").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth))
+        .await
+        .expect("registers while the ServiceAccount exists");
+    let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "team-a");
+    sas.delete("ctl", &DeleteParams::default())
+        .await
+        .expect("serviceaccount deleted");
+    // Within the token cache TTL (1 s here) the token stops working.
+    wait_until("the deleted ServiceAccount's token is refused", || async {
+        matches!(
+            Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth)).await,
+            Err(s) if s.code() == Code::Unauthenticated
+        )
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_without_rbac_is_denied_until_a_rolebinding_grants_it() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-grant").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    let status = refused(&m, configmaps_in("c", &["team-a"]), Some(&auth)).await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("system:serviceaccount:team-a:ctl")
+            && status.message().contains("namespace team-a"),
+        "names who and where: {status:?}"
+    );
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    put_configmap(&c.client, "team-a", "app", &[("k", "v")]).await;
+    // The deny is cached for 1 s; then the new RoleBinding is seen.
+    let mut replica =
+        ctrlhub_tests::wait_until("the RoleBinding takes effect", PATIENCE, || async {
+            Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth))
+                .await
+                .map_err(|s| format!("{s:?}"))
+        })
+        .await;
+    let r = replica.expect().await;
+    assert_eq!(key(&r), "team-a/app");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_in_another_tenants_namespace_is_denied() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-other-ns").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    namespace(&c.client, "team-b", &[]).await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    let status = refused(&m, configmaps_in("c", &["team-a", "team-b"]), Some(&auth)).await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("namespace team-b"), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_namespaces_watch_with_only_namespaced_rights_is_denied() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-all-ns").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    let status = refused(&m, configmaps_in("c", &[]), Some(&auth)).await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("all namespaces"), "{status:?}");
+    // A cluster-wide grant is what all namespaces needs.
+    grant_configmaps(&c, "team-a", "ctl", None).await;
+    wait_until("the ClusterRoleBinding takes effect", || async {
+        Replica::connect_with(&m.grpc, configmaps_in("c", &[]), Some(&auth))
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_through_the_cache_are_denied_without_opt_in() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-secrets").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    // RBAC alone allows it (the Role covers secrets); the manager's opt-in list does not.
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    let mut r = configmaps_in("c", &["team-a"]);
+    r.primary = Some(pb::ResourceType {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Secret".into(),
+        plural: String::new(),
+    });
+    let status = refused(&m, r, Some(&auth)).await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_that_does_not_exist_looks_like_a_denied_one() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-probe").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    let mut missing = configmaps_in("c", &["team-a"]);
+    missing.primary = Some(pb::ResourceType {
+        group: "example.com".into(),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        plural: String::new(),
+    });
+    let absent = refused(&m, missing.clone(), Some(&auth)).await;
+    // Install it: now it exists, and the tenant is simply not allowed.
+    ctrlhub_tests::install_widget_crd(&c.client).await;
+    let gvk = kube::api::GroupVersionKind::gvk("example.com", "v1", "Widget");
+    ctrlhub_tests::wait_until("the Widget kind is served", PATIENCE, || async {
+        kube::discovery::pinned_kind(&c.client, &gvk)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let denied = refused(&m, missing, Some(&auth)).await;
+    assert_eq!(absent.code(), Code::PermissionDenied, "{absent:?}");
+    assert_eq!(
+        (absent.code(), absent.message()),
+        (denied.code(), denied.message()),
+        "absent and forbidden answer alike"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_permission_stops_delivery_within_the_recheck_interval() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-revoke").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    put_configmap(&c.client, "team-a", "one", &[("k", "v")]).await;
+    let mut replica = Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth))
+        .await
+        .expect("registers");
+    let r = replica.expect().await;
+    replica.done(&r.id).await;
+    revoke_configmaps(&c, "team-a", "ctl", "team-a").await;
+    // The allow is re-checked every 2 s here: the session ends with PERMISSION_DENIED.
+    let ended = replica.ended(PATIENCE).await;
+    assert_eq!(
+        ended.map(|s| s.code()),
+        Some(Code::PermissionDenied),
+        "the session ends with PERMISSION_DENIED"
+    );
+    // And a reconnect is refused, so nothing more is delivered.
+    let status = refused(&m, configmaps_in("c", &["team-a"]), Some(&auth)).await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_naming_another_tenants_controller_gets_nothing_of_it() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-takeover").await;
+    let a = tenant(&c, "team-a", "ctl").await;
+    let b = tenant(&c, "team-b", "ctl2").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    grant_configmaps(&c, "team-b", "ctl2", Some("team-b")).await;
+    put_configmap(&c.client, "team-a", "a-secret-plan", &[("k", "v")]).await;
+    put_configmap(&c.client, "team-b", "b-app", &[("k", "v")]).await;
+    let mut ra = Replica::connect_with(&m.grpc, configmaps_in("shared", &["team-a"]), Some(&a))
+        .await
+        .expect("a registers");
+    assert_eq!(key(&ra.expect().await), "team-a/a-secret-plan");
+    // B registers the same controller name and tries to claim A's identity through metadata;
+    // only the verified token decides who B is.
+    let mut rb = Replica::connect_with_metadata(
+        &m.grpc,
+        configmaps_in("shared", &["team-b"]),
+        Some(&b),
+        &[
+            ("x-ctrlhub-tenant", "system:serviceaccount:team-a:ctl"),
+            ("impersonate-user", "system:serviceaccount:team-a:ctl"),
+        ],
+    )
+    .await
+    .expect("b registers its own controller of that name");
+    assert_eq!(key(&rb.expect().await), "team-b/b-app");
+    assert!(
+        rb.next(Duration::from_secs(2)).await.is_none(),
+        "B never sees A's keys"
+    );
+    // Two controllers named `shared`, one per tenant, and A's session is intact.
+    let status = m.status().await;
+    let shared: Vec<_> = status["controllers"]
+        .as_array()
+        .expect("controllers")
+        .iter()
+        .filter(|c| c["name"] == "shared")
+        .map(|c| c["tenant"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(shared.len(), 2, "{status}");
+    assert!(shared.contains(&"system:serviceaccount:team-a:ctl".to_string()));
+    assert!(shared.contains(&"system:serviceaccount:team-b:ctl2".to_string()));
+    // B cannot read through A's session either.
+    let mut read = with_authorization(
+        pb::ListRequest {
+            session_id: ra.session_id.clone(),
+            resource: Some(pb::ResourceType {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: String::new(),
+            }),
+            namespace: "team-a".into(),
+            ..Default::default()
+        },
+        Some(&b),
+    );
+    read.set_timeout(PATIENCE);
+    let denied = rb
+        .client
+        .list(read)
+        .await
+        .expect_err("another tenant's session id gives nothing");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    put_configmap(&c.client, "team-a", "a-secret-plan", &[("k", "v2")]).await;
+    assert_eq!(key(&ra.expect().await), "team-a/a-secret-plan");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_named_serviceaccounts_in_different_namespaces_never_share_state() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-same-name").await;
+    let a = tenant(&c, "team-a", "ctl").await;
+    let b = tenant(&c, "team-b", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    grant_configmaps(&c, "team-b", "ctl", Some("team-b")).await;
+    put_configmap(&c.client, "team-a", "only-a", &[("k", "v")]).await;
+    put_configmap(&c.client, "team-b", "only-b", &[("k", "v")]).await;
+    // Same controller name, same ServiceAccount name: still two tenants.
+    let mut ra = Replica::connect_with(&m.grpc, configmaps_in("ctl", &["team-a"]), Some(&a))
+        .await
+        .expect("a registers");
+    let mut rb = Replica::connect_with(&m.grpc, configmaps_in("ctl", &["team-b"]), Some(&b))
+        .await
+        .expect("b registers a different definition without superseding a");
+    assert_eq!(key(&ra.expect().await), "team-a/only-a");
+    assert_eq!(key(&rb.expect().await), "team-b/only-b");
+    assert!(ra.next(Duration::from_secs(1)).await.is_none());
+    assert!(rb.next(Duration::from_secs(1)).await.is_none());
+}
