@@ -169,12 +169,7 @@ fn install_monitoring_crds(c: &Cluster) {
 }
 
 /// What the kubelet would resolve for one `env` entry of the Deployment's container.
-fn resolve_env(
-    c: &Cluster,
-    cache: &std::path::Path,
-    pod: &str,
-    entry: &serde_json::Value,
-) -> String {
+fn resolve_env(pod: &str, entry: &serde_json::Value) -> String {
     if let Some(v) = entry["value"].as_str() {
         return v.to_string();
     }
@@ -185,43 +180,7 @@ fn resolve_env(
         Some(other) => panic!("the test does not resolve fieldRef {other}"),
         None => {}
     }
-    let secret = &from["secretKeyRef"];
-    let (name, key) = (
-        secret["name"].as_str().expect("secretKeyRef.name"),
-        secret["key"].as_str().expect("secretKeyRef.key"),
-    );
-    let encoded = kubectl(
-        c,
-        cache,
-        &[
-            "get",
-            "secret",
-            name,
-            "-n",
-            "ctrlhub-system",
-            "-o",
-            &format!("jsonpath={{.data.{key}}}"),
-        ],
-        None,
-    );
-    let bytes = base64_decode(encoded.trim());
-    String::from_utf8(bytes).expect("secret value is UTF-8")
-}
-
-fn base64_decode(s: &str) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::new();
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for b in s.bytes().filter(|b| *b != b'=') {
-        let v = ALPHABET.iter().position(|a| *a == b).expect("base64") as u32;
-        acc = (acc << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
+    panic!("the test does not resolve env source {from}")
 }
 
 // The Deployment is the contract between deploy/ and the binary: its args, env and probes must
@@ -248,19 +207,6 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
         cache.path(),
         &["apply", "--server-side", "-f", "-"],
         Some(rendered.as_bytes()),
-    );
-    // The Secret the Deployment's comment tells operators to create.
-    kubectl(
-        &c,
-        cache.path(),
-        &["create", "-f", "-"],
-        Some(
-            serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "ctrlhub-controller-token", "namespace": "ctrlhub-system"},
-                "stringData": {"token": "from-the-secret"}})
-            .to_string()
-            .as_bytes(),
-        ),
     );
     let deployment: serde_json::Value = serde_json::from_str(&kubectl(
         &c,
@@ -334,7 +280,7 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
     for entry in container["env"].as_array().expect("env") {
         let name = entry["name"].as_str().expect("env name");
         env_names.push(name.to_string());
-        cmd.env(name, resolve_env(&c, cache.path(), pod, entry));
+        cmd.env(name, resolve_env(pod, entry));
     }
     assert!(
         env_names.iter().any(|n| n == "POD_NAME") && env_names.iter().any(|n| n == "POD_NAMESPACE"),
