@@ -63,7 +63,7 @@ fn run(cmd: &mut std::process::Command) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// Every rule of the rules file, as (group, rule) YAML mappings.
+/// Every rule (recording and alerting) of the rules file, across its groups.
 fn rules() -> Vec<Yaml> {
     let doc = yaml(&rules_file());
     doc["groups"]
