@@ -31,7 +31,7 @@ def test_overlay_objects_pass_strict_schema_validation(overlay: str):
     docs = render(overlay)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "ServiceAccount"} <= kinds
-    assert {"PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor"} <= kinds
+    assert {"PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= kinds
     for doc in docs:
         if doc["apiVersion"].startswith(OPERATOR_GROUP + "/"):
             # Prometheus Operator kinds are not in the Kubernetes schemas; shape checked below.
@@ -97,3 +97,21 @@ def test_namespaced_overlay_sets_the_ceiling():
         r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"] if {"list", "watch"} & set(r["verbs"])
     ]
     assert cluster_reads == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_dashboards_ship_as_configmaps_for_the_grafana_sidecar(overlay: str):
+    docs = render(overlay)
+    dashboards = {
+        d["metadata"]["name"]: d
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+    }
+    shipped = sorted(p.name for p in (REPO / "dashboards" / "grafana").glob("*.json"))
+    assert len(dashboards) == len(shipped) >= 3
+    for cm in dashboards.values():
+        assert cm["metadata"]["namespace"] == "ctrlhub-system"
+        assert set(cm["data"]) <= set(shipped)
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert {"CtrlhubNoLeader", "CtrlhubManagerDown"} <= alerts

@@ -69,9 +69,18 @@ async fn deploy_overlays_apply_with_kubectl() {
             ],
             Some(rendered.as_bytes()),
         );
-        for kind in ["poddisruptionbudget", "networkpolicy", "servicemonitor"] {
+        for kind in [
+            "poddisruptionbudget",
+            "networkpolicy",
+            "servicemonitor",
+            "prometheusrule",
+            "configmap",
+        ] {
             assert!(
-                applied.contains(&format!("{kind}.")),
+                applied
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{kind}."))
+                        || l.starts_with(&format!("{kind}/"))),
                 "{overlay}: {kind} applied: {applied}"
             );
         }
