@@ -18,5 +18,6 @@ pub mod queue;
 pub mod registration;
 pub mod registry;
 pub mod session;
+pub mod status_page;
 pub mod telemetry;
 pub mod tenant;
