@@ -56,6 +56,8 @@ pub struct ControllerStatus {
     pub mode: &'static str,
     /// Most requests in flight across replicas (0 = bounded only by credits).
     pub max_concurrent: u32,
+    /// How long a replica has to answer one request.
+    pub deadline: Duration,
     /// Queue depth (ready plus waiting on a timer).
     pub queued: usize,
     /// Requests in flight.
@@ -186,6 +188,7 @@ impl Snapshot {
                         Mode::Events => "events",
                     },
                     max_concurrent: r.max_concurrent,
+                    deadline: r.deadline,
                     // Two reads under two locks: never claim fewer than we list.
                     queued: queued.max(view.queued.len()),
                     in_flight: in_flight.max(view.in_flight.len()),
@@ -261,6 +264,7 @@ impl Snapshot {
                     "terminal": c.terminal, "deadlineMisses": c.deadline_misses,
                     "mode": c.mode,
                     "maxConcurrent": c.max_concurrent,
+                    "deadlineSeconds": c.deadline.as_secs_f64(),
                     "sessionList": c.sessions.iter().map(|s| json!({
                         "session": s.session, "credits": s.credits,
                         "inFlight": s.in_flight, "draining": s.draining,
@@ -387,7 +391,7 @@ main{padding:16px 24px 40px;max-width:1400px}
 h2{font-size:16px;margin:26px 0 10px;text-transform:uppercase;letter-spacing:.8px;color:var(--muted)}
 h4{margin:14px 0 6px;font-size:13px;color:var(--muted);text-transform:uppercase;letter-spacing:.5px}
 table{width:100%;border-collapse:collapse;background:var(--card);border:1px solid var(--line);border-radius:6px}
-th,td{text-align:left;padding:6px 10px;border-bottom:1px solid var(--line);vertical-align:top}
+th,td{text-align:left;padding:6px 10px;border-bottom:1px solid var(--line);vertical-align:baseline}
 th{font-size:12px;color:var(--muted);font-weight:600;background:#fafbfd}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 td.empty{color:var(--muted);font-style:italic}
@@ -403,6 +407,7 @@ article.controller h3 .tenant{color:var(--muted);font-weight:500}
 .stat.bad .n{color:var(--bad)}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(300px,1fr));gap:0 18px}
 .cols table,.errors{border-radius:6px}
+tr.slow td{background:var(--warnbg)}
 .more{color:var(--muted);margin:4px 2px 0;font-size:12px}
 table.errors tr.err td{background:var(--badbg)}
 table.errors td.msg{color:var(--bad);white-space:pre-wrap;word-break:break-word}
@@ -618,7 +623,11 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             c.max_concurrent
         )?;
     }
-    o.push_str("</h3><div class=\"stats\">");
+    write!(
+        o,
+        "<span class=\"badge\">deadline {}</span></h3><div class=\"stats\">",
+        human(c.deadline)
+    )?;
     let stats: [(&str, String, &str, bool); 8] = [
         (
             "sessions",
@@ -687,10 +696,13 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
         o.push_str("<tr><td colspan=\"4\" class=\"empty\">none</td></tr>");
     }
     for f in &c.in_flight_keys {
+        // Past half its deadline a request is worth a look before it is redelivered.
+        let slow = f.running >= c.deadline / 2;
         write!(
             o,
-            "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"mono\">#{}</td>\
+            "<tr{}><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"mono\">#{}</td>\
              <td class=\"num\">{}</td></tr>",
+            if slow { " class=\"slow\"" } else { "" },
             Esc(&key_text(&f.key)),
             f.attempt,
             f.session,
@@ -808,6 +820,7 @@ mod tests {
             primary: "v1/ConfigMap".to_owned(),
             mode: "reconcile",
             max_concurrent: 0,
+            deadline: Duration::from_secs(60),
             queued: 0,
             in_flight: 0,
             dispatched: 0,
@@ -972,6 +985,23 @@ mod tests {
         );
         assert_eq!(v["controllers"][0]["queuedKeys"][0]["lane"], "timer");
         assert_eq!(v["informers"][0]["objects"], 7);
+    }
+
+    #[test]
+    fn a_request_past_half_its_deadline_is_marked() {
+        let mut c = controller("t1", "web");
+        c.in_flight = 2;
+        for (name, secs) in [("slow", 45), ("fresh", 3)] {
+            c.in_flight_keys.push(InFlightView {
+                key: key("ns", name),
+                session: 1,
+                attempt: 1,
+                running: Duration::from_secs(secs),
+            });
+        }
+        let html = render(&snapshot(vec![c]), 0);
+        assert!(html.contains("<tr class=\"slow\"><td class=\"key\">ns/slow</td>"));
+        assert!(html.contains("<tr><td class=\"key\">ns/fresh</td>"));
     }
 
     #[test]
