@@ -463,7 +463,11 @@ fn write_page(o: &mut String, s: &Snapshot, refresh_secs: u32) -> fmt::Result {
 
     o.push_str("<section id=\"controllers\"><h2>Controllers</h2>");
     if s.controllers.is_empty() {
-        o.push_str("<p class=\"more\">No controller has registered.</p>");
+        o.push_str(if s.leading {
+            "<p class=\"more\">No controller has registered.</p>"
+        } else {
+            "<p class=\"more\">No controller has registered here: controllers connect to the leader.</p>"
+        });
     }
     for c in &s.controllers {
         write_controller(o, c, s.at)?;
@@ -515,7 +519,7 @@ fn write_banner(o: &mut String, s: &Snapshot) -> fmt::Result {
         }
         write!(
             o,
-            " This manager (<b>{}</b>) keeps its caches warm and dispatches nothing.</span>",
+            " This manager (<b>{}</b>) dispatches nothing and points connecting controllers at the leader.</span>",
             Esc(&s.identity)
         )?;
     }

@@ -310,6 +310,38 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
     check_png(&png);
     println!("status page screenshot: {}", png.display());
 
+    // A second manager on the same Lease: its page says standby and who leads instead.
+    let standby = Manager::start(&c, "status-page-b", &[]).await;
+    wait_until("the standby has seen the holder", || async {
+        standby.status().await["leader"] == IDENTITY
+    })
+    .await;
+    let dom = run_chromium(&[
+        "--dump-dom".to_owned(),
+        format!("{}/?refresh=0", standby.http),
+    ])
+    .await;
+    let banner = part(&dom, "id=\"leadership\"", "</section>");
+    assert!(banner.contains("data-leading=\"false\""), "{banner}");
+    assert!(
+        banner.contains("STANDBY"),
+        "the banner says standby: {banner}"
+    );
+    assert!(
+        banner.contains(&format!("id=\"lease-holder\">{IDENTITY}</b>")),
+        "the standby names the leader: {banner}"
+    );
+    let png = out.join("status-page-standby.png");
+    let _ = std::fs::remove_file(&png);
+    run_chromium(&[
+        format!("--screenshot={}", png.display()),
+        "--window-size=1280,900".to_owned(),
+        format!("{}/", standby.http),
+    ])
+    .await;
+    check_png(&png);
+    println!("standby screenshot: {}", png.display());
+
     // The held request is still ours to answer: the page only looked.
     r.done(&held.id).await;
 }
