@@ -201,6 +201,16 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
     assert_eq!(status["lease"]["holder"], IDENTITY);
     assert_eq!(controller(&status)["sessionList"][0]["credits"], 1);
 
+    let resp = reqwest::get(format!("{}/", m.http))
+        .await
+        .expect("status page reachable");
+    assert_eq!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("text/html; charset=utf-8")
+    );
+
     // The rendered DOM, as the browser built it (so a script that ran would show).
     let url = format!("{}/?refresh=0", m.http);
     let dom = run_chromium(&["--dump-dom".to_owned(), url]).await;
@@ -290,6 +300,15 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
         "no script element in the page at all"
     );
 
+    assert!(
+        ctl.contains("<span class=\"stat bad\" data-stat=\"errors\"><span class=\"n\">1</span>"),
+        "the error count is highlighted: {ctl}"
+    );
+    // Air-gapped: nothing is loaded from anywhere else.
+    for external in ["http://", "https://", "<link", "src=", "@import", "url("] {
+        assert!(!dom.contains(external), "the page refers to {external}");
+    }
+
     let informers = part(&dom, "id=\"informers\"", "</section>");
     assert!(
         informers.contains(&format!(
@@ -308,7 +327,10 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
     ])
     .await;
     check_png(&png);
-    println!("status page screenshot: {}", png.display());
+    println!(
+        "status page screenshot: {}",
+        std::fs::canonicalize(&png).unwrap_or(png).display()
+    );
 
     // A second manager on the same Lease: its page says standby and who leads instead.
     let standby = Manager::start(&c, "status-page-b", &[]).await;
@@ -340,7 +362,10 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
     ])
     .await;
     check_png(&png);
-    println!("standby screenshot: {}", png.display());
+    println!(
+        "standby screenshot: {}",
+        std::fs::canonicalize(&png).unwrap_or(png).display()
+    );
 
     // The held request is still ours to answer: the page only looked.
     r.done(&held.id).await;
