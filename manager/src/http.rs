@@ -1,18 +1,17 @@
-//! The manager's HTTP port: `/healthz`, `/readyz` (leader election running and caches synced),
-//! `/metrics`, and `/status` (JSON for people and scripts).
+//! The manager's HTTP port: `/` (the status page for people), `/healthz`, `/readyz` (leader
+//! election running and caches synced), `/metrics`, and `/status` (the same facts as JSON).
 
 use crate::cache::Cache;
 use crate::leader::LeaderState;
 use crate::registry::Registry;
+use crate::status_page::{self, Snapshot};
 use crate::telemetry::Metrics;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use serde_json::json;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use tokio::sync::watch;
 
 /// What the HTTP handlers read.
@@ -34,6 +33,7 @@ pub struct HttpState {
 /// The router for the HTTP port.
 pub fn router(state: Arc<HttpState>) -> Router {
     Router::new()
+        .route("/", get(page))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -50,38 +50,30 @@ async fn readyz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
 }
 
 async fn status(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
+    axum::Json(snapshot(&s).to_json())
+}
+
+/// Query parameters of the status page.
+#[derive(Debug, serde::Deserialize)]
+struct PageParams {
+    /// Seconds between reloads; 0 turns reloading off (e.g. while reading a long error).
+    refresh: Option<u32>,
+}
+
+async fn page(State(s): State<Arc<HttpState>>, Query(p): Query<PageParams>) -> impl IntoResponse {
+    let refresh = p.refresh.unwrap_or(status_page::DEFAULT_REFRESH_SECS);
+    (
+        [
+            ("content-type", "text/html; charset=utf-8"),
+            ("cache-control", "no-store"),
+        ],
+        status_page::render(&snapshot(&s), refresh),
+    )
+}
+
+fn snapshot(s: &HttpState) -> Snapshot {
     let leader = s.leader.borrow().clone();
-    let controllers: Vec<_> = s
-        .registry
-        .all()
-        .iter()
-        .map(|c| {
-            let (queued, in_flight, sessions) = c.snapshot();
-            json!({
-                "tenant": c.id.tenant, "name": c.id.name,
-                "primary": format!("{}/{}", c.registration.primary.api_version(), c.registration.primary.kind),
-                "sessions": sessions, "queued": queued, "inFlight": in_flight,
-                "dispatched": c.counters.dispatched.load(Ordering::Relaxed),
-                "done": c.counters.done.load(Ordering::Relaxed),
-                "errors": c.counters.errors.load(Ordering::Relaxed),
-                "terminal": c.counters.terminal.load(Ordering::Relaxed),
-                "deadlineMisses": c.counters.deadline_misses.load(Ordering::Relaxed),
-            })
-        })
-        .collect();
-    let informers: Vec<_> = s
-        .cache
-        .all()
-        .iter()
-        .map(|i| json!({"informer": i.key().label(), "objects": i.len(), "synced": i.is_synced(), "relists": i.relists()}))
-        .collect();
-    axum::Json(json!({
-        "identity": s.identity,
-        "leading": leader.leading,
-        "leader": leader.holder,
-        "controllers": controllers,
-        "informers": informers,
-    }))
+    Snapshot::collect(&s.registry, &s.cache, &leader, &s.identity, &s.lease_name)
 }
 
 async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {

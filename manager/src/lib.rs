@@ -19,6 +19,7 @@ pub mod queue;
 pub mod registration;
 pub mod registry;
 pub mod session;
+pub mod status_page;
 pub mod telemetry;
 pub mod tenant;
 pub mod tokenreview;

@@ -1,0 +1,1018 @@
+//! The status page at `/` and the `/status` JSON: one snapshot of what a person on call looks
+//! for — leadership, tenants, controllers with their sessions, in-flight, queued and failed keys,
+//! informers — rendered as plain server-side HTML.
+//!
+//! The page has no external assets (no CDN, no fonts, no scripts) so it works air-gapped and
+//! through `kubectl port-forward`. Everything that comes from outside the process (object names,
+//! controller messages, identities, tenant names) goes through [`Esc`].
+
+use crate::cache::{Cache, ObjectKey};
+use crate::controller::{InFlightView, RecentError, SessionView};
+use crate::leader::LeaderState;
+use crate::queue::QueuedAs;
+use crate::registration::Mode;
+use crate::registry::Registry;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How many in-flight, queued and failed keys each controller lists; more are counted, not shown.
+pub const LIST_LIMIT: usize = 20;
+
+/// Seconds between automatic reloads of the page unless the URL asks otherwise.
+pub const DEFAULT_REFRESH_SECS: u32 = 5;
+
+/// Everything the page shows, read once so the HTML and the JSON agree.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// This manager's identity.
+    pub identity: String,
+    /// The Lease name.
+    pub lease_name: String,
+    /// Whether this manager holds the Lease.
+    pub leading: bool,
+    /// The holder as last observed.
+    pub holder: Option<String>,
+    /// When the snapshot was taken.
+    pub at: SystemTime,
+    /// Controllers, sorted by tenant then name.
+    pub controllers: Vec<ControllerStatus>,
+    /// Informers, sorted by label.
+    pub informers: Vec<InformerStatus>,
+}
+
+/// One controller as the page shows it.
+#[derive(Debug, Clone)]
+pub struct ControllerStatus {
+    /// Tenant.
+    pub tenant: String,
+    /// Controller name.
+    pub name: String,
+    /// Primary kind as `apiVersion/Kind`.
+    pub primary: String,
+    /// `reconcile` or `events`.
+    pub mode: &'static str,
+    /// Most requests in flight across replicas (0 = bounded only by credits).
+    pub max_concurrent: u32,
+    /// How long a replica has to answer one request.
+    pub deadline: Duration,
+    /// Queue depth (ready plus waiting on a timer).
+    pub queued: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Requests dispatched.
+    pub dispatched: u64,
+    /// Reconciles that finished well.
+    pub done: u64,
+    /// Reconciles that failed and will be retried.
+    pub errors: u64,
+    /// Reconciles that failed for good.
+    pub terminal: u64,
+    /// Requests that missed their deadline.
+    pub deadline_misses: u64,
+    /// Attached sessions.
+    pub sessions: Vec<SessionView>,
+    /// In-flight keys, longest-running first, at most [`LIST_LIMIT`].
+    pub in_flight_keys: Vec<InFlightView>,
+    /// Queued keys in dispatch order, at most [`LIST_LIMIT`].
+    pub queued_keys: Vec<QueuedKey>,
+    /// Latest failures, newest first, at most [`LIST_LIMIT`].
+    pub recent_errors: Vec<RecentError>,
+}
+
+impl ControllerStatus {
+    /// Queued keys that exist but are not listed.
+    pub fn queued_not_shown(&self) -> usize {
+        self.queued.saturating_sub(self.queued_keys.len())
+    }
+
+    /// In-flight keys that exist but are not listed.
+    pub fn in_flight_not_shown(&self) -> usize {
+        self.in_flight.saturating_sub(self.in_flight_keys.len())
+    }
+}
+
+/// A queued key and where it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedKey {
+    /// The key.
+    pub key: ObjectKey,
+    /// Where it waits.
+    pub lane: Lane,
+}
+
+/// Where a queued key waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Ready, live lane (changes people made).
+    Live,
+    /// Ready, background lane (resyncs, relists).
+    Background,
+    /// On a requeue-after or backoff timer, due in this long.
+    Timer(Duration),
+}
+
+impl Lane {
+    fn from_queue(q: QueuedAs, now: Instant) -> Self {
+        match q {
+            QueuedAs::Live => Lane::Live,
+            QueuedAs::Background => Lane::Background,
+            QueuedAs::Timer(at) => Lane::Timer(at.saturating_duration_since(now)),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Lane::Live => "live",
+            Lane::Background => "background",
+            Lane::Timer(_) => "timer",
+        }
+    }
+}
+
+/// One informer as the page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InformerStatus {
+    /// `group/version/plural [ns=…]`.
+    pub label: String,
+    /// Objects in the cache.
+    pub objects: usize,
+    /// Whether the initial list finished.
+    pub synced: bool,
+    /// Relists so far.
+    pub relists: u64,
+}
+
+/// Per-tenant totals, derived from the controllers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantStatus {
+    /// Tenant.
+    pub tenant: String,
+    /// Registered controllers.
+    pub controllers: usize,
+    /// Attached sessions across its controllers.
+    pub sessions: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Queued keys.
+    pub queued: usize,
+    /// Failed reconciles (retried plus terminal) since start.
+    pub failures: u64,
+}
+
+impl Snapshot {
+    /// Read the registry, the caches and the leadership state once.
+    pub fn collect(
+        registry: &Registry,
+        cache: &Cache,
+        leader: &LeaderState,
+        identity: &str,
+        lease_name: &str,
+    ) -> Snapshot {
+        let now = Instant::now();
+        let mut controllers: Vec<ControllerStatus> = registry
+            .all()
+            .iter()
+            .map(|c| {
+                let view = c.keys_view(LIST_LIMIT);
+                let (queued, in_flight, _) = c.snapshot();
+                let r = &c.registration;
+                ControllerStatus {
+                    tenant: c.id.tenant.clone(),
+                    name: c.id.name.clone(),
+                    primary: format!("{}/{}", r.primary.api_version(), r.primary.kind),
+                    mode: match r.mode {
+                        Mode::Reconcile => "reconcile",
+                        Mode::Events => "events",
+                    },
+                    max_concurrent: r.max_concurrent,
+                    deadline: r.deadline,
+                    // Two reads under two locks: never claim fewer than we list.
+                    queued: queued.max(view.queued.len()),
+                    in_flight: in_flight.max(view.in_flight.len()),
+                    dispatched: c.counters.dispatched.load(Ordering::Relaxed),
+                    done: c.counters.done.load(Ordering::Relaxed),
+                    errors: c.counters.errors.load(Ordering::Relaxed),
+                    terminal: c.counters.terminal.load(Ordering::Relaxed),
+                    deadline_misses: c.counters.deadline_misses.load(Ordering::Relaxed),
+                    sessions: view.sessions,
+                    in_flight_keys: view.in_flight,
+                    queued_keys: view
+                        .queued
+                        .into_iter()
+                        .map(|(key, q)| QueuedKey {
+                            key,
+                            lane: Lane::from_queue(q, now),
+                        })
+                        .collect(),
+                    recent_errors: view.recent_errors,
+                }
+            })
+            .collect();
+        controllers.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
+        let mut informers: Vec<InformerStatus> = cache
+            .all()
+            .iter()
+            .map(|i| InformerStatus {
+                label: i.key().label(),
+                objects: i.len(),
+                synced: i.is_synced(),
+                relists: i.relists(),
+            })
+            .collect();
+        informers.sort_by(|a, b| a.label.cmp(&b.label));
+        Snapshot {
+            identity: identity.to_owned(),
+            lease_name: lease_name.to_owned(),
+            leading: leader.leading,
+            holder: leader.holder.clone(),
+            at: SystemTime::now(),
+            controllers,
+            informers,
+        }
+    }
+
+    /// Per-tenant totals, sorted by tenant.
+    pub fn tenants(&self) -> Vec<TenantStatus> {
+        let mut by: BTreeMap<&str, TenantStatus> = BTreeMap::new();
+        for c in &self.controllers {
+            let t = by.entry(c.tenant.as_str()).or_insert_with(|| TenantStatus {
+                tenant: c.tenant.clone(),
+                ..TenantStatus::default()
+            });
+            t.controllers += 1;
+            t.sessions += c.sessions.len();
+            t.in_flight += c.in_flight;
+            t.queued += c.queued;
+            t.failures += c.errors + c.terminal;
+        }
+        by.into_values().collect()
+    }
+
+    /// The `/status` JSON. Fields before `lease` are the original ones and keep their meaning.
+    pub fn to_json(&self) -> Value {
+        let controllers: Vec<Value> = self
+            .controllers
+            .iter()
+            .map(|c| {
+                json!({
+                    "tenant": c.tenant, "name": c.name, "primary": c.primary,
+                    "sessions": c.sessions.len(), "queued": c.queued, "inFlight": c.in_flight,
+                    "dispatched": c.dispatched, "done": c.done, "errors": c.errors,
+                    "terminal": c.terminal, "deadlineMisses": c.deadline_misses,
+                    "mode": c.mode,
+                    "maxConcurrent": c.max_concurrent,
+                    "deadlineSeconds": c.deadline.as_secs_f64(),
+                    "sessionList": c.sessions.iter().map(|s| json!({
+                        "session": s.session, "credits": s.credits,
+                        "inFlight": s.in_flight, "draining": s.draining,
+                    })).collect::<Vec<_>>(),
+                    "inFlightKeys": c.in_flight_keys.iter().map(|f| json!({
+                        "key": key_text(&f.key), "session": f.session, "attempt": f.attempt,
+                        "runningSeconds": f.running.as_secs_f64(),
+                    })).collect::<Vec<_>>(),
+                    "queuedKeys": c.queued_keys.iter().map(|q| {
+                        let mut v = json!({"key": key_text(&q.key), "lane": q.lane.name()});
+                        if let Lane::Timer(due) = q.lane {
+                            v["dueInSeconds"] = json!(due.as_secs_f64());
+                        }
+                        v
+                    }).collect::<Vec<_>>(),
+                    "queuedNotShown": c.queued_not_shown(),
+                    "recentErrors": c.recent_errors.iter().map(|e| json!({
+                        "at": rfc3339(e.at), "key": key_text(&e.key), "attempt": e.attempt,
+                        "kind": e.kind, "message": e.message,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let informers: Vec<Value> = self
+            .informers
+            .iter()
+            .map(|i| json!({"informer": i.label, "objects": i.objects, "synced": i.synced, "relists": i.relists}))
+            .collect();
+        let tenants: Vec<Value> = self
+            .tenants()
+            .iter()
+            .map(|t| json!({"tenant": t.tenant, "controllers": t.controllers, "sessions": t.sessions, "inFlight": t.in_flight, "queued": t.queued, "failures": t.failures}))
+            .collect();
+        json!({
+            "identity": self.identity,
+            "leading": self.leading,
+            "leader": self.holder,
+            "controllers": controllers,
+            "informers": informers,
+            "lease": {"name": self.lease_name, "holder": self.holder},
+            "tenants": tenants,
+        })
+    }
+}
+
+/// HTML-escapes text for element content and double- or single-quoted attribute values.
+pub struct Esc<'a>(pub &'a str);
+
+impl fmt::Display for Esc<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(i) = rest.find(['&', '<', '>', '"', '\'']) {
+            f.write_str(&rest[..i])?;
+            f.write_str(match rest.as_bytes()[i] {
+                b'&' => "&amp;",
+                b'<' => "&lt;",
+                b'>' => "&gt;",
+                b'"' => "&quot;",
+                _ => "&#39;",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        f.write_str(rest)
+    }
+}
+
+/// `namespace/name`, or `name` for a cluster-scoped object.
+fn key_text(k: &ObjectKey) -> String {
+    if k.0.is_empty() {
+        k.1.clone()
+    } else {
+        format!("{}/{}", k.0, k.1)
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t)
+        .map(|ts| ts.round(jiff::Unit::Millisecond).unwrap_or(ts).to_string())
+        .unwrap_or_default()
+}
+
+fn clock(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t)
+        .map(|ts| ts.strftime("%H:%M:%S").to_string())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// A duration the way people read it on a status page: `850 ms`, `4.2 s`, `3m 07s`, `2h 05m`.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else if s < 60 {
+        format!("{:.1} s", d.as_secs_f64())
+    } else if s < 3600 {
+        format!("{}m {:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h {:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+const STYLE: &str = r#"
+:root{--fg:#1d2330;--muted:#5d6778;--line:#e2e6ee;--bg:#f5f7fb;--card:#fff;--ok:#137a3f;--okbg:#e3f6ea;--warn:#8a5a00;--warnbg:#fff3d6;--bad:#b42318;--badbg:#fdecea;--accent:#2f5fd0}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:var(--fg);background:var(--bg)}
+code,.mono,td.key{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono",monospace;font-size:13px}
+header.top{display:flex;align-items:baseline;gap:16px;flex-wrap:wrap;padding:14px 24px;background:#1d2330;color:#fff}
+header.top h1{margin:0;font-size:20px;letter-spacing:.5px}
+header.top .meta{color:#c5cbd6}
+header.top .meta b{color:#fff}
+main{padding:16px 24px 40px;max-width:1400px}
+.banner{display:flex;align-items:center;gap:14px;padding:14px 18px;border-radius:8px;border:1px solid;margin-bottom:16px;font-size:15px}
+.banner .role{font-weight:700;font-size:18px;letter-spacing:1px;padding:2px 10px;border-radius:6px;color:#fff}
+.banner.leader{background:var(--okbg);border-color:#9ad3b0}
+.banner.leader .role{background:var(--ok)}
+.banner.standby{background:var(--warnbg);border-color:#ecc86b}
+.banner.standby .role{background:var(--warn)}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(130px,1fr));gap:10px;margin-bottom:20px}
+.card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 14px}
+.card .n{font-size:22px;font-weight:650}
+.card .l{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.5px}
+.card.bad{border-color:#f1a9a3;background:var(--badbg)}
+.card.bad .n{color:var(--bad)}
+h2{font-size:16px;margin:26px 0 10px;text-transform:uppercase;letter-spacing:.8px;color:var(--muted)}
+h4{margin:14px 0 6px;font-size:13px;color:var(--muted);text-transform:uppercase;letter-spacing:.5px}
+table{width:100%;border-collapse:collapse;background:var(--card);border:1px solid var(--line);border-radius:6px}
+th,td{text-align:left;padding:6px 10px;border-bottom:1px solid var(--line);vertical-align:baseline}
+th{font-size:12px;color:var(--muted);font-weight:600;background:#fafbfd}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.empty{color:var(--muted);font-style:italic}
+tr:last-child td{border-bottom:0}
+article.controller{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:14px 18px;margin-bottom:16px}
+article.controller.failing{border-left:5px solid var(--bad)}
+article.controller h3{margin:0 0 10px;font-size:17px;display:flex;gap:10px;align-items:center;flex-wrap:wrap}
+article.controller h3 .tenant{color:var(--muted);font-weight:500}
+.badge{font-size:12px;font-weight:500;padding:1px 8px;border-radius:10px;background:#eef1f7;color:var(--muted);border:1px solid var(--line)}
+.stats{display:flex;flex-wrap:wrap;gap:8px 22px;padding:8px 0 4px;border-bottom:1px solid var(--line)}
+.stat .n{font-weight:650;font-size:16px;font-variant-numeric:tabular-nums}
+.stat .l{color:var(--muted);font-size:12px;margin-left:4px}
+.stat.bad .n{color:var(--bad)}
+.cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(300px,1fr));gap:0 18px}
+.cols table,.errors{border-radius:6px}
+tr.slow td{background:var(--warnbg)}
+.more{color:var(--muted);margin:4px 2px 0;font-size:12px}
+table.errors tr.err td{background:var(--badbg)}
+table.errors td.msg{color:var(--bad);white-space:pre-wrap;word-break:break-word}
+.kind{font-weight:600;font-size:12px;padding:0 6px;border-radius:4px;background:#fff;border:1px solid #f1a9a3;color:var(--bad)}
+.pill{font-size:12px;padding:0 6px;border-radius:4px;border:1px solid var(--line)}
+.pill.ok{color:var(--ok);border-color:#9ad3b0;background:var(--okbg)}
+.pill.no{color:var(--warn);border-color:#ecc86b;background:var(--warnbg)}
+.pill.drain{color:var(--warn);border-color:#ecc86b;background:var(--warnbg)}
+footer{color:var(--muted);font-size:12px;margin-top:28px}
+"#;
+
+/// Render the page. `refresh_secs` of 0 turns automatic reloading off.
+pub fn render(s: &Snapshot, refresh_secs: u32) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    // Writing into a String cannot fail.
+    let _ = write_page(&mut out, s, refresh_secs);
+    out
+}
+
+fn write_page(o: &mut String, s: &Snapshot, refresh_secs: u32) -> fmt::Result {
+    let role = if s.leading { "leader" } else { "standby" };
+    o.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+    o.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">");
+    if refresh_secs > 0 {
+        write!(
+            o,
+            "<meta http-equiv=\"refresh\" content=\"{refresh_secs}\">"
+        )?;
+    }
+    write!(
+        o,
+        "<title>ctrlhub · {} · {role}</title><style>{STYLE}</style></head><body>",
+        Esc(&s.identity)
+    )?;
+    write!(
+        o,
+        "<header class=\"top\"><h1>ctrlhub</h1><span class=\"meta\">manager <b id=\"identity\">{}</b></span>\
+         <span class=\"meta\">as of {} UTC",
+        Esc(&s.identity),
+        clock(s.at)
+    )?;
+    if refresh_secs > 0 {
+        write!(
+            o,
+            " · reloads every {refresh_secs} s (<a href=\"?refresh=0\" style=\"color:#c5cbd6\">stop</a>)"
+        )?;
+    }
+    o.push_str("</span></header><main>");
+
+    write_banner(o, s)?;
+    write_cards(o, s)?;
+    write_tenants(o, s)?;
+
+    o.push_str("<section id=\"controllers\"><h2>Controllers</h2>");
+    if s.controllers.is_empty() {
+        o.push_str(if s.leading {
+            "<p class=\"more\">No controller has registered.</p>"
+        } else {
+            "<p class=\"more\">No controller has registered here: controllers connect to the leader.</p>"
+        });
+    }
+    for c in &s.controllers {
+        write_controller(o, c, s.at)?;
+    }
+    o.push_str("</section>");
+
+    write_informers(o, s)?;
+    write!(
+        o,
+        "<footer>Lists show at most {LIST_LIMIT} keys each. The same data as JSON: \
+         <a href=\"status\">/status</a> · metrics: <a href=\"metrics\">/metrics</a></footer>"
+    )?;
+    o.push_str("</main></body></html>\n");
+    Ok(())
+}
+
+fn write_banner(o: &mut String, s: &Snapshot) -> fmt::Result {
+    let holder = s.holder.as_deref().unwrap_or("");
+    write!(
+        o,
+        "<section id=\"leadership\" class=\"banner {}\" data-leading=\"{}\" data-holder=\"{}\">",
+        if s.leading { "leader" } else { "standby" },
+        s.leading,
+        Esc(holder)
+    )?;
+    if s.leading {
+        write!(
+            o,
+            "<span class=\"role\">LEADER</span><span>This manager (<b>{}</b>) holds lease \
+             <code>{}</code> and dispatches work. Holder: <b id=\"lease-holder\">{}</b></span>",
+            Esc(&s.identity),
+            Esc(&s.lease_name),
+            Esc(holder)
+        )?;
+    } else {
+        o.push_str("<span class=\"role\">STANDBY</span><span>");
+        match &s.holder {
+            Some(h) => write!(
+                o,
+                "Lease <code>{}</code> is held by <b id=\"lease-holder\">{}</b>.",
+                Esc(&s.lease_name),
+                Esc(h)
+            )?,
+            None => write!(
+                o,
+                "Lease <code>{}</code> has no holder observed yet.",
+                Esc(&s.lease_name)
+            )?,
+        }
+        write!(
+            o,
+            " This manager (<b>{}</b>) dispatches nothing and points connecting controllers at the leader.</span>",
+            Esc(&s.identity)
+        )?;
+    }
+    o.push_str("</section>");
+    Ok(())
+}
+
+fn write_cards(o: &mut String, s: &Snapshot) -> fmt::Result {
+    let sessions: usize = s.controllers.iter().map(|c| c.sessions.len()).sum();
+    let in_flight: usize = s.controllers.iter().map(|c| c.in_flight).sum();
+    let queued: usize = s.controllers.iter().map(|c| c.queued).sum();
+    let failures: u64 = s.controllers.iter().map(|c| c.errors + c.terminal).sum();
+    let misses: u64 = s.controllers.iter().map(|c| c.deadline_misses).sum();
+    let unsynced = s.informers.iter().filter(|i| !i.synced).count();
+    o.push_str("<section id=\"summary\" class=\"cards\">");
+    let mut card = |id: &str, n: String, label: &str, bad: bool| {
+        write!(
+            o,
+            "<div class=\"card{}\" id=\"summary-{id}\"><div class=\"n\">{n}</div><div class=\"l\">{label}</div></div>",
+            if bad { " bad" } else { "" }
+        )
+    };
+    card("tenants", s.tenants().len().to_string(), "tenants", false)?;
+    card(
+        "controllers",
+        s.controllers.len().to_string(),
+        "controllers",
+        false,
+    )?;
+    card("sessions", sessions.to_string(), "sessions", false)?;
+    card("in-flight", in_flight.to_string(), "in flight", false)?;
+    card("queued", queued.to_string(), "queued", false)?;
+    card(
+        "failures",
+        failures.to_string(),
+        "failed reconciles",
+        failures > 0,
+    )?;
+    card(
+        "deadline-misses",
+        misses.to_string(),
+        "deadline misses",
+        misses > 0,
+    )?;
+    card(
+        "informers",
+        format!("{}/{}", s.informers.len() - unsynced, s.informers.len()),
+        "informers synced",
+        unsynced > 0,
+    )?;
+    o.push_str("</section>");
+    Ok(())
+}
+
+fn write_tenants(o: &mut String, s: &Snapshot) -> fmt::Result {
+    o.push_str(
+        "<section id=\"tenants\"><h2>Tenants</h2><table><thead><tr><th>tenant</th>\
+         <th class=\"num\">controllers</th><th class=\"num\">sessions</th>\
+         <th class=\"num\">in flight</th><th class=\"num\">queued</th>\
+         <th class=\"num\">failed reconciles</th></tr></thead><tbody>",
+    );
+    let tenants = s.tenants();
+    if tenants.is_empty() {
+        o.push_str("<tr><td colspan=\"6\" class=\"empty\">none</td></tr>");
+    }
+    for t in &tenants {
+        write!(
+            o,
+            "<tr data-tenant=\"{0}\"><td>{0}</td><td class=\"num\">{1}</td><td class=\"num\">{2}</td>\
+             <td class=\"num\">{3}</td><td class=\"num\">{4}</td><td class=\"num\">{5}</td></tr>",
+            Esc(&t.tenant),
+            t.controllers,
+            t.sessions,
+            t.in_flight,
+            t.queued,
+            t.failures
+        )?;
+    }
+    o.push_str("</tbody></table></section>");
+    Ok(())
+}
+
+fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fmt::Result {
+    let failing = !c.recent_errors.is_empty();
+    write!(
+        o,
+        "<article class=\"controller{}\" data-tenant=\"{}\" data-name=\"{}\">",
+        if failing { " failing" } else { "" },
+        Esc(&c.tenant),
+        Esc(&c.name)
+    )?;
+    write!(
+        o,
+        "<h3><span class=\"tenant\">{}&nbsp;/</span><span class=\"name\">{}</span>\
+         <span class=\"badge\" title=\"primary kind\">{}</span><span class=\"badge\">{}</span>",
+        Esc(&c.tenant),
+        Esc(&c.name),
+        Esc(&c.primary),
+        c.mode
+    )?;
+    if c.max_concurrent > 0 {
+        write!(
+            o,
+            "<span class=\"badge\">max {} concurrent</span>",
+            c.max_concurrent
+        )?;
+    }
+    write!(
+        o,
+        "<span class=\"badge\">deadline {}</span></h3><div class=\"stats\">",
+        human(c.deadline)
+    )?;
+    let stats: [(&str, String, &str, bool); 8] = [
+        (
+            "sessions",
+            c.sessions.len().to_string(),
+            "sessions",
+            c.sessions.is_empty(),
+        ),
+        ("in-flight", c.in_flight.to_string(), "in flight", false),
+        ("queued", c.queued.to_string(), "queued", false),
+        ("dispatched", c.dispatched.to_string(), "dispatched", false),
+        ("done", c.done.to_string(), "done", false),
+        ("errors", c.errors.to_string(), "errors", c.errors > 0),
+        (
+            "terminal",
+            c.terminal.to_string(),
+            "terminal",
+            c.terminal > 0,
+        ),
+        (
+            "deadline-misses",
+            c.deadline_misses.to_string(),
+            "deadline misses",
+            c.deadline_misses > 0,
+        ),
+    ];
+    for (id, n, label, bad) in stats {
+        write!(
+            o,
+            "<span class=\"stat{}\" data-stat=\"{id}\"><span class=\"n\">{n}</span><span class=\"l\">{label}</span></span>",
+            if bad { " bad" } else { "" }
+        )?;
+    }
+    o.push_str("</div><div class=\"cols\">");
+
+    // Sessions.
+    o.push_str(
+        "<div><h4>Sessions</h4><table data-list=\"sessions\"><thead><tr><th>session</th>\
+         <th class=\"num\">credits</th><th class=\"num\">in flight</th><th>state</th></tr></thead><tbody>",
+    );
+    if c.sessions.is_empty() {
+        o.push_str("<tr><td colspan=\"4\" class=\"empty\">no replica attached</td></tr>");
+    }
+    for s in &c.sessions {
+        write!(
+            o,
+            "<tr data-session=\"{0}\"><td class=\"mono\">#{0}</td><td class=\"num\">{1}</td>\
+             <td class=\"num\">{2}</td><td>{3}</td></tr>",
+            s.session,
+            s.credits,
+            s.in_flight,
+            if s.draining {
+                "<span class=\"pill drain\">draining</span>"
+            } else {
+                "<span class=\"pill ok\">active</span>"
+            }
+        )?;
+    }
+    o.push_str("</tbody></table></div>");
+
+    // In flight.
+    o.push_str(
+        "<div><h4>In flight</h4><table data-list=\"in-flight\"><thead><tr><th>key</th>\
+         <th class=\"num\">attempt</th><th>session</th><th class=\"num\">running</th></tr></thead><tbody>",
+    );
+    if c.in_flight_keys.is_empty() {
+        o.push_str("<tr><td colspan=\"4\" class=\"empty\">none</td></tr>");
+    }
+    for f in &c.in_flight_keys {
+        // Past half its deadline a request is worth a look before it is redelivered.
+        let slow = f.running >= c.deadline / 2;
+        write!(
+            o,
+            "<tr{}><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"mono\">#{}</td>\
+             <td class=\"num\">{}</td></tr>",
+            if slow { " class=\"slow\"" } else { "" },
+            Esc(&key_text(&f.key)),
+            f.attempt,
+            f.session,
+            human(f.running)
+        )?;
+    }
+    o.push_str("</tbody></table>");
+    more(o, c.in_flight_not_shown())?;
+    o.push_str("</div>");
+
+    // Queued.
+    o.push_str(
+        "<div><h4>Queued</h4><table data-list=\"queued\"><thead><tr><th>key</th><th>waiting</th></tr></thead><tbody>",
+    );
+    if c.queued_keys.is_empty() {
+        o.push_str("<tr><td colspan=\"2\" class=\"empty\">none</td></tr>");
+    }
+    for q in &c.queued_keys {
+        let waiting = match q.lane {
+            Lane::Live => "ready (live)".to_owned(),
+            Lane::Background => "ready (background)".to_owned(),
+            Lane::Timer(due) => format!("retry in {}", human(due)),
+        };
+        write!(
+            o,
+            "<tr data-lane=\"{}\"><td class=\"key\">{}</td><td>{}</td></tr>",
+            q.lane.name(),
+            Esc(&key_text(&q.key)),
+            waiting
+        )?;
+    }
+    o.push_str("</tbody></table>");
+    more(o, c.queued_not_shown())?;
+    o.push_str("</div></div>");
+
+    // Recent errors, full width: messages are long.
+    o.push_str(
+        "<h4>Recent errors</h4><table class=\"errors\" data-list=\"recent-errors\"><thead><tr>\
+         <th>time (UTC)</th><th>key</th><th class=\"num\">attempt</th><th>kind</th><th>message</th>\
+         </tr></thead><tbody>",
+    );
+    if c.recent_errors.is_empty() {
+        o.push_str("<tr><td colspan=\"5\" class=\"empty\">none</td></tr>");
+    }
+    for e in &c.recent_errors {
+        let ago = now.duration_since(e.at).unwrap_or_default();
+        write!(
+            o,
+            "<tr class=\"err\"><td class=\"mono\" title=\"{}\">{} <span class=\"more\">({} ago)</span></td>\
+             <td class=\"key\">{}</td><td class=\"num\">{}</td><td><span class=\"kind\">{}</span></td>\
+             <td class=\"msg\">{}</td></tr>",
+            rfc3339(e.at),
+            clock(e.at),
+            human(ago),
+            Esc(&key_text(&e.key)),
+            e.attempt,
+            Esc(e.kind),
+            if e.message.is_empty() {
+                "<span class=\"empty\">(no message)</span>".to_owned()
+            } else {
+                Esc(&e.message).to_string()
+            }
+        )?;
+    }
+    o.push_str("</tbody></table></article>");
+    Ok(())
+}
+
+fn more(o: &mut String, n: usize) -> fmt::Result {
+    if n > 0 {
+        write!(o, "<p class=\"more\" data-more=\"{n}\">and {n} more</p>")?;
+    }
+    Ok(())
+}
+
+fn write_informers(o: &mut String, s: &Snapshot) -> fmt::Result {
+    o.push_str(
+        "<section id=\"informers\"><h2>Informers</h2><table><thead><tr><th>informer</th>\
+         <th class=\"num\">objects</th><th>synced</th><th class=\"num\">relists</th></tr></thead><tbody>",
+    );
+    if s.informers.is_empty() {
+        o.push_str("<tr><td colspan=\"4\" class=\"empty\">none</td></tr>");
+    }
+    for i in &s.informers {
+        write!(
+            o,
+            "<tr data-informer=\"{0}\"><td class=\"mono\">{0}</td><td class=\"num\" data-objects=\"{1}\">{1}</td>\
+             <td>{2}</td><td class=\"num\">{3}</td></tr>",
+            Esc(&i.label),
+            i.objects,
+            if i.synced {
+                "<span class=\"pill ok\">synced</span>"
+            } else {
+                "<span class=\"pill no\">syncing</span>"
+            },
+            i.relists
+        )?;
+    }
+    o.push_str("</tbody></table></section>");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ns: &str, name: &str) -> ObjectKey {
+        (ns.to_owned(), name.to_owned())
+    }
+
+    fn controller(tenant: &str, name: &str) -> ControllerStatus {
+        ControllerStatus {
+            tenant: tenant.to_owned(),
+            name: name.to_owned(),
+            primary: "v1/ConfigMap".to_owned(),
+            mode: "reconcile",
+            max_concurrent: 0,
+            deadline: Duration::from_secs(60),
+            queued: 0,
+            in_flight: 0,
+            dispatched: 0,
+            done: 0,
+            errors: 0,
+            terminal: 0,
+            deadline_misses: 0,
+            sessions: Vec::new(),
+            in_flight_keys: Vec::new(),
+            queued_keys: Vec::new(),
+            recent_errors: Vec::new(),
+        }
+    }
+
+    fn snapshot(controllers: Vec<ControllerStatus>) -> Snapshot {
+        Snapshot {
+            identity: "mgr-a".to_owned(),
+            lease_name: "ctrlhub".to_owned(),
+            leading: true,
+            holder: Some("mgr-a".to_owned()),
+            at: SystemTime::now(),
+            controllers,
+            informers: vec![InformerStatus {
+                label: "v1/configmaps".to_owned(),
+                objects: 7,
+                synced: true,
+                relists: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn escapes_every_special_character() {
+        assert_eq!(
+            Esc(r#"<a href="x">'Tom' & Jerry</a>"#).to_string(),
+            "&lt;a href=&quot;x&quot;&gt;&#39;Tom&#39; &amp; Jerry&lt;/a&gt;"
+        );
+        assert_eq!(Esc("plain ünïcode").to_string(), "plain ünïcode");
+        assert_eq!(Esc("").to_string(), "");
+    }
+
+    #[test]
+    fn a_script_in_an_error_message_is_shown_as_text() {
+        let mut c = controller("t1", "web");
+        c.recent_errors.push(RecentError {
+            at: SystemTime::now(),
+            key: key("ns", "a"),
+            attempt: 3,
+            kind: "error",
+            message: "<script>alert('pwned')</script>".to_owned(),
+        });
+        let html = render(&snapshot(vec![c]), 0);
+        assert!(!html.contains("<script"), "no script element may appear");
+        assert!(
+            html.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"),
+            "the message is shown escaped"
+        );
+    }
+
+    #[test]
+    fn names_from_outside_cannot_break_out_of_attributes() {
+        let mut c = controller("t\"><b>x", "n<i>");
+        c.in_flight = 1;
+        c.in_flight_keys.push(InFlightView {
+            key: key("ns", "\"onmouseover=\"alert(1)"),
+            session: 1,
+            attempt: 1,
+            running: Duration::from_secs(2),
+        });
+        let mut s = snapshot(vec![c]);
+        s.identity = "<img src=x>".to_owned();
+        s.holder = Some("\"><svg>".to_owned());
+        let html = render(&s, 0);
+        for raw in ["\"><b>x", "<i>", "\"onmouseover", "<img", "<svg"] {
+            assert!(!html.contains(raw), "{raw} appears unescaped");
+        }
+        assert!(html.contains("data-tenant=\"t&quot;&gt;&lt;b&gt;x\""));
+    }
+
+    #[test]
+    fn queued_keys_beyond_the_limit_are_counted_not_listed() {
+        let mut c = controller("t1", "web");
+        c.queued = LIST_LIMIT + 7;
+        c.queued_keys = (0..LIST_LIMIT)
+            .map(|i| QueuedKey {
+                key: key("ns", &format!("k{i}")),
+                lane: Lane::Live,
+            })
+            .collect();
+        let html = render(&snapshot(vec![c.clone()]), 0);
+        assert!(html.contains("and 7 more"), "the remainder is counted");
+        assert_eq!(html.matches("<tr data-lane=\"live\">").count(), LIST_LIMIT);
+        assert_eq!(c.queued_not_shown(), 7);
+
+        c.queued = 2;
+        c.queued_keys.truncate(2);
+        assert!(!render(&snapshot(vec![c]), 0).contains("more</p>"));
+    }
+
+    #[test]
+    fn banner_names_the_holder_for_leader_and_standby() {
+        let html = render(&snapshot(Vec::new()), 5);
+        assert!(html.contains("class=\"banner leader\" data-leading=\"true\""));
+        assert!(html.contains("<b id=\"lease-holder\">mgr-a</b>"));
+        assert!(html.contains("http-equiv=\"refresh\" content=\"5\""));
+
+        let mut s = snapshot(Vec::new());
+        s.leading = false;
+        s.holder = Some("mgr-b".to_owned());
+        let html = render(&s, 0);
+        assert!(html.contains("STANDBY"));
+        assert!(html.contains("<b id=\"lease-holder\">mgr-b</b>"));
+        assert!(
+            !html.contains("http-equiv"),
+            "refresh 0 turns reloading off"
+        );
+
+        s.holder = None;
+        assert!(render(&s, 0).contains("no holder observed yet"));
+    }
+
+    #[test]
+    fn tenants_total_their_controllers() {
+        let mut a = controller("t1", "a");
+        a.in_flight = 2;
+        a.errors = 1;
+        let mut b = controller("t1", "b");
+        b.queued = 3;
+        b.terminal = 2;
+        let c = controller("t2", "c");
+        let t = snapshot(vec![a, b, c]).tenants();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (
+                t[0].tenant.as_str(),
+                t[0].controllers,
+                t[0].in_flight,
+                t[0].queued,
+                t[0].failures
+            ),
+            ("t1", 2, 2, 3, 3)
+        );
+        assert_eq!((t[1].tenant.as_str(), t[1].controllers), ("t2", 1));
+    }
+
+    #[test]
+    fn json_keeps_the_original_fields_and_adds_keys() {
+        let mut c = controller("t1", "web");
+        c.queued = 1;
+        c.queued_keys.push(QueuedKey {
+            key: key("", "cluster-scoped"),
+            lane: Lane::Timer(Duration::from_secs(30)),
+        });
+        let v = snapshot(vec![c]).to_json();
+        assert_eq!(v["leader"], "mgr-a");
+        assert_eq!(v["lease"]["holder"], "mgr-a");
+        assert_eq!(v["controllers"][0]["sessions"], 0);
+        assert_eq!(v["controllers"][0]["queued"], 1);
+        assert_eq!(
+            v["controllers"][0]["queuedKeys"][0]["key"],
+            "cluster-scoped"
+        );
+        assert_eq!(v["controllers"][0]["queuedKeys"][0]["lane"], "timer");
+        assert_eq!(v["informers"][0]["objects"], 7);
+    }
+
+    #[test]
+    fn a_request_past_half_its_deadline_is_marked() {
+        let mut c = controller("t1", "web");
+        c.in_flight = 2;
+        for (name, secs) in [("slow", 45), ("fresh", 3)] {
+            c.in_flight_keys.push(InFlightView {
+                key: key("ns", name),
+                session: 1,
+                attempt: 1,
+                running: Duration::from_secs(secs),
+            });
+        }
+        let html = render(&snapshot(vec![c]), 0);
+        assert!(html.contains("<tr class=\"slow\"><td class=\"key\">ns/slow</td>"));
+        assert!(html.contains("<tr><td class=\"key\">ns/fresh</td>"));
+    }
+
+    #[test]
+    fn durations_read_like_a_person_writes_them() {
+        assert_eq!(human(Duration::from_millis(850)), "850 ms");
+        assert_eq!(human(Duration::from_millis(4200)), "4.2 s");
+        assert_eq!(human(Duration::from_secs(187)), "3m 07s");
+        assert_eq!(human(Duration::from_secs(7500)), "2h 05m");
+    }
+}
