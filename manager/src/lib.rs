@@ -20,3 +20,4 @@ pub mod registry;
 pub mod session;
 pub mod telemetry;
 pub mod tenant;
+pub mod traces;
