@@ -523,3 +523,172 @@ async fn an_unsampled_trace_still_sends_its_traceparent_and_exports_nothing() {
         receiver.spans()
     );
 }
+
+/// The next request for `default/<name>`, answering every other key Done.
+async fn request_for(replica: &mut Replica, name: &str) -> ctrlhub_proto::v1::ReconcileRequest {
+    let want = format!("default/{name}");
+    loop {
+        let r = replica.expect().await;
+        if key(&r) == want {
+            return r;
+        }
+        replica.done(&r.id).await;
+    }
+}
+
+/// The manager's `reconcile` root span for `name` at `attempt`, once exported.
+fn root_of(spans: &[Received], name: &str, attempt: i64) -> Option<Received> {
+    spans
+        .iter()
+        .find(|r| {
+            r.service == MANAGER
+                && r.span.name == "reconcile"
+                && string_attr(&r.span.attributes, "k8s.object.name").as_deref() == Some(name)
+                && int_attr(&r.span.attributes, "ctrlhub.attempt") == Some(attempt)
+        })
+        .cloned()
+}
+
+/// The `dispatch` child of `root`.
+fn dispatch_of(spans: &[Received], root: &Received) -> Option<Received> {
+    spans
+        .iter()
+        .find(|d| d.span.name == "dispatch" && d.span.parent_span_id == root.span.span_id)
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_failed_attempt_is_an_error_span_and_its_retry_links_to_it() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = cluster().await;
+    let manager = Manager::start_with_env(
+        &c,
+        "retries",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+    let mut replica = Replica::connect(&manager.grpc, register_configmaps("retries", 1))
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "default", "flaky", &[("k", "v")]).await;
+    let first = request_for(&mut replica, "flaky").await;
+    replica
+        .reply(
+            &first.id,
+            ctrlhub_proto::v1::reconcile_result::Outcome::Error(
+                ctrlhub_proto::v1::reconcile_result::Error {
+                    message: "boom".into(),
+                    retry_after: None,
+                },
+            ),
+        )
+        .await;
+    let second = request_for(&mut replica, "flaky").await;
+    assert_eq!(second.attempt, 2);
+    replica.done(&second.id).await;
+
+    wait_until("both attempts exported", || async {
+        let spans = receiver.spans();
+        [1, 2]
+            .into_iter()
+            .all(|n| root_of(&spans, "flaky", n).is_some_and(|r| dispatch_of(&spans, &r).is_some()))
+    })
+    .await;
+    let spans = receiver.spans();
+    let failed = root_of(&spans, "flaky", 1).expect("attempt 1");
+    let retried = root_of(&spans, "flaky", 2).expect("attempt 2");
+    // Each request carries its own dispatch span's context, sampled.
+    for (request, root) in [(&first, &failed), (&second, &retried)] {
+        let dispatch = dispatch_of(&spans, root).expect("dispatch span");
+        assert_eq!(
+            request.traceparent,
+            format!(
+                "00-{}-{}-01",
+                hex(&dispatch.span.trace_id),
+                hex(&dispatch.span.span_id)
+            )
+        );
+    }
+    assert_ne!(
+        failed.span.trace_id, retried.span.trace_id,
+        "one trace per attempt"
+    );
+    assert_eq!(
+        string_attr(&failed.span.attributes, "ctrlhub.outcome").as_deref(),
+        Some("error")
+    );
+    let status = failed.span.status.clone().expect("an error status");
+    assert_eq!(status.code, StatusCode::Error as i32);
+    assert_eq!(status.message, "boom");
+    assert_eq!(
+        string_attr(&retried.span.attributes, "ctrlhub.outcome").as_deref(),
+        Some("success")
+    );
+    assert!(
+        retried.span.links.iter().any(|l| {
+            l.span_id == failed.span.span_id
+                && l.trace_id == failed.span.trace_id
+                && string_attr(&l.attributes, "ctrlhub.link").as_deref() == Some("previous_attempt")
+        }),
+        "the retry links to the failed attempt: {:?}",
+        retried.span.links
+    );
+}
+
+#[tokio::test]
+async fn events_mode_deliveries_carry_a_traceparent() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = cluster().await;
+    let manager = Manager::start_with_env(
+        &c,
+        "events",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+    let mut register = register_configmaps("events", 1);
+    register.mode = ctrlhub_proto::v1::register::Mode::Events as i32;
+    let mut replica = Replica::connect(&manager.grpc, register)
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "default", "evented", &[("k", "v")]).await;
+    let event = loop {
+        let e = replica.next_event(PATIENCE).await.expect("an event");
+        replica.ack(&e.id).await;
+        if e.key.as_ref().is_some_and(|k| k.name == "evented") {
+            break e;
+        }
+    };
+    let parts: Vec<&str> = event.traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "traceparent {:?}", event.traceparent);
+    wait_until("the event's dispatch span is exported", || async {
+        receiver.spans().iter().any(|r| {
+            r.span.name == "dispatch"
+                && kind(&r.span) == SpanKind::Client
+                && hex(&r.span.span_id) == parts[2]
+                && hex(&r.span.trace_id) == parts[1]
+        })
+    })
+    .await;
+    let spans = receiver.spans();
+    let root = spans
+        .iter()
+        .find(|r| r.span.name == "event" && hex(&r.span.trace_id) == parts[1])
+        .expect("the delivery's root span is named event");
+    assert!(root.span.parent_span_id.is_empty());
+    assert_eq!(
+        string_attr(&root.span.attributes, "k8s.object.name").as_deref(),
+        Some("evented")
+    );
+}
