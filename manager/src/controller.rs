@@ -11,6 +11,7 @@ use crate::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
 use crate::registration::Mode;
 use crate::registration::Registration;
 use crate::telemetry::{Metrics, ResultLabel};
+use crate::traces::{self, Attempt, AttemptInfo, AttemptKind, LinkKind, PendingLinks};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +67,32 @@ pub struct Request {
     pub payload: Payload,
     /// When the manager stops waiting for the result.
     pub deadline: SystemTime,
+    /// W3C trace context of the dispatch span; empty when tracing is off.
+    pub trace: TraceContext,
+}
+
+/// W3C `traceparent` and `tracestate` of a dispatch span, as sent on the wire; both empty when
+/// tracing is off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceContext {
+    /// `traceparent`.
+    pub traceparent: String,
+    /// `tracestate`.
+    pub tracestate: String,
+}
+
+impl TraceContext {
+    fn of(attempt: Option<&Attempt>) -> Self {
+        attempt
+            .map(|a| {
+                let (traceparent, tracestate) = a.trace_context();
+                TraceContext {
+                    traceparent,
+                    tracestate,
+                }
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// What the manager tells a session.
@@ -81,6 +108,8 @@ pub enum Outbound {
         delivery: Delivery,
         /// When the manager stops waiting for the ack.
         deadline: SystemTime,
+        /// W3C trace context of the dispatch span.
+        trace: TraceContext,
     },
     /// The session must end (superseded, leadership lost, shutting down).
     Revoke {
@@ -113,8 +142,15 @@ struct SessionSlot {
     tx: mpsc::UnboundedSender<Outbound>,
 }
 
-/// A slot taken under the lock: session, lease, request id and the tombstone known then.
-type Reserved = (u64, Lease<ObjectKey>, String, Option<(Arc<Value>, bool)>);
+/// A slot taken under the lock: session, lease, request id, the tombstone known then and the
+/// dispatch span's trace context.
+type Reserved = (
+    u64,
+    Lease<ObjectKey>,
+    String,
+    Option<(Arc<Value>, bool)>,
+    TraceContext,
+);
 
 struct InFlight {
     key: ObjectKey,
@@ -126,6 +162,8 @@ struct InFlight {
     attempt: u32,
     /// An EVENTS-mode delivery (acknowledged, not completed with an outcome).
     event: bool,
+    /// Its spans, when tracing is on.
+    trace: Option<Attempt>,
 }
 
 /// How many failed reconciles each controller keeps for the status page.
@@ -192,6 +230,9 @@ struct State {
     tombstones: HashMap<ObjectKey, (Arc<Value>, bool)>,
     events: EventQueue,
     next_session_pick: u64,
+    /// Enqueue spans (and re-delivered attempts) to link from each key's next attempt; only
+    /// filled while tracing is on.
+    links: PendingLinks,
 }
 
 impl State {
@@ -201,6 +242,23 @@ impl State {
             self.events.lost(&f.key);
         } else {
             self.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+        }
+    }
+
+    /// End an attempt's spans; when its outcome re-delivers the key, the next attempt links
+    /// to it.
+    fn end_trace(
+        &mut self,
+        f: &mut InFlight,
+        outcome: &'static str,
+        again: bool,
+        error: Option<&str>,
+    ) {
+        if let Some(t) = f.trace.take() {
+            if again {
+                self.links.add(&f.key, t.root(), LinkKind::PreviousAttempt);
+            }
+            t.finish(outcome, error);
         }
     }
 }
@@ -284,6 +342,7 @@ impl Controller {
                 tombstones: HashMap::new(),
                 events: EventQueue::default(),
                 next_session_pick: 0,
+                links: PendingLinks::default(),
             }),
             wake: Notify::new(),
             next_request: AtomicU64::new(1),
@@ -333,6 +392,21 @@ impl Controller {
         } else {
             Priority::Live
         };
+        if traces::enabled() {
+            let keys: Vec<ObjectKey> = keys.into_iter().collect();
+            if keys.is_empty() {
+                return;
+            }
+            let span = traces::enqueue(&self.id, &keys, initial);
+            let mut st = self.lock();
+            for key in keys {
+                st.links.add(&key, span.clone(), LinkKind::Enqueue);
+                st.queue.add(key, priority, now);
+            }
+            drop(st);
+            self.wake.notify_one();
+            return;
+        }
         let mut st = self.lock();
         let mut any = false;
         for key in keys {
@@ -432,8 +506,14 @@ impl Controller {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &lost {
-            if let Some(f) = st.in_flight.remove(id) {
+            if let Some(mut f) = st.in_flight.remove(id) {
                 st.requeue_lost(&f, now);
+                st.end_trace(
+                    &mut f,
+                    "lost",
+                    true,
+                    Some("the session ended before the result"),
+                );
             }
         }
         let remaining = st.sessions.len();
@@ -560,7 +640,19 @@ impl Controller {
     /// EVENTS mode: append a change of a primary.
     pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
         let key = crate::mapper::own_key(&object);
-        self.lock().events.push(key, kind, object);
+        let span = traces::enabled().then(|| {
+            traces::enqueue(
+                &self.id,
+                std::slice::from_ref(&key),
+                kind == EventType::Sync,
+            )
+        });
+        let mut st = self.lock();
+        if let Some(span) = span {
+            st.links.add(&key, span, LinkKind::Enqueue);
+        }
+        st.events.push(key, kind, object);
+        drop(st);
         self.wake.notify_one();
     }
 
@@ -575,10 +667,11 @@ impl Controller {
         if !valid {
             return Completion::Discarded;
         }
-        let Some(f) = st.in_flight.remove(id) else {
+        let Some(mut f) = st.in_flight.remove(id) else {
             return Completion::Discarded;
         };
         st.events.ack(&f.key);
+        st.end_trace(&mut f, "success", false, None);
         if let Some(s) = st.sessions.get_mut(&f.session) {
             s.in_flight = s.in_flight.saturating_sub(1);
             if s.draining && s.in_flight == 0 {
@@ -609,10 +702,13 @@ impl Controller {
         if !valid {
             return Completion::Discarded;
         }
-        let Some(f) = st.in_flight.remove(id) else {
+        let Some(mut f) = st.in_flight.remove(id) else {
             return Completion::Discarded;
         };
         st.queue.done_lease(&f.key, f.lease, outcome, now);
+        let (label, again) = traces::outcome(outcome);
+        let failed = matches!(outcome, Outcome::Error { .. } | Outcome::Terminal);
+        st.end_trace(&mut f, label, again, failed.then_some(message));
         if let Some(s) = st.sessions.get_mut(&f.session) {
             s.in_flight = s.in_flight.saturating_sub(1);
             if s.draining && s.in_flight == 0 {
@@ -670,8 +766,14 @@ impl Controller {
                 .map(|(id, _)| id.clone())
                 .collect();
             for id in expired {
-                if let Some(f) = st.in_flight.remove(&id) {
+                if let Some(mut f) = st.in_flight.remove(&id) {
                     tracing::warn!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), "request missed its deadline; re-queued");
+                    st.end_trace(
+                        &mut f,
+                        "deadline",
+                        true,
+                        Some("no result before the deadline"),
+                    );
                     self.counters
                         .deadline_misses
                         .fetch_add(1, Ordering::Relaxed);
@@ -705,17 +807,32 @@ impl Controller {
                         let deadline = SystemTime::now() + self.registration.deadline;
                         let key = delivery.key.clone();
                         let attempt = delivery.attempt;
+                        let trace = self.start_attempt(
+                            &mut st,
+                            AttemptKind::Event,
+                            &key,
+                            attempt,
+                            &id,
+                            session,
+                        );
                         let sent = st.sessions.get(&session).is_some_and(|slot| {
                             slot.tx
                                 .send(Outbound::Event {
                                     id: id.clone(),
                                     delivery,
                                     deadline,
+                                    trace: TraceContext::of(trace.as_ref()),
                                 })
                                 .is_ok()
                         });
                         if !sent {
                             st.events.lost(&key);
+                            if let Some(t) = trace {
+                                t.finish(
+                                    "lost",
+                                    Some("the session ended before the event was sent"),
+                                );
+                            }
                             break;
                         }
                         if let Some(slot) = st.sessions.get_mut(&session) {
@@ -731,6 +848,7 @@ impl Controller {
                                 started: now,
                                 attempt,
                                 event: true,
+                                trace,
                             },
                         );
                         self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
@@ -748,6 +866,15 @@ impl Controller {
                     if let Some(slot) = st.sessions.get_mut(&session) {
                         slot.in_flight += 1;
                     }
+                    let trace = self.start_attempt(
+                        &mut st,
+                        AttemptKind::Reconcile,
+                        &lease.key,
+                        lease.attempt,
+                        &id,
+                        session,
+                    );
+                    let trace_context = TraceContext::of(trace.as_ref());
                     st.in_flight.insert(
                         id.clone(),
                         InFlight {
@@ -758,16 +885,17 @@ impl Controller {
                             started: now,
                             attempt: lease.attempt,
                             event: false,
+                            trace,
                         },
                     );
-                    reserved.push((session, lease, id, tombstone));
+                    reserved.push((session, lease, id, tombstone, trace_context));
                 }
             }
         }
         if !reserved.is_empty() {
             let requests: Vec<(u64, Request)> = reserved
                 .into_iter()
-                .map(|(session, lease, id, tombstone)| {
+                .map(|(session, lease, id, tombstone, trace)| {
                     self.metrics.dispatched(
                         &self.id.name,
                         &self.id.tenant,
@@ -798,6 +926,7 @@ impl Controller {
                         background: lease.priority == Priority::Background,
                         payload,
                         deadline: SystemTime::now() + self.registration.deadline,
+                        trace,
                     };
                     (session, request)
                 })
@@ -810,10 +939,16 @@ impl Controller {
                     .is_some_and(|slot| slot.tx.send(Outbound::Reconcile(request.clone())).is_ok());
                 if sent {
                     self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
-                } else if let Some(f) = st.in_flight.remove(&request.id) {
+                } else if let Some(mut f) = st.in_flight.remove(&request.id) {
                     // The session went away between reservation and sending.
                     st.queue
                         .done_lease(&f.key, f.lease, Outcome::Lost, Instant::now());
+                    st.end_trace(
+                        &mut f,
+                        "lost",
+                        true,
+                        Some("the session ended before the request was sent"),
+                    );
                     if let Some(slot) = st.sessions.get_mut(&session) {
                         slot.in_flight = slot.in_flight.saturating_sub(1);
                     }
@@ -827,6 +962,33 @@ impl Controller {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Start the spans of an attempt, linked to what enqueued its key (tracing on only).
+    fn start_attempt(
+        &self,
+        st: &mut State,
+        kind: AttemptKind,
+        key: &ObjectKey,
+        attempt: u32,
+        request_id: &str,
+        session: u64,
+    ) -> Option<Attempt> {
+        if !traces::enabled() {
+            return None;
+        }
+        let links = st.links.take(key);
+        Some(Attempt::start(
+            AttemptInfo {
+                controller: &self.id,
+                kind,
+                key,
+                attempt,
+                request_id,
+                session,
+            },
+            links,
+        ))
     }
 
     /// The dispatch loop: runs until `stop` fires. Only dispatches while `leading` is true.

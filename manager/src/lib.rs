@@ -23,4 +23,5 @@ pub mod status_page;
 pub mod telemetry;
 pub mod tenant;
 pub mod tokenreview;
+pub mod traces;
 pub mod ttlcache;

@@ -54,9 +54,18 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // Off (no exporter, no spans) unless OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT is set; a bad
+    // tracing setup is reported but does not stop the manager.
+    let traces = ctrlhub_sdk::traces::init("ctrlhub").unwrap_or_else(|e| {
+        tracing::error!(error = %e, "traces are not exported");
+        ctrlhub_sdk::traces::Traces::disabled()
+    });
     let stop = shutdown_on_signal();
-    match cli.command {
+    let result = match cli.command {
         Command::Run(args) => args.run(stop).await,
         Command::Dev(args) => args.run(stop).await,
-    }
+    };
+    // After the sessions are revoked, so the last attempts' spans are flushed, not lost.
+    traces.shutdown().await;
+    result
 }

@@ -3,7 +3,9 @@
 //! and outcomes are translated back.
 
 use crate::cache::InformerKey;
-use crate::controller::{Completion, Controller, Outbound, Payload, Request, RevokeReason};
+use crate::controller::{
+    Completion, Controller, Outbound, Payload, Request, RevokeReason, TraceContext,
+};
 use crate::leader::LeaderState;
 use crate::predicate::{
     self, LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator,
@@ -611,12 +613,17 @@ fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
         reasons,
         object,
         deadline: Some(timestamp(r.deadline)),
-        traceparent: String::new(),
-        tracestate: String::new(),
+        traceparent: r.trace.traceparent.clone(),
+        tracestate: r.trace.tracestate.clone(),
     }
 }
 
-fn event_to_pb(id: &str, d: &crate::events::Delivery, deadline: SystemTime) -> pb::Event {
+fn event_to_pb(
+    id: &str,
+    d: &crate::events::Delivery,
+    deadline: SystemTime,
+    trace: TraceContext,
+) -> pb::Event {
     use crate::events::EventType as T;
     let kind = match d.event.kind {
         T::Added => pb::event::Type::Added,
@@ -635,8 +642,8 @@ fn event_to_pb(id: &str, d: &crate::events::Delivery, deadline: SystemTime) -> p
         sequence: d.event.sequence,
         attempt: d.attempt,
         deadline: Some(timestamp(deadline)),
-        traceparent: String::new(),
-        tracestate: String::new(),
+        traceparent: trace.traceparent,
+        tracestate: trace.tracestate,
     }
 }
 
@@ -907,8 +914,8 @@ impl Service {
                             let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
                             break Some(status);
                         }
-                        Some(Outbound::Event { id, delivery, deadline }) => {
-                            if tx.send(Ok(msg(pb::manager_message::Message::Event(event_to_pb(&id, &delivery, deadline))))).await.is_err() {
+                        Some(Outbound::Event { id, delivery, deadline, trace }) => {
+                            if tx.send(Ok(msg(pb::manager_message::Message::Event(event_to_pb(&id, &delivery, deadline, trace))))).await.is_err() {
                                 break None;
                             }
                         }

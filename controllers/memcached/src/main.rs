@@ -22,9 +22,17 @@ async fn main() -> anyhow::Result<()> {
         // Plain text when piped (tests and log collectors parse the lines).
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
+    // Off unless OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT is set.
+    let traces = ctrlhub_sdk::traces::init("memcached-controller").unwrap_or_else(|err| {
+        warn!("traces are not exported: {err}");
+        ctrlhub_sdk::traces::Traces::disabled()
+    });
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
-    run(args, shutdown).await
+    let result = run(args, shutdown).await;
+    // After the drain, so the last reconciles' spans are exported too.
+    traces.shutdown().await;
+    result
 }
 
 /// SIGTERM/SIGINT → graceful drain; a second signal exits at once.

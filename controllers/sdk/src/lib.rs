@@ -102,7 +102,9 @@
 //! - [`finalizer`]: add/remove a finalizer, and the [`finalizer::finalize`] flow;
 //! - [`conditions`]: `metav1.Condition` with Kubernetes' transition semantics;
 //! - [`apply`]: server-side apply of controlled children;
-//! - [`events`]: Kubernetes Events about objects.
+//! - [`events`]: Kubernetes Events about objects;
+//! - [`traces`]: OpenTelemetry trace export (`OTEL_*` environment) and the
+//!   `reconcile` span that joins the manager's trace.
 //!
 //! ## Connection behaviour
 //!
@@ -123,6 +125,7 @@ pub mod apply;
 pub mod conditions;
 pub mod events;
 pub mod finalizer;
+pub mod traces;
 
 mod action;
 mod backoff;

@@ -488,6 +488,9 @@ fn dispatch<K, C, F, Fut>(
             return;
         }
     };
+    // Only when this process exports traces: otherwise no span, no cost.
+    let otel =
+        crate::traces::enabled().then(|| crate::traces::start_reconcile(&shared.name, &request));
     let span = info_span!(
         "reconcile",
         controller = %shared.name,
@@ -511,6 +514,12 @@ fn dispatch<K, C, F, Fut>(
                     .catch_unwind()
                     .await
             };
+            // The reconcile span is the current OpenTelemetry context inside the
+            // reconcile function, so spans it starts become children.
+            let work = opentelemetry::context::FutureExt::with_context(
+                work,
+                otel.clone().unwrap_or_default(),
+            );
             let outcome = tokio::select! {
                 r = work => match r {
                     Ok(Ok(action)) => {
@@ -534,13 +543,23 @@ fn dispatch<K, C, F, Fut>(
                 _ = tokio::time::sleep_until(deadline) => {
                     cancel.cancel();
                     warn!(%key, "reconcile cancelled at its deadline; the manager re-delivers the key");
+                    if let Some(cx) = &otel {
+                        crate::traces::finish(cx, "deadline", Some("cancelled at its deadline"));
+                    }
                     return;
                 }
                 _ = cancel.cancelled() => {
                     debug!(%key, "session ended; reconcile abandoned");
+                    if let Some(cx) = &otel {
+                        crate::traces::finish(cx, "lost", Some("session ended before the result"));
+                    }
                     return;
                 }
             };
+            if let Some(cx) = &otel {
+                let (label, error) = crate::traces::outcome_label(&outcome);
+                crate::traces::finish(cx, label, error);
+            }
             let result = pb::ReconcileResult {
                 id,
                 outcome: Some(outcome),

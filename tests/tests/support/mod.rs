@@ -102,6 +102,17 @@ pub struct Manager {
 impl Manager {
     /// Start a manager; `extra` args are appended (e.g. lease timings, WATCH_NAMESPACE).
     pub async fn start(cluster: &Cluster, identity: &str, extra: &[&str]) -> Manager {
+        Self::start_with_env(cluster, identity, extra, &[]).await
+    }
+
+    /// [`Manager::start`] with extra environment variables (e.g. `OTEL_*`). Trace export is off
+    /// unless `env` turns it on, whatever the test process's own environment says.
+    pub async fn start_with_env(
+        cluster: &Cluster,
+        identity: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Manager {
         let grpc_port = free_port();
         let http_port = free_port();
         let mut cmd = Command::new(bin("ctrlhub"));
@@ -117,6 +128,9 @@ impl Manager {
             .args(["--token", "dev", "--identity", identity])
             .args(extra)
             .env_remove("WATCH_NAMESPACE")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,ctrlhub=debug")
             .stdout(Stdio::null())
             .stderr(log_file(identity, http_port))

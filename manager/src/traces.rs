@@ -1,0 +1,307 @@
+//! OpenTelemetry spans of the dispatch path, so that one reconcile is one trace across the gRPC
+//! hop into the controller process.
+//!
+//! - `enqueue` (INTERNAL, a root of its own): one per informer event (or resync) that reaches a
+//!   controller's queue. Its context is remembered per key ([`PendingLinks`], at most
+//!   [`MAX_LINKS_PER_KEY`]) and attached as a span link to that key's next attempt: many
+//!   events collapse into one request, so they are links, not parents.
+//! - `reconcile` (INTERNAL, root; `event` in MODE_EVENTS): one per attempt, from dispatch to
+//!   result, missed deadline or lost session, carrying the controller, tenant, key, attempt
+//!   and `ctrlhub.outcome`; an attempt re-delivered because of its outcome (error, requeue,
+//!   lost, deadline) is linked from the next one, so a retry chain can be walked.
+//! - `dispatch` (CLIENT, child of the attempt): the request on the controller's stream; its
+//!   W3C `traceparent`/`tracestate` travel in `ReconcileRequest` / `Event`, so the SDK's
+//!   SERVER `reconcile` span becomes its child.
+//!
+//! Nothing here runs unless [`ctrlhub_sdk::traces::enabled`]: with no OTLP endpoint configured
+//! there are no spans, no links kept, and requests carry an empty `traceparent`.
+
+use crate::cache::ObjectKey;
+use crate::controller::ControllerId;
+use crate::queue::Outcome;
+use ctrlhub_sdk::traces::{key_attributes, tracer};
+use opentelemetry::trace::{
+    Link, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue};
+use std::collections::{HashMap, VecDeque};
+
+pub use ctrlhub_sdk::traces::enabled;
+
+/// Links kept per key for its next attempt; older ones are dropped (and counted) beyond this,
+/// so a hot key cannot grow its attempt span without bound.
+pub const MAX_LINKS_PER_KEY: usize = 8;
+
+/// Why an attempt links to another span (`ctrlhub.link` attribute of the link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkKind {
+    /// An event that enqueued the key.
+    Enqueue,
+    /// The previous attempt, whose outcome re-delivered the key.
+    PreviousAttempt,
+}
+
+impl LinkKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Enqueue => "enqueue",
+            LinkKind::PreviousAttempt => "previous_attempt",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct KeyLinks {
+    links: VecDeque<Link>,
+    dropped: u32,
+}
+
+/// Span links waiting for each key's next attempt.
+#[derive(Debug, Default)]
+pub struct PendingLinks {
+    by_key: HashMap<ObjectKey, KeyLinks>,
+}
+
+impl PendingLinks {
+    /// Remember `span` for `key`'s next attempt, keeping the newest [`MAX_LINKS_PER_KEY`].
+    pub fn add(&mut self, key: &ObjectKey, span: SpanContext, kind: LinkKind) {
+        if !span.is_valid() {
+            return;
+        }
+        let entry = match self.by_key.get_mut(key) {
+            Some(e) => e,
+            None => self.by_key.entry(key.clone()).or_default(),
+        };
+        if entry.links.len() == MAX_LINKS_PER_KEY {
+            entry.links.pop_front();
+            entry.dropped = entry.dropped.saturating_add(1);
+        }
+        entry.links.push_back(Link::new(
+            span,
+            vec![KeyValue::new("ctrlhub.link", kind.as_str())],
+            0,
+        ));
+    }
+
+    /// The links for `key`'s attempt starting now, and how many were dropped; forgets them.
+    pub fn take(&mut self, key: &ObjectKey) -> (Vec<Link>, u32) {
+        match self.by_key.remove(key) {
+            Some(k) => (k.links.into(), k.dropped),
+            None => (Vec::new(), 0),
+        }
+    }
+
+    /// Keys with links waiting (for tests and bounds checks).
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Whether no links are waiting.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+}
+
+fn controller_attributes(controller: &ControllerId) -> [KeyValue; 2] {
+    [
+        KeyValue::new("ctrlhub.controller", controller.name.clone()),
+        KeyValue::new("ctrlhub.tenant", controller.tenant.clone()),
+    ]
+}
+
+/// Records one enqueue (an informer event or a resync reaching `controller`'s queue) as a short
+/// span and returns its context, to be linked from the keys' next attempts.
+pub fn enqueue(controller: &ControllerId, keys: &[ObjectKey], background: bool) -> SpanContext {
+    let tracer = tracer();
+    let mut attributes = Vec::with_capacity(6);
+    attributes.extend(controller_attributes(controller));
+    attributes.push(KeyValue::new(
+        "ctrlhub.priority",
+        if background { "background" } else { "live" },
+    ));
+    attributes.push(KeyValue::new(
+        "ctrlhub.keys",
+        i64::try_from(keys.len()).unwrap_or(i64::MAX),
+    ));
+    if let [(namespace, name)] = keys {
+        attributes.extend(key_attributes(namespace, name));
+    }
+    let span = tracer
+        .span_builder("enqueue")
+        .with_kind(SpanKind::Internal)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, &Context::new());
+    let cx = Context::new().with_span(span);
+    let sc = cx.span().span_context().clone();
+    cx.span().end();
+    sc
+}
+
+/// What an attempt delivers: a reconcile request or an EVENTS-mode event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptKind {
+    /// MODE_RECONCILE.
+    Reconcile,
+    /// MODE_EVENTS.
+    Event,
+}
+
+/// The identity of one attempt, as its spans record it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptInfo<'a> {
+    /// Who it is for.
+    pub controller: &'a ControllerId,
+    /// Reconcile or event.
+    pub kind: AttemptKind,
+    /// The key.
+    pub key: &'a ObjectKey,
+    /// 1-based attempt.
+    pub attempt: u32,
+    /// The request id sent to the controller.
+    pub request_id: &'a str,
+    /// The session it goes to.
+    pub session: u64,
+}
+
+/// The spans of one attempt in flight: the root and its CLIENT dispatch child.
+#[derive(Debug)]
+pub struct Attempt {
+    root: Context,
+    dispatch: Context,
+}
+
+impl Attempt {
+    /// Starts the root span (linked to `links`) and the dispatch span of an attempt.
+    pub fn start(info: AttemptInfo<'_>, links: (Vec<Link>, u32)) -> Attempt {
+        let tracer = tracer();
+        let (links, dropped) = links;
+        let mut attributes = Vec::with_capacity(8);
+        attributes.extend(controller_attributes(info.controller));
+        attributes.extend(key_attributes(&info.key.0, &info.key.1));
+        attributes.push(KeyValue::new("ctrlhub.attempt", i64::from(info.attempt)));
+        if dropped > 0 {
+            attributes.push(KeyValue::new("ctrlhub.links.dropped", i64::from(dropped)));
+        }
+        let name = match info.kind {
+            AttemptKind::Reconcile => "reconcile",
+            AttemptKind::Event => "event",
+        };
+        let root = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .with_attributes(attributes)
+            .with_links(links)
+            .start_with_context(&tracer, &Context::new());
+        let root = Context::new().with_span(root);
+        let dispatch = tracer
+            .span_builder("dispatch")
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", "ctrlhub.v1.ControllerManager"),
+                KeyValue::new("rpc.method", "Connect"),
+                KeyValue::new("ctrlhub.request.id", info.request_id.to_owned()),
+                KeyValue::new(
+                    "ctrlhub.session",
+                    i64::try_from(info.session).unwrap_or(i64::MAX),
+                ),
+            ])
+            .start_with_context(&tracer, &root);
+        let dispatch = root.with_span(dispatch);
+        Attempt { root, dispatch }
+    }
+
+    /// `traceparent` and `tracestate` of the dispatch span, for the wire.
+    pub fn trace_context(&self) -> (String, String) {
+        ctrlhub_sdk::traces::inject(&self.dispatch)
+    }
+
+    /// The root span, for linking the next attempt.
+    pub fn root(&self) -> SpanContext {
+        self.root.span().span_context().clone()
+    }
+
+    /// Ends both spans with `outcome` (`ctrlhub.outcome`) and, on failure, an error status.
+    pub fn finish(self, outcome: &'static str, error: Option<&str>) {
+        for cx in [&self.dispatch, &self.root] {
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("ctrlhub.outcome", outcome));
+            if let Some(message) = error {
+                span.set_status(Status::error(ctrlhub_sdk::traces::status_message(message)));
+            }
+            span.end();
+        }
+    }
+}
+
+/// The `ctrlhub.outcome` of a result, and whether it re-delivers the key (then the next attempt
+/// links to this one).
+pub fn outcome(o: Outcome) -> (&'static str, bool) {
+    match o {
+        Outcome::Done => ("success", false),
+        Outcome::RequeueAfter(d) if d.is_zero() => ("requeue", true),
+        Outcome::RequeueAfter(_) => ("requeue_after", true),
+        Outcome::Error { .. } => ("error", true),
+        Outcome::Terminal => ("terminal", false),
+        Outcome::Lost => ("lost", true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+
+    fn sc(n: u64) -> SpanContext {
+        SpanContext::new(
+            TraceId::from(u128::from(n) + 1),
+            SpanId::from(n + 1),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        )
+    }
+
+    #[test]
+    fn links_per_key_are_bounded_newest_kept_and_taken_once() {
+        let mut p = PendingLinks::default();
+        let key = ("ns".to_string(), "a".to_string());
+        for n in 0..20 {
+            p.add(&key, sc(n), LinkKind::Enqueue);
+        }
+        p.add(
+            &("ns".into(), "b".into()),
+            sc(99),
+            LinkKind::PreviousAttempt,
+        );
+        p.add(&key, SpanContext::empty_context(), LinkKind::Enqueue);
+        assert_eq!(p.len(), 2);
+        let (links, dropped) = p.take(&key);
+        assert_eq!(links.len(), MAX_LINKS_PER_KEY);
+        assert_eq!(dropped, 20 - MAX_LINKS_PER_KEY as u32);
+        assert_eq!(links[0].span_context, sc(12), "the oldest are dropped");
+        assert_eq!(links[MAX_LINKS_PER_KEY - 1].span_context, sc(19));
+        assert_eq!(p.take(&key), (Vec::new(), 0), "taken once");
+        assert_eq!(p.len(), 1);
+    }
+
+    #[test]
+    fn outcomes_name_the_result_and_whether_it_comes_back() {
+        use std::time::Duration;
+        assert_eq!(outcome(Outcome::Done), ("success", false));
+        assert_eq!(
+            outcome(Outcome::RequeueAfter(Duration::ZERO)),
+            ("requeue", true)
+        );
+        assert_eq!(
+            outcome(Outcome::RequeueAfter(Duration::from_secs(1))),
+            ("requeue_after", true)
+        );
+        assert_eq!(
+            outcome(Outcome::Error { retry_after: None }),
+            ("error", true)
+        );
+        assert_eq!(outcome(Outcome::Terminal), ("terminal", false));
+        assert_eq!(outcome(Outcome::Lost), ("lost", true));
+    }
+}

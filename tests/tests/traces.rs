@@ -1,0 +1,694 @@
+//! OpenTelemetry traces across the gRPC hop: the real manager binary and a real SDK controller
+//! process (memcached) export over OTLP/gRPC to a receiver running in this test process, and one
+//! reconcile must come out as one trace — the manager's root `reconcile` span, its CLIENT
+//! `dispatch` child, and the controller's SERVER `reconcile` span under that.
+
+mod support;
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::{Span, Status as SpanStatus};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use support::*;
+
+/// A span as received, with the `service.name` of the resource that sent it.
+#[derive(Debug, Clone)]
+struct Received {
+    service: String,
+    span: Span,
+}
+
+/// An OTLP/gRPC trace receiver: what a collector would get.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Received>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut out = self.spans.lock().expect("receiver lock");
+        for rs in request.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .as_ref()
+                .and_then(|r| string_attr(&r.attributes, "service.name"))
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for span in ss.spans {
+                    out.push(Received {
+                        service: service.clone(),
+                        span,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Receiver {
+    /// Serve on a loopback port; returns the endpoint URL for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("receiver binds");
+        let addr = listener.local_addr().expect("receiver address");
+        let service = TraceServiceServer::new(self.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        format!("http://{addr}")
+    }
+
+    fn spans(&self) -> Vec<Received> {
+        self.spans.lock().expect("receiver lock").clone()
+    }
+}
+
+fn value(attrs: &[KeyValue], key: &str) -> Option<any_value::Value> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.clone())
+        .and_then(|AnyValue { value }| value)
+}
+
+fn string_attr(attrs: &[KeyValue], key: &str) -> Option<String> {
+    match value(attrs, key)? {
+        any_value::Value::StringValue(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn int_attr(attrs: &[KeyValue], key: &str) -> Option<i64> {
+    match value(attrs, key)? {
+        any_value::Value::IntValue(i) => Some(i),
+        _ => None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn kind(span: &Span) -> SpanKind {
+    SpanKind::try_from(span.kind).unwrap_or(SpanKind::Unspecified)
+}
+
+const MANAGER: &str = "ctrlhub";
+const CONTROLLER: &str = "memcached-controller";
+
+/// One reconcile's trace, as received.
+struct Found {
+    root: Received,
+    dispatch: Received,
+    server: Received,
+}
+
+/// The first manager root `reconcile` of `name` whose trace holds the CLIENT dispatch child and
+/// the controller's SERVER span under it.
+fn find_trace(spans: &[Received], name: &str) -> Option<Found> {
+    let mut roots: Vec<&Received> = spans
+        .iter()
+        .filter(|r| {
+            r.service == MANAGER
+                && r.span.name == "reconcile"
+                && r.span.parent_span_id.is_empty()
+                && string_attr(&r.span.attributes, "k8s.object.name").as_deref() == Some(name)
+        })
+        .collect();
+    roots.sort_by_key(|r| r.span.start_time_unix_nano);
+    roots.into_iter().find_map(|root| {
+        let dispatch = spans.iter().find(|d| {
+            d.span.trace_id == root.span.trace_id
+                && d.span.parent_span_id == root.span.span_id
+                && d.span.name == "dispatch"
+        })?;
+        let server = spans.iter().find(|s| {
+            s.span.trace_id == root.span.trace_id
+                && s.span.parent_span_id == dispatch.span.span_id
+                && s.service == CONTROLLER
+        })?;
+        Some(Found {
+            root: root.clone(),
+            dispatch: dispatch.clone(),
+            server: server.clone(),
+        })
+    })
+}
+
+/// `name [KIND] service=… span=… parent=…`, children indented under their parents, then the
+/// spans the root links to.
+fn render(spans: &[Received], found: &Found) -> String {
+    let trace: Vec<&Received> = spans
+        .iter()
+        .filter(|r| r.span.trace_id == found.root.span.trace_id)
+        .collect();
+    let mut out = format!("trace {}\n", hex(&found.root.span.trace_id));
+    fn line(out: &mut String, r: &Received, depth: usize) {
+        let parent = if r.span.parent_span_id.is_empty() {
+            "-".to_string()
+        } else {
+            hex(&r.span.parent_span_id)
+        };
+        let outcome = string_attr(&r.span.attributes, "ctrlhub.outcome")
+            .map(|o| format!(" outcome={o}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{}{} [{:?}] service={} span={} parent={}{}",
+            "  ".repeat(depth + 1),
+            r.span.name,
+            kind(&r.span),
+            r.service,
+            hex(&r.span.span_id),
+            parent,
+            outcome
+        );
+    }
+    fn walk(out: &mut String, trace: &[&Received], parent: &[u8], depth: usize) {
+        let mut children: Vec<&&Received> = trace
+            .iter()
+            .filter(|r| r.span.parent_span_id == parent)
+            .collect();
+        children.sort_by_key(|r| r.span.start_time_unix_nano);
+        for child in children {
+            line(out, child, depth);
+            walk(out, trace, &child.span.span_id, depth + 1);
+        }
+    }
+    walk(&mut out, &trace, &[], 0);
+    for link in &found.root.span.links {
+        let target = spans
+            .iter()
+            .find(|r| r.span.span_id == link.span_id && r.span.trace_id == link.trace_id);
+        let kind_attr = string_attr(&link.attributes, "ctrlhub.link").unwrap_or_default();
+        match target {
+            Some(t) => {
+                let _ = writeln!(
+                    out,
+                    "  link ({kind_attr}) -> {} [{:?}] service={} trace={} span={}",
+                    t.span.name,
+                    kind(&t.span),
+                    t.service,
+                    hex(&t.span.trace_id),
+                    hex(&t.span.span_id)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  link ({kind_attr}) -> (not received) trace={} span={}",
+                    hex(&link.trace_id),
+                    hex(&link.span_id)
+                );
+            }
+        }
+    }
+    out
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+fn memcached_api(client: &kube::Client) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: "cache.example.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "cache.example.com/v1alpha1".into(),
+        kind: "Memcached".into(),
+        plural: "memcacheds".into(),
+    };
+    Api::namespaced_with(client.clone(), "default", &ar)
+}
+
+async fn reconciled(api: &Api<DynamicObject>, name: &str) -> bool {
+    let Ok(obj) = api.get(name).await else {
+        return false;
+    };
+    obj.data
+        .pointer("/status/observedGeneration")
+        .and_then(|g| g.as_i64())
+        == obj.metadata.generation
+}
+
+/// SIGTERM a child and wait for it to exit (graceful: drain, then flush spans).
+async fn terminate(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("controller exits within PATIENCE after SIGTERM")
+        .expect("controller exit status");
+}
+
+#[tokio::test]
+async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = cluster().await;
+    let mut manager = Manager::start_with_env(
+        &c,
+        "traces",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+
+    // The controller's batch processor waits 10 minutes between exports, so its spans can only
+    // reach the receiver through the flush on shutdown (SIGTERM) — which this test relies on.
+    let log = std::env::temp_dir().join(format!("memcached-traces-{}.log", free_port()));
+    println!("memcached controller logs to {}", log.display());
+    let mut controller = tokio::process::Command::new(bin("memcached-controller"))
+        .args([
+            "--manager",
+            &manager.grpc,
+            "--token",
+            "dev",
+            "--install-crd",
+        ])
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "600000")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .env("RUST_LOG", "info")
+        .stdout(
+            std::fs::File::create(&log)
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        )
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("memcached-controller starts");
+
+    let name = "traced";
+    let api = memcached_api(&c.client);
+    wait_until("the Memcached CRD is served", || async {
+        api.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    let obj = serde_json::json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": name, "namespace": "default"}, "spec": {"size": 1}});
+    api.patch(
+        name,
+        &PatchParams::apply("tests").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .expect("memcached applied");
+    wait_until("the controller reconciled the Memcached", || {
+        reconciled(&api, name)
+    })
+    .await;
+    wait_until("the manager exported a reconcile root span", || async {
+        receiver.spans().iter().any(|r| {
+            r.service == MANAGER
+                && r.span.name == "reconcile"
+                && string_attr(&r.span.attributes, "k8s.object.name").as_deref() == Some(name)
+        })
+    })
+    .await;
+    assert!(
+        !receiver.spans().iter().any(|r| r.service == CONTROLLER),
+        "the controller's spans wait in its batch processor until shutdown"
+    );
+
+    terminate(&mut controller).await;
+    wait_until("one trace spans manager and controller", || async {
+        find_trace(&receiver.spans(), name).is_some()
+    })
+    .await;
+    // The manager's remaining spans are flushed when it stops.
+    manager.stop().await;
+
+    let spans = receiver.spans();
+    let found = find_trace(&spans, name).expect("the trace found above");
+    let tree = render(&spans, &found);
+    println!("{tree}");
+    let path = target_dir().join("trace-tree.txt");
+    std::fs::write(&path, &tree).expect("trace tree written");
+    println!("span tree written to {}", path.display());
+
+    let Found {
+        root,
+        dispatch,
+        server,
+    } = &found;
+    // Span kinds and services.
+    assert_eq!(kind(&root.span), SpanKind::Internal, "root: {root:?}");
+    assert_eq!(
+        kind(&dispatch.span),
+        SpanKind::Client,
+        "dispatch: {dispatch:?}"
+    );
+    assert_eq!(kind(&server.span), SpanKind::Server, "server: {server:?}");
+    assert_eq!(root.service, MANAGER);
+    assert_eq!(dispatch.service, MANAGER);
+    assert_eq!(server.service, CONTROLLER);
+    assert_eq!(server.span.name, "reconcile");
+    // One trace: the controller's span is the dispatch span's child, across processes.
+    assert_eq!(dispatch.span.trace_id, root.span.trace_id);
+    assert_eq!(server.span.trace_id, root.span.trace_id);
+    assert_eq!(server.span.parent_span_id, dispatch.span.span_id);
+    // Attributes of the attempt.
+    let attrs = &root.span.attributes;
+    assert_eq!(
+        string_attr(attrs, "ctrlhub.controller").as_deref(),
+        Some("memcached")
+    );
+    assert_eq!(string_attr(attrs, "ctrlhub.tenant").as_deref(), Some("dev"));
+    assert_eq!(
+        string_attr(attrs, "k8s.namespace.name").as_deref(),
+        Some("default")
+    );
+    assert_eq!(string_attr(attrs, "k8s.object.name").as_deref(), Some(name));
+    assert_eq!(int_attr(attrs, "ctrlhub.attempt"), Some(1), "first attempt");
+    // memcached answers "requeue after" to poll its Deployment; both sides record the same
+    // outcome, and it is not a failure.
+    let outcome = string_attr(attrs, "ctrlhub.outcome");
+    assert!(
+        matches!(
+            outcome.as_deref(),
+            Some("success" | "requeue" | "requeue_after")
+        ),
+        "the reconcile succeeded: {outcome:?}"
+    );
+    assert_eq!(
+        string_attr(&dispatch.span.attributes, "ctrlhub.outcome"),
+        outcome
+    );
+    assert_eq!(
+        string_attr(&server.span.attributes, "ctrlhub.outcome"),
+        outcome
+    );
+    assert_eq!(
+        string_attr(&server.span.attributes, "ctrlhub.request.id"),
+        string_attr(&dispatch.span.attributes, "ctrlhub.request.id"),
+        "both sides name the same request"
+    );
+    for s in [root, dispatch, server] {
+        let code = s.span.status.as_ref().map(|SpanStatus { code, .. }| *code);
+        assert_ne!(
+            code,
+            Some(StatusCode::Error as i32),
+            "a successful reconcile is not an error: {s:?}"
+        );
+        assert!(
+            string_attr(&s.span.attributes, "authorization").is_none()
+                && !s.span.attributes.iter().any(|kv| {
+                    let v = format!("{:?}", kv.value);
+                    v.contains("Bearer") || v.contains("\"spec\"")
+                }),
+            "no token or object content in spans: {s:?}"
+        );
+    }
+    // The attempt links to the event that enqueued its key.
+    let enqueue = root.span.links.iter().find_map(|link| {
+        spans.iter().find(|r| {
+            r.span.span_id == link.span_id
+                && r.span.trace_id == link.trace_id
+                && r.span.name == "enqueue"
+                && string_attr(&link.attributes, "ctrlhub.link").as_deref() == Some("enqueue")
+        })
+    });
+    let enqueue = enqueue.unwrap_or_else(|| {
+        panic!(
+            "the root span links to an enqueue span; links: {:?}",
+            root.span.links
+        )
+    });
+    assert_eq!(enqueue.service, MANAGER);
+    assert_eq!(kind(&enqueue.span), SpanKind::Internal);
+    assert_eq!(
+        string_attr(&enqueue.span.attributes, "k8s.object.name").as_deref(),
+        Some(name)
+    );
+    assert!(root.span.links.len() <= 8, "links per attempt are bounded");
+}
+
+#[tokio::test]
+async fn without_an_otlp_endpoint_requests_carry_no_traceparent() {
+    let c = cluster().await;
+    let manager = Manager::start(&c, "untraced", &[]).await;
+    manager.wait_leading().await;
+    let mut replica = Replica::connect(&manager.grpc, register_configmaps("untraced", 1))
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "default", "untraced", &[("k", "v")]).await;
+    let request = loop {
+        let r = replica.expect().await;
+        replica.done(&r.id).await;
+        if key(&r) == "default/untraced" {
+            break r;
+        }
+    };
+    assert_eq!(request.traceparent, "", "tracing is off: no trace context");
+    assert_eq!(request.tracestate, "");
+}
+
+#[tokio::test]
+async fn an_unsampled_trace_still_sends_its_traceparent_and_exports_nothing() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = cluster().await;
+    let mut manager = Manager::start_with_env(
+        &c,
+        "unsampled",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_TRACES_SAMPLER", "always_off"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+    let mut replica = Replica::connect(&manager.grpc, register_configmaps("unsampled", 1))
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "default", "unsampled", &[("k", "v")]).await;
+    let request = loop {
+        let r = replica.expect().await;
+        replica.done(&r.id).await;
+        if key(&r) == "default/unsampled" {
+            break r;
+        }
+    };
+    // version-traceid-spanid-flags, with the sampled flag clear so the controller does not
+    // sample either (parent-based sampling).
+    let parts: Vec<&str> = request.traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "traceparent {:?}", request.traceparent);
+    assert_eq!(parts[0], "00");
+    assert_eq!(parts[1].len(), 32);
+    assert_ne!(parts[1], "0".repeat(32));
+    assert_eq!(parts[2].len(), 16);
+    assert_eq!(parts[3], "00", "not sampled: {:?}", request.traceparent);
+    // Stopping flushes the exporter, so anything sampled would have arrived by now.
+    manager.stop().await;
+    assert!(
+        receiver.spans().is_empty(),
+        "always_off exports no spans: {:?}",
+        receiver.spans()
+    );
+}
+
+/// The next request for `default/<name>`, answering every other key Done.
+async fn request_for(replica: &mut Replica, name: &str) -> ctrlhub_proto::v1::ReconcileRequest {
+    let want = format!("default/{name}");
+    loop {
+        let r = replica.expect().await;
+        if key(&r) == want {
+            return r;
+        }
+        replica.done(&r.id).await;
+    }
+}
+
+/// The manager's `reconcile` root span for `name` at `attempt`, once exported.
+fn root_of(spans: &[Received], name: &str, attempt: i64) -> Option<Received> {
+    spans
+        .iter()
+        .find(|r| {
+            r.service == MANAGER
+                && r.span.name == "reconcile"
+                && string_attr(&r.span.attributes, "k8s.object.name").as_deref() == Some(name)
+                && int_attr(&r.span.attributes, "ctrlhub.attempt") == Some(attempt)
+        })
+        .cloned()
+}
+
+/// The `dispatch` child of `root`.
+fn dispatch_of(spans: &[Received], root: &Received) -> Option<Received> {
+    spans
+        .iter()
+        .find(|d| d.span.name == "dispatch" && d.span.parent_span_id == root.span.span_id)
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_failed_attempt_is_an_error_span_and_its_retry_links_to_it() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = cluster().await;
+    let manager = Manager::start_with_env(
+        &c,
+        "retries",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+    let mut replica = Replica::connect(&manager.grpc, register_configmaps("retries", 1))
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "default", "flaky", &[("k", "v")]).await;
+    let first = request_for(&mut replica, "flaky").await;
+    replica
+        .reply(
+            &first.id,
+            ctrlhub_proto::v1::reconcile_result::Outcome::Error(
+                ctrlhub_proto::v1::reconcile_result::Error {
+                    message: "boom".into(),
+                    retry_after: None,
+                },
+            ),
+        )
+        .await;
+    let second = request_for(&mut replica, "flaky").await;
+    assert_eq!(second.attempt, 2);
+    replica.done(&second.id).await;
+
+    wait_until("both attempts exported", || async {
+        let spans = receiver.spans();
+        [1, 2]
+            .into_iter()
+            .all(|n| root_of(&spans, "flaky", n).is_some_and(|r| dispatch_of(&spans, &r).is_some()))
+    })
+    .await;
+    let spans = receiver.spans();
+    let failed = root_of(&spans, "flaky", 1).expect("attempt 1");
+    let retried = root_of(&spans, "flaky", 2).expect("attempt 2");
+    // Each request carries its own dispatch span's context, sampled.
+    for (request, root) in [(&first, &failed), (&second, &retried)] {
+        let dispatch = dispatch_of(&spans, root).expect("dispatch span");
+        assert_eq!(
+            request.traceparent,
+            format!(
+                "00-{}-{}-01",
+                hex(&dispatch.span.trace_id),
+                hex(&dispatch.span.span_id)
+            )
+        );
+    }
+    assert_ne!(
+        failed.span.trace_id, retried.span.trace_id,
+        "one trace per attempt"
+    );
+    assert_eq!(
+        string_attr(&failed.span.attributes, "ctrlhub.outcome").as_deref(),
+        Some("error")
+    );
+    let status = failed.span.status.clone().expect("an error status");
+    assert_eq!(status.code, StatusCode::Error as i32);
+    assert_eq!(status.message, "boom");
+    assert_eq!(
+        string_attr(&retried.span.attributes, "ctrlhub.outcome").as_deref(),
+        Some("success")
+    );
+    assert!(
+        retried.span.links.iter().any(|l| {
+            l.span_id == failed.span.span_id
+                && l.trace_id == failed.span.trace_id
+                && string_attr(&l.attributes, "ctrlhub.link").as_deref() == Some("previous_attempt")
+        }),
+        "the retry links to the failed attempt: {:?}",
+        retried.span.links
+    );
+}
+
+#[tokio::test]
+async fn events_mode_deliveries_carry_a_traceparent() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = cluster().await;
+    let manager = Manager::start_with_env(
+        &c,
+        "events",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+    let mut register = register_configmaps("events", 1);
+    register.mode = ctrlhub_proto::v1::register::Mode::Events as i32;
+    let mut replica = Replica::connect(&manager.grpc, register)
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "default", "evented", &[("k", "v")]).await;
+    let event = loop {
+        let e = replica.next_event(PATIENCE).await.expect("an event");
+        replica.ack(&e.id).await;
+        if e.key.as_ref().is_some_and(|k| k.name == "evented") {
+            break e;
+        }
+    };
+    let parts: Vec<&str> = event.traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "traceparent {:?}", event.traceparent);
+    wait_until("the event's dispatch span is exported", || async {
+        receiver.spans().iter().any(|r| {
+            r.span.name == "dispatch"
+                && kind(&r.span) == SpanKind::Client
+                && hex(&r.span.span_id) == parts[2]
+                && hex(&r.span.trace_id) == parts[1]
+        })
+    })
+    .await;
+    let spans = receiver.spans();
+    let root = spans
+        .iter()
+        .find(|r| r.span.name == "event" && hex(&r.span.trace_id) == parts[1])
+        .expect("the delivery's root span is named event");
+    assert!(root.span.parent_span_id.is_empty());
+    assert_eq!(
+        string_attr(&root.span.attributes, "k8s.object.name").as_deref(),
+        Some("evented")
+    );
+}
