@@ -296,7 +296,7 @@ fn dashboards_are_well_formed() {
         .collect();
     for q in &traceql {
         for needle in [
-            r#"resource.service.name = "ctrlhub-manager""#,
+            r#"resource.service.name = "ctrlhub""#,
             r#"name = "reconcile""#,
             "span.ctrlhub.controller",
             "span.ctrlhub.tenant",
