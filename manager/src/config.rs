@@ -9,7 +9,7 @@ use crate::leader::{Elector, LeaderConfig};
 use crate::registry::Registry;
 use crate::session::{Service, ServiceState};
 use crate::telemetry::Metrics;
-use crate::tenant::{AllowAll, StaticTokens};
+use crate::tenant::{AllowAll, Limits, StaticTokens, TenantLimits};
 use crate::tokenreview::TokenReviewAuthenticator;
 use anyhow::Context;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManagerServer;
@@ -59,6 +59,25 @@ pub struct RunArgs {
     /// them too.
     #[arg(long, env = "CTRLHUB_SECRETS_TENANTS", default_value = "")]
     pub secrets_tenants: String,
+    /// Default limit: sessions (controller replicas) per tenant.
+    #[arg(long, default_value_t = Limits::default().sessions)]
+    pub max_sessions_per_tenant: usize,
+    /// Default limit: controllers (registrations) per tenant.
+    #[arg(long, default_value_t = Limits::default().controllers)]
+    pub max_controllers_per_tenant: usize,
+    /// Default limit: keys one controller may hold queued before it is revoked.
+    #[arg(long, default_value_t = Limits::default().queued_keys)]
+    pub max_queued_keys: usize,
+    /// Default limit: requests in flight (sum of session credits) per tenant.
+    #[arg(long, default_value_t = Limits::default().in_flight)]
+    pub max_in_flight_per_tenant: u64,
+    /// Per-tenant override, repeatable: TENANT/LIMIT=N with LIMIT one of sessions, controllers,
+    /// queued-keys, in-flight.
+    #[arg(long = "tenant-limit")]
+    pub tenant_limits: Vec<String>,
+    /// Largest gRPC message the manager accepts from a controller, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_message_bytes: usize,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "ctrlhub-leader")]
     pub lease_name: String,
@@ -199,12 +218,20 @@ impl RunArgs {
         });
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
-        let registry = Registry::new(
+        let limits = TenantLimits::new(Limits {
+            sessions: self.max_sessions_per_tenant,
+            controllers: self.max_controllers_per_tenant,
+            queued_keys: self.max_queued_keys,
+            in_flight: self.max_in_flight_per_tenant,
+        })
+        .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
+        let registry = Registry::with_limits(
             cache.clone(),
             self.ceiling(),
             leading.clone(),
             stop.child_token(),
             metrics.clone(),
+            limits,
         );
         {
             // Sessions live only on the leader: when it steps down, every session must reconnect.
@@ -284,7 +311,10 @@ impl RunArgs {
             tokio::spawn(
                 tonic::transport::Server::builder()
                     .http2_keepalive_interval(Some(Duration::from_secs(20)))
-                    .add_service(ControllerManagerServer::new(service))
+                    .add_service(
+                        ControllerManagerServer::new(service)
+                            .max_decoding_message_size(self.max_message_bytes),
+                    )
                     .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
             )
         };

@@ -133,6 +133,8 @@ pub enum RevokeReason {
     ShuttingDown,
     /// The tenant lost RBAC access to something the registration watches.
     PermissionRevoked,
+    /// The controller exceeded one of its tenant's limits.
+    QuotaExceeded,
 }
 
 struct SessionSlot {
@@ -298,6 +300,8 @@ pub struct Controller {
     pub counters: Counters,
     metrics: Arc<Metrics>,
     recent_errors: Mutex<VecDeque<RecentError>>,
+    queue_limit: std::sync::atomic::AtomicUsize,
+    overflowed: std::sync::atomic::AtomicBool,
 }
 
 /// A controller's queue as `/metrics` reports it.
@@ -351,6 +355,8 @@ impl Controller {
             counters: Counters::default(),
             metrics,
             recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
+            queue_limit: std::sync::atomic::AtomicUsize::new(0),
+            overflowed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -386,6 +392,10 @@ impl Controller {
 
     /// Enqueue keys; `initial` events are background work.
     pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, initial: bool) {
+        if self.overflowed.load(Ordering::Relaxed) {
+            // Revoked for exceeding its queue limit: hold nothing more until it is gone.
+            return;
+        }
         let now = Instant::now();
         let priority = if initial {
             Priority::Background
@@ -403,7 +413,9 @@ impl Controller {
                 st.links.add(&key, span.clone(), LinkKind::Enqueue);
                 st.queue.add(key, priority, now);
             }
+            let queued = st.queue.len() + st.queue.waiting_len();
             drop(st);
+            self.check_queue_limit(queued);
             self.wake.notify_one();
             return;
         }
@@ -413,10 +425,50 @@ impl Controller {
             st.queue.add(key, priority, now);
             any = true;
         }
+        let queued = st.queue.len() + st.queue.waiting_len();
         drop(st);
+        self.check_queue_limit(queued);
         if any {
             self.wake.notify_one();
         }
+    }
+
+    /// Caps the keys this controller may hold queued (`0` = unlimited); set from the tenant's
+    /// limits when the controller is created.
+    pub fn set_queue_limit(&self, limit: usize) {
+        self.queue_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Past its limit the controller is revoked (RESOURCE_EXHAUSTED) and stops taking keys, so
+    /// the memory a tenant's flood can pin stays bounded; it goes away with its sessions.
+    fn check_queue_limit(&self, queued: usize) {
+        let limit = self.queue_limit.load(Ordering::Relaxed);
+        if limit == 0 || queued <= limit || self.overflowed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(controller = %self.id, queued, limit, "queued-keys limit exceeded; revoking the registration");
+        self.metrics.limit_hit(&self.id.tenant, "queued_keys");
+        self.revoke_all(
+            RevokeReason::QuotaExceeded,
+            &format!(
+                "controller {} has more than {limit} keys queued (the tenant's queued-keys limit): narrow its scope with namespaces, a label selector or predicates, or ask for a higher limit",
+                self.id.name
+            ),
+        );
+    }
+
+    /// Whether the controller exceeded its queued-keys limit (it is being removed).
+    pub fn is_overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Credits of all attached sessions (what the tenant's in-flight limit counts).
+    pub fn total_credits(&self) -> u64 {
+        self.lock()
+            .sessions
+            .values()
+            .map(|s| u64::from(s.credits))
+            .sum()
     }
 
     /// Remember the last state of a deleted primary so its request can carry a tombstone.

@@ -15,7 +15,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the manager against a cluster.
-    Run(ctrlhub::config::RunArgs),
+    Run(Box<ctrlhub::config::RunArgs>),
     /// Start devcluster, the manager and the memcached demo controller, apply a sample and show
     /// the reconciles.
     Dev(ctrlhub::dev::DevArgs),

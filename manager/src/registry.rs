@@ -6,6 +6,7 @@ use crate::controller::{Controller, ControllerId, Outbound, RevokeReason};
 use crate::mapper;
 use crate::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
+use crate::tenant::TenantLimits;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,18 @@ pub enum RegisterError {
     /// Outside the manager's WATCH_NAMESPACE ceiling.
     #[error("{0}")]
     OutsideCeiling(String),
+    /// A tenant limit is reached (RESOURCE_EXHAUSTED).
+    #[error("tenant {tenant} is at its {limit} limit of {max}: {hint}")]
+    Limit {
+        /// The tenant.
+        tenant: String,
+        /// Which limit.
+        limit: &'static str,
+        /// Its value.
+        max: u64,
+        /// What to do about it.
+        hint: &'static str,
+    },
 }
 
 /// How a session is attached.
@@ -32,6 +45,8 @@ pub struct Attached {
     pub session: u64,
     /// What it receives.
     pub outbound: mpsc::UnboundedReceiver<Outbound>,
+    /// The credits granted: what it asked for, capped by its tenant's in-flight limit.
+    pub credits: u32,
 }
 
 /// Every registered controller of this manager.
@@ -43,6 +58,7 @@ pub struct Registry {
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
     metrics: Arc<crate::telemetry::Metrics>,
+    limits: TenantLimits,
 }
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
@@ -132,6 +148,25 @@ impl Registry {
         stop: CancellationToken,
         metrics: Arc<crate::telemetry::Metrics>,
     ) -> Arc<Self> {
+        Self::with_limits(
+            cache,
+            ceiling,
+            leading,
+            stop,
+            metrics,
+            TenantLimits::default(),
+        )
+    }
+
+    /// A registry enforcing `limits` (instead of the defaults).
+    pub fn with_limits(
+        cache: Arc<Cache>,
+        ceiling: Option<Vec<String>>,
+        leading: watch::Receiver<bool>,
+        stop: CancellationToken,
+        metrics: Arc<crate::telemetry::Metrics>,
+        limits: TenantLimits,
+    ) -> Arc<Self> {
         Arc::new(Registry {
             cache,
             ceiling,
@@ -140,6 +175,7 @@ impl Registry {
             leading,
             stop,
             metrics,
+            limits,
         })
     }
 
@@ -168,15 +204,55 @@ impl Registry {
         &self,
         tenant: &str,
         registration: Registration,
-        credits: u32,
+        mut credits: u32,
     ) -> Result<Attached, RegisterError> {
         let id = ControllerId {
             tenant: tenant.to_string(),
             name: registration.name.clone(),
         };
         let namespaces = self.effective_namespaces(&registration)?;
+        let limits = self.limits.for_tenant(tenant);
         let controller = {
             let mut controllers = self.controllers();
+            let mine: Vec<&Arc<Controller>> = controllers
+                .values()
+                .filter(|c| c.id.tenant == tenant)
+                .collect();
+            let refuse = |limit: &'static str, max: u64, hint: &'static str| {
+                self.metrics.limit_hit(tenant, limit);
+                RegisterError::Limit {
+                    tenant: tenant.to_string(),
+                    limit,
+                    max,
+                    hint,
+                }
+            };
+            let sessions: usize = mine.iter().map(|c| c.session_count()).sum();
+            if sessions >= limits.sessions {
+                return Err(refuse(
+                    "sessions",
+                    limits.sessions as u64,
+                    "run fewer replicas or ask for a higher limit",
+                ));
+            }
+            if !controllers.contains_key(&id) && mine.len() >= limits.controllers {
+                return Err(refuse(
+                    "controllers",
+                    limits.controllers as u64,
+                    "remove a controller or ask for a higher limit",
+                ));
+            }
+            let used: u64 = mine.iter().map(|c| c.total_credits()).sum();
+            let left = limits.in_flight.saturating_sub(used);
+            if left == 0 {
+                return Err(refuse(
+                    "in_flight",
+                    limits.in_flight,
+                    "lower max_in_flight on running replicas or ask for a higher limit",
+                ));
+            }
+            // Ask for more than is left and get what is left: Registered.effective says so.
+            credits = credits.min(u32::try_from(left).unwrap_or(u32::MAX));
             match controllers.get(&id) {
                 Some(existing) if existing.registration == registration => existing.clone(),
                 existing => {
@@ -187,6 +263,7 @@ impl Registry {
                     }
                     let controller =
                         Controller::new(id.clone(), registration.clone(), self.metrics.clone());
+                    controller.set_queue_limit(limits.queued_keys);
                     self.wire(&controller, &namespaces);
                     tokio::spawn(
                         controller
@@ -202,10 +279,23 @@ impl Registry {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         controller.add_session(session, credits.max(1), tx);
+        if controller.is_overflowed() {
+            // Its initial list alone overflowed the queue while wiring, before any session was
+            // attached to hear the revocation: refuse this one instead.
+            self.detach(&controller, session);
+            self.metrics.limit_hit(tenant, "queued_keys");
+            return Err(RegisterError::Limit {
+                tenant: tenant.to_string(),
+                limit: "queued_keys",
+                max: limits.queued_keys as u64,
+                hint: "narrow the registration's scope (namespaces, label selector, predicates) or ask for a higher limit",
+            });
+        }
         Ok(Attached {
             controller,
             session,
             outbound: rx,
+            credits: credits.max(1),
         })
     }
 

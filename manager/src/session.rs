@@ -657,6 +657,19 @@ fn result_message(r: &pb::ReconcileResult) -> &str {
     }
 }
 
+/// tonic refuses an oversized message before reading it, with OUT_OF_RANGE; gRPC's code for a
+/// message over the receiver's limit is RESOURCE_EXHAUSTED, and the user needs to know which knob.
+fn inbound_error(e: Status) -> Status {
+    if e.code() == tonic::Code::OutOfRange {
+        Status::resource_exhausted(format!(
+            "{}; send smaller messages or raise the manager's --max-message-bytes",
+            e.message()
+        ))
+    } else {
+        e
+    }
+}
+
 /// Stops the re-authorization task when its session ends.
 struct AbortOnDrop(tokio::task::AbortHandle);
 
@@ -777,7 +790,13 @@ impl Service {
             .await
             .map_err(|_| {
                 Status::deadline_exceeded("no Register message within 30s of opening the stream")
-            })??
+            })?
+            .map_err(|e| {
+                if e.code() == tonic::Code::OutOfRange {
+                    self.metrics.limit_hit(&identity.tenant, "message_bytes");
+                }
+                inbound_error(e)
+            })?
             .ok_or_else(|| Status::cancelled("the stream closed before Register"))?;
         let register = match first.message {
             Some(pb::controller_message::Message::Register(r)) => *r,
@@ -815,7 +834,11 @@ impl Service {
             .map_err(|e| match e {
                 RegisterError::Invalid(i) => Status::invalid_argument(i.to_string()),
                 RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
+                limit @ RegisterError::Limit { .. } => {
+                    Status::resource_exhausted(limit.to_string())
+                }
             })?;
+        let credits = attached.credits;
         let controller = attached.controller.clone();
         let session_num = attached.session;
         let session_id = format!("{}-{}", controller.id.name, uuid::Uuid::new_v4());
@@ -909,6 +932,7 @@ impl Service {
                                 RevokeReason::Superseded => (pb::revoked::Reason::Superseded, Status::aborted(message.clone())),
                                 RevokeReason::ShuttingDown => (pb::revoked::Reason::ShuttingDown, Status::unavailable(message.clone())),
                                 RevokeReason::PermissionRevoked => (pb::revoked::Reason::PermissionRevoked, Status::permission_denied(message.clone())),
+                                RevokeReason::QuotaExceeded => (pb::revoked::Reason::QuotaExceeded, Status::resource_exhausted(message.clone())),
                             };
                             let revoked = pb::Revoked { reason: r as i32, code: status.code() as i32, message, leader_identity: String::new() };
                             let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
@@ -948,6 +972,12 @@ impl Service {
                             None => {}
                         },
                         Ok(None) => break None,
+                        // tonic refuses an oversized message before reading it (OUT_OF_RANGE);
+                        // gRPC's code for a message over the receiver's limit is RESOURCE_EXHAUSTED.
+                        Err(e) if e.code() == tonic::Code::OutOfRange => {
+                            service.metrics.limit_hit(&controller.id.tenant, "message_bytes");
+                            break Some(inbound_error(e));
+                        }
                         Err(e) => {
                             tracing::debug!(controller = %controller.id, error = %e, "session stream error");
                             break None;

@@ -82,6 +82,7 @@ pub struct Metrics {
     deadline_misses: IntCounterVec,
     dispatch_latency: HistogramVec,
     rejected: IntCounterVec,
+    limit_hits: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -268,6 +269,12 @@ impl Metrics {
                 "Registrations refused, by gRPC status code",
                 &["reason"],
             ),
+            limit_hits: counter(
+                &r,
+                "ctrlhub_tenant_limit_hits_total",
+                "Requests refused or registrations revoked because a tenant limit was reached",
+                &["tenant", "limit"],
+            ),
             registry: r,
         }
     }
@@ -317,6 +324,11 @@ impl Metrics {
         self.deadline_misses
             .with_label_values(&[controller, tenant])
             .inc();
+    }
+
+    /// A tenant reached `limit` (sessions, controllers, in_flight, queued_keys, message_bytes).
+    pub fn limit_hit(&self, tenant: &str, limit: &str) {
+        self.limit_hits.with_label_values(&[tenant, limit]).inc();
     }
 
     /// A registration was refused with `code` (a gRPC status code name).

@@ -137,20 +137,132 @@ impl Authorizer for AllowAll {
     }
 }
 
-/// Per-tenant limits.
-#[derive(Debug, Clone)]
+/// One tenant's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Concurrent sessions per tenant.
+    /// Concurrent sessions (controller replicas) across the tenant's controllers.
     pub sessions: usize,
-    /// Largest gRPC message accepted, in bytes.
-    pub max_message_bytes: usize,
+    /// Distinct controllers (registrations) the tenant may have at once.
+    pub controllers: usize,
+    /// Keys one of the tenant's controllers may hold queued; past it the registration is
+    /// revoked (RESOURCE_EXHAUSTED) so memory stays bounded.
+    pub queued_keys: usize,
+    /// Requests in flight (the sum of session credits) across the tenant's controllers.
+    pub in_flight: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             sessions: 256,
-            max_message_bytes: 4 * 1024 * 1024,
+            controllers: 64,
+            queued_keys: 1_000_000,
+            in_flight: 4096,
+        }
+    }
+}
+
+/// A malformed `--tenant-limit`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000)"
+)]
+pub struct LimitSpecError {
+    given: String,
+    why: &'static str,
+}
+
+/// Limits for every tenant: defaults plus per-tenant overrides from the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct TenantLimits {
+    defaults: Limits,
+    overrides: HashMap<String, Limits>,
+}
+
+impl TenantLimits {
+    /// Everyone gets `defaults`.
+    pub fn new(defaults: Limits) -> Self {
+        TenantLimits {
+            defaults,
+            overrides: HashMap::new(),
+        }
+    }
+
+    /// Apply overrides written `TENANT/LIMIT=N` (tenants are usernames, which never hold `/`).
+    pub fn with_overrides<'a>(
+        mut self,
+        specs: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, LimitSpecError> {
+        for spec in specs {
+            let err = |why| LimitSpecError {
+                given: spec.to_string(),
+                why,
+            };
+            let (tenant, rest) = spec.rsplit_once('/').ok_or_else(|| err("missing '/'"))?;
+            let (name, value) = rest.split_once('=').ok_or_else(|| err("missing '='"))?;
+            if tenant.is_empty() {
+                return Err(err("empty tenant"));
+            }
+            let value: u64 = value
+                .trim()
+                .parse()
+                .map_err(|_| err("the value is not a whole number"))?;
+            let limits = self
+                .overrides
+                .entry(tenant.to_string())
+                .or_insert(self.defaults);
+            let as_usize = usize::try_from(value).unwrap_or(usize::MAX);
+            match name.trim() {
+                "sessions" => limits.sessions = as_usize,
+                "controllers" => limits.controllers = as_usize,
+                "queued-keys" => limits.queued_keys = as_usize,
+                "in-flight" => limits.in_flight = value,
+                _ => return Err(err("unknown limit")),
+            }
+        }
+        Ok(self)
+    }
+
+    /// The limits that apply to `tenant`.
+    pub fn for_tenant(&self, tenant: &str) -> Limits {
+        self.overrides.get(tenant).copied().unwrap_or(self.defaults)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_change_one_tenant_and_one_limit() {
+        let limits = TenantLimits::new(Limits::default())
+            .with_overrides([
+                "system:serviceaccount:team-a:ctl/queued-keys=50",
+                "system:serviceaccount:team-a:ctl/sessions=2",
+            ])
+            .expect("valid");
+        let a = limits.for_tenant("system:serviceaccount:team-a:ctl");
+        assert_eq!((a.queued_keys, a.sessions), (50, 2));
+        assert_eq!(a.controllers, Limits::default().controllers);
+        assert_eq!(
+            limits.for_tenant("system:serviceaccount:team-b:ctl"),
+            Limits::default()
+        );
+    }
+
+    #[test]
+    fn bad_overrides_say_what_is_expected() {
+        for bad in [
+            "no-slash=3",
+            "t/unknown=3",
+            "t/sessions=x",
+            "t/sessions",
+            "/sessions=1",
+        ] {
+            let e = TenantLimits::default()
+                .with_overrides([bad])
+                .expect_err(bad);
+            assert!(e.to_string().contains("TENANT/LIMIT=N"), "{e}");
         }
     }
 }

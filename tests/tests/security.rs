@@ -438,3 +438,136 @@ async fn same_named_serviceaccounts_in_different_namespaces_never_share_state() 
     assert!(ra.next(Duration::from_secs(1)).await.is_none());
     assert!(rb.next(Duration::from_secs(1)).await.is_none());
 }
+
+/// A manager in the default static-token mode with small limits for tenant `dev`.
+async fn limited_manager(c: &Cluster, identity: &str, extra: &[&str]) -> Manager {
+    let m = Manager::start(c, identity, extra).await;
+    m.wait_leading().await;
+    m
+}
+
+async fn limit_hits(m: &Manager, limit: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", m.http))
+        .await
+        .expect("metrics reachable")
+        .text()
+        .await
+        .expect("metrics text");
+    let wanted = format!(r#"ctrlhub_tenant_limit_hits_total{{limit="{limit}",tenant="dev"}} "#);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_resource_exhausted() {
+    let c = cluster().await;
+    let m = limited_manager(&c, "sec-oversized", &["--max-message-bytes", "65536"]).await;
+    let mut huge = register_configmaps("c", 1);
+    huge.controller_name = "x".repeat(200_000);
+    let status = refused(&m, huge, Some("Bearer dev")).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("--max-message-bytes"),
+        "names the knob: {status:?}"
+    );
+    assert_eq!(limit_hits(&m, "message_bytes").await, 1.0);
+    // The manager is unharmed: a normal registration works.
+    Replica::connect(&m.grpc, register_configmaps("c", 1))
+        .await
+        .expect("a normal registration still works");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_method_is_unimplemented() {
+    let c = cluster().await;
+    let m = limited_manager(&c, "sec-unknown", &[]).await;
+    let channel = tonic::transport::Endpoint::from_shared(m.grpc.clone())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connects");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/ctrlhub.v1.ControllerManager/DeleteEverything",
+    );
+    let status = grpc
+        .unary::<pb::GetRequest, pb::GetResponse, _>(
+            with_authorization(pb::GetRequest::default(), Some("Bearer dev")),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("no such method");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_past_the_queue_limit_is_resource_exhausted_and_released() {
+    let c = cluster().await;
+    let m = limited_manager(&c, "sec-flood", &["--max-queued-keys", "50"]).await;
+    namespace(&c.client, "flood", &[]).await;
+    let mut replica = Replica::connect(&m.grpc, configmaps_in("flooded", &["flood"]))
+        .await
+        .expect("registers while the namespace is empty");
+    for i in 0..120 {
+        put_configmap(&c.client, "flood", &format!("cm-{i}"), &[("k", "v")]).await;
+    }
+    // Credits are 8 and nothing is answered, so keys pile up past 50.
+    let ended = replica.ended(PATIENCE).await;
+    let ended = ended.expect("the session ends");
+    assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
+    assert!(ended.message().contains("50"), "{ended:?}");
+    // The controller and its queue are gone, so the memory it pinned is released.
+    wait_until("the flooded controller is removed", || async {
+        m.status().await["controllers"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| c["name"] != "flooded"))
+    })
+    .await;
+    assert!(limit_hits(&m, "queued_keys").await >= 1.0);
+    // Registering again with the flood already there is refused: up front when the cached
+    // snapshot overflows while wiring, or right after Registered when it replays later.
+    let again = match Replica::connect(&m.grpc, configmaps_in("flooded", &["flood"])).await {
+        Err(status) => status,
+        Ok(mut replica) => replica.ended(PATIENCE).await.expect("the session ends"),
+    };
+    assert_eq!(again.code(), Code::ResourceExhausted, "{again:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_session_and_in_flight_limits_are_enforced() {
+    let c = cluster().await;
+    let m = limited_manager(
+        &c,
+        "sec-sessions",
+        &[
+            "--tenant-limit",
+            "dev/sessions=2",
+            "--tenant-limit",
+            "dev/in-flight=10",
+        ],
+    )
+    .await;
+    let _a = Replica::connect(&m.grpc, register_configmaps("c", 8))
+        .await
+        .expect("first session");
+    // 8 of 10 credits used: the second asks for 8 and gets the 2 left.
+    let _b = Replica::connect(&m.grpc, register_configmaps("c", 8))
+        .await
+        .expect("second session");
+    let status = m.status().await;
+    let credits: Vec<u64> = status["controllers"][0]["sessionList"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|s| s["credits"].as_u64())
+        .collect();
+    assert_eq!(credits.iter().sum::<u64>(), 10, "{status}");
+    let third = refused(&m, register_configmaps("c", 1), Some("Bearer dev")).await;
+    assert_eq!(third.code(), Code::ResourceExhausted, "{third:?}");
+    assert!(third.message().contains("sessions"), "{third:?}");
+    assert_eq!(limit_hits(&m, "sessions").await, 1.0);
+}
