@@ -118,7 +118,7 @@ pub fn is_protobuf(content_type: &str) -> bool {
     content_type.contains("protobuf")
 }
 
-/// Decode an enveloped TokenRequest, TokenReview, SubjectAccessReview,
+/// Decode an enveloped TokenRequest, TokenReview, SelfSubjectReview, SubjectAccessReview,
 /// SelfSubjectAccessReview or LocalSubjectAccessReview into its JSON form.
 pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
     let inner = body.strip_prefix(MAGIC).ok_or(ProtobufError::Malformed)?;
@@ -142,7 +142,8 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
     }
     let spec = msg.message(2)?;
     let spec = match (kind.as_str(), spec) {
-        (_, None) => json!({}),
+        // SelfSubjectReview has no spec (its field 2 is the status).
+        ("SelfSubjectReview", _) | (_, None) => json!({}),
         ("TokenRequest", Some(s)) => token_request_spec(&s)?,
         ("TokenReview", Some(s)) => {
             let mut m = Map::new();

@@ -277,10 +277,10 @@ fn bootstrap_policy(user: &Identity, attrs: &Attributes) -> Option<String> {
         }
         Attributes::Resource(r)
             if r.verb == "create"
-                && r.group == "authorization.k8s.io"
                 && matches!(
-                    r.resource.as_str(),
-                    "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+                    (r.group.as_str(), r.resource.as_str()),
+                    ("authorization.k8s.io", "selfsubjectaccessreviews" | "selfsubjectrulesreviews")
+                        | ("authentication.k8s.io", "selfsubjectreviews")
                 ) =>
         {
             Some(

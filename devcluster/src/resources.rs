@@ -284,6 +284,12 @@ impl Registry {
                 false,
             ),
             ResourceInfo::review(
+                "authentication.k8s.io",
+                "selfsubjectreviews",
+                "SelfSubjectReview",
+                false,
+            ),
+            ResourceInfo::review(
                 "authorization.k8s.io",
                 "subjectaccessreviews",
                 "SubjectAccessReview",

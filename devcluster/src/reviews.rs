@@ -25,6 +25,8 @@ pub enum Review {
     },
     /// `POST /apis/authentication.k8s.io/v1/tokenreviews`.
     TokenReview,
+    /// `POST /apis/authentication.k8s.io/v1/selfsubjectreviews` (`kubectl auth whoami`).
+    SelfSubject,
     /// `POST /apis/authorization.k8s.io/v1/subjectaccessreviews`.
     SubjectAccess,
     /// `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`.
@@ -51,6 +53,7 @@ impl Review {
                 name: name.to_string(),
             }),
             ("authentication.k8s.io", "tokenreviews", ..) => Some(Review::TokenReview),
+            ("authentication.k8s.io", "selfsubjectreviews", ..) => Some(Review::SelfSubject),
             ("authorization.k8s.io", "subjectaccessreviews", ..) => Some(Review::SubjectAccess),
             ("authorization.k8s.io", "selfsubjectaccessreviews", ..) => {
                 Some(Review::SelfSubjectAccess)
@@ -110,6 +113,12 @@ pub fn handle(
             token_request(auth, store, namespace, name, &request)
         }
         Review::TokenReview => Ok(token_review(auth, store, request)),
+        Review::SelfSubject => Ok(json!({
+            "kind": "SelfSubjectReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": null},
+            "status": {"userInfo": requester.to_json()},
+        })),
         Review::SubjectAccess => {
             let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
             let user = Identity {
@@ -121,6 +130,7 @@ pub fn handle(
             if user.username.is_empty() && user.groups.is_empty() {
                 return Err(invalid(
                     "SubjectAccessReview",
+                    "",
                     "spec.user",
                     "at least one of user or group must be specified",
                 ));
@@ -160,13 +170,13 @@ fn extra(spec: &Value) -> BTreeMap<String, Vec<String>> {
         .unwrap_or_default()
 }
 
-fn invalid(kind: &str, field: &str, message: &str) -> ApiError {
+fn invalid(kind: &str, name: &str, field: &str, message: &str) -> ApiError {
     let group = if kind == "TokenRequest" {
         "authentication.k8s.io"
     } else {
         "authorization.k8s.io"
     };
-    ApiError::invalid_field(kind, group, "", field, "FieldValueInvalid", message)
+    ApiError::invalid_field(kind, group, name, field, "FieldValueInvalid", message)
 }
 
 fn token_request(
@@ -186,6 +196,7 @@ fn token_request(
             if s < MIN_TTL.as_secs() as i64 {
                 return Err(invalid(
                     "TokenRequest",
+                    name,
                     "spec.expirationSeconds",
                     &format!("Invalid value: {s}: may not specify a duration less than 10 minutes"),
                 ));
@@ -193,6 +204,7 @@ fn token_request(
             if s > 1 << 32 {
                 return Err(invalid(
                     "TokenRequest",
+                    name,
                     "spec.expirationSeconds",
                     &format!(
                         "Invalid value: {s}: may not specify a duration larger than 2^32 seconds"
@@ -275,6 +287,7 @@ fn access_review(
         _ => {
             return Err(invalid(
                 kind,
+                "",
                 "spec.resourceAttributes",
                 "exactly one of nonResourceAttributes or resourceAttributes must be specified",
             ));
@@ -285,6 +298,7 @@ fn access_review(
     {
         return Err(invalid(
             kind,
+            "",
             "spec.resourceAttributes.namespace",
             &format!("must match metadata.namespace {ns:?}"),
         ));
