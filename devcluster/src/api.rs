@@ -1,10 +1,13 @@
 //! The HTTP surface: Kubernetes REST paths, discovery, `/version`, `/openapi/v2`, and the
 //! `/_devcluster/` admin endpoints for out-of-process fault injection.
 
+use crate::authn::Authenticator;
 use crate::faults::Faults;
 use crate::meta;
+use crate::rbac::{self, Attributes, Decision};
 use crate::render::{self, Format};
 use crate::resources::ResourceInfo;
+use crate::reviews::{self, Review};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, success_status};
 use crate::store::{
@@ -31,8 +34,8 @@ pub struct App {
     pub store: Store,
     /// Fault injection and statistics.
     pub faults: Faults,
-    /// Bearer token every Kubernetes request must carry.
-    pub token: String,
+    /// Verifies bearer tokens (the admin's and ServiceAccount tokens) and mints the latter.
+    pub auth: Arc<Authenticator>,
     /// How often watches with allowWatchBookmarks get a bookmark.
     pub bookmark_interval: Duration,
     /// Cancelled on shutdown; ends every watch.
@@ -130,7 +133,9 @@ async fn admin_clear(State(app): State<Arc<App>>) -> StatusCode {
 }
 
 async fn admin_stats(State(app): State<Arc<App>>) -> axum::Json<Value> {
-    axum::Json(app.faults.stats().to_json())
+    let mut stats = app.faults.stats().to_json();
+    stats["auth"] = app.auth.stats.counts().to_json();
+    axum::Json(stats)
 }
 
 /// A parsed request target under `/api` or `/apis`.
@@ -173,14 +178,6 @@ async fn handle(
     }
 }
 
-fn authorized(app: &App, headers: &HeaderMap) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| t.trim() == app.token)
-}
-
 fn unauthorized() -> ApiError {
     ApiError {
         code: 401,
@@ -210,8 +207,27 @@ async fn route(
         ["healthz" | "livez" | "readyz"] => return Ok((StatusCode::OK, "ok").into_response()),
         _ => {}
     }
-    if !authorized(app, headers) {
-        return Err(unauthorized());
+    let user = match app.auth.authenticate(&app.store, headers) {
+        Ok(user) => {
+            app.auth.stats.authenticated(true);
+            user
+        }
+        Err(e) => {
+            app.auth.stats.authenticated(false);
+            tracing::debug!(%method, %path, error = %e, "unauthenticated");
+            return Err(unauthorized());
+        }
+    };
+    let attrs = Attributes::from_request(method, path, query);
+    // The admin never waits for the store lock; everyone else is checked against live RBAC.
+    let decision = if user.is_master() {
+        Decision::Allow(String::new())
+    } else {
+        rbac::authorize(&app.store.lock(), &user, &attrs)
+    };
+    app.auth.stats.authorized(decision.allowed());
+    if !decision.allowed() {
+        return Err(attrs.forbidden(&user, decision.reason()));
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     match segs.as_slice() {
@@ -239,7 +255,16 @@ async fn route(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if !body.is_empty() && (content_type.contains("protobuf") || content_type.contains("cbor")) {
+    let review = Review::of(
+        &target.info,
+        target.namespace.as_deref(),
+        target.name.as_deref(),
+        target.sub.as_deref(),
+    );
+    if review.is_none()
+        && !body.is_empty()
+        && (content_type.contains("protobuf") || content_type.contains("cbor"))
+    {
         // client-go's typed clients (kubectl create namespace, create configmap, ...) send
         // protobuf; devcluster stores JSON only, so say so instead of failing to parse.
         return Err(ApiError {
@@ -263,6 +288,15 @@ async fn route(
     }
     if let Some(code) = injected {
         return Err(ApiError::injected(code));
+    }
+    if let Some(review) = review {
+        if verb != "create" {
+            return Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource ({method} {path})"
+            )));
+        }
+        let answer = reviews::handle(&app.auth, &app.store, &review, &user, content_type, &body)?;
+        return Ok(json_response(StatusCode::CREATED, &answer));
     }
     let format = render::negotiate(accept, query.get("includeObject").map(String::as_str));
     let manager = field_manager(query, headers);

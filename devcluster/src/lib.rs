@@ -4,7 +4,9 @@
 //! resourceVersions and bookmarks, every patch type, subresources, finalizers, garbage
 //! collection, CRDs — so kube-rs, kubectl and the Python client work against it unchanged, and it
 //! injects faults (dropped watches, forced 410s, failing or slow requests, frozen Leases) for
-//! reliability tests.
+//! reliability tests. Requests authenticate with bearer tokens (the kubeconfig's admin token, or
+//! ServiceAccount tokens from the TokenRequest API) and non-admin users are authorized by RBAC;
+//! TokenReview and SubjectAccessReview answer as kube-apiserver's do.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), devcluster::Error> {
@@ -15,20 +17,26 @@
 //! ```
 
 pub mod api;
+pub mod authn;
 pub mod faults;
 pub mod fieldmanager;
 pub mod meta;
 pub mod patch;
+pub mod protobuf;
+pub mod rbac;
 pub mod render;
 pub mod resources;
+pub mod reviews;
 pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod token;
 pub mod watch;
 
+pub use authn::{AuthCounts, Identity};
 pub use faults::{Faults, Stats};
 pub use server::{DevCluster, Options};
 
@@ -44,4 +52,7 @@ pub enum Error {
     /// The kube client configuration could not be built.
     #[error("kube client configuration failed: {0}")]
     Client(String),
+    /// A token could not be issued.
+    #[error("cannot issue a token: {0}")]
+    Token(#[from] authn::MintError),
 }

@@ -71,6 +71,9 @@ pub struct ResourceInfo {
     pub printer_columns: Vec<Value>,
     /// The CRD that defines this resource.
     pub crd: Option<String>,
+    /// A virtual kind that only answers `create` and stores nothing (TokenReview,
+    /// SubjectAccessReview, ...).
+    pub create_only: bool,
 }
 
 impl ResourceInfo {
@@ -106,7 +109,14 @@ impl ResourceInfo {
             schema: None,
             printer_columns: Vec::new(),
             crd: None,
+            create_only: false,
         }
+    }
+
+    fn review(group: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
+        let mut info = Self::builtin(group, "v1", plural, kind, namespaced);
+        info.create_only = true;
+        info
     }
 
     fn short(mut self, names: &[&str]) -> Self {
@@ -150,6 +160,11 @@ impl ResourceInfo {
             "update",
             "watch",
         ];
+        let verbs: &[&str] = if self.create_only {
+            &["create"]
+        } else {
+            &verbs
+        };
         let mut main = json!({
             "name": self.plural,
             "singularName": self.singular,
@@ -169,6 +184,9 @@ impl ResourceInfo {
         }
         if self.scale.is_some() {
             out.push(json!({"name": format!("{}/scale", self.plural), "singularName": "", "namespaced": self.namespaced, "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}));
+        }
+        if self.group.is_empty() && self.plural == "serviceaccounts" {
+            out.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
         }
         out
     }
@@ -277,6 +295,36 @@ impl Registry {
                 "clusterrolebindings",
                 "ClusterRoleBinding",
                 false,
+            ),
+            ResourceInfo::review(
+                "authentication.k8s.io",
+                "tokenreviews",
+                "TokenReview",
+                false,
+            ),
+            ResourceInfo::review(
+                "authentication.k8s.io",
+                "selfsubjectreviews",
+                "SelfSubjectReview",
+                false,
+            ),
+            ResourceInfo::review(
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                "SubjectAccessReview",
+                false,
+            ),
+            ResourceInfo::review(
+                "authorization.k8s.io",
+                "selfsubjectaccessreviews",
+                "SelfSubjectAccessReview",
+                false,
+            ),
+            ResourceInfo::review(
+                "authorization.k8s.io",
+                "localsubjectaccessreviews",
+                "LocalSubjectAccessReview",
+                true,
             ),
         ];
         for info in core {
@@ -475,6 +523,7 @@ pub fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
                 .cloned()
                 .unwrap_or_default(),
             crd: Some(crd_name.to_string()),
+            create_only: false,
         });
     }
     Ok(out)

@@ -2,6 +2,7 @@
 
 use crate::Error;
 use crate::api::{self, App};
+use crate::authn::{AuthCounts, Authenticator};
 use crate::faults::{Faults, Stats};
 use crate::store::Store;
 use crate::tls;
@@ -26,7 +27,7 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// How many events the watch history keeps before resumes from older versions get 410.
     pub history_limit: usize,
-    /// The bearer token clients must present.
+    /// The admin's bearer token (a `system:masters` member; the generated kubeconfig uses it).
     pub token: String,
 }
 
@@ -47,6 +48,9 @@ pub struct DevCluster {
     addr: SocketAddr,
     url: String,
     kubeconfig: String,
+    ca_pem: Option<String>,
+    store: Store,
+    auth: Arc<Authenticator>,
     faults: Faults,
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -62,10 +66,11 @@ impl DevCluster {
         let store = Store::new(opts.history_limit);
         let faults = Faults::new(store.clone());
         let shutdown = CancellationToken::new();
+        let auth = Arc::new(Authenticator::new(opts.token.clone()));
         let app = Arc::new(App {
-            store,
+            store: store.clone(),
             faults: faults.clone(),
-            token: opts.token.clone(),
+            auth: auth.clone(),
             bookmark_interval: opts.bookmark_interval,
             shutdown: shutdown.clone(),
             address: addr.to_string(),
@@ -77,7 +82,7 @@ impl DevCluster {
         } else {
             (None, None)
         };
-        let kubeconfig = tls::kubeconfig(&url, ca_pem.as_deref(), &opts.token);
+        let kubeconfig = tls::kubeconfig(&url, ca_pem.as_deref(), "devcluster-admin", &opts.token);
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -122,6 +127,9 @@ impl DevCluster {
             addr,
             url,
             kubeconfig,
+            ca_pem,
+            store,
+            auth,
             faults,
             shutdown,
             task: Some(task),
@@ -150,16 +158,52 @@ impl DevCluster {
 
     /// A kube-rs `Config` for this server.
     pub async fn kube_config(&self) -> Result<kube::Config, Error> {
-        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig)
-            .map_err(|e| Error::Client(e.to_string()))?;
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| Error::Client(e.to_string()))
+        config_from_yaml(&self.kubeconfig).await
     }
 
     /// A kube-rs `Client` for this server.
     pub async fn client(&self) -> Result<kube::Client, Error> {
         kube::Client::try_from(self.kube_config().await?).map_err(|e| Error::Client(e.to_string()))
+    }
+
+    /// Mint a ServiceAccount token, as the TokenRequest API does but with any lifetime (even
+    /// zero, for "expired token" tests) and no 10-minute minimum. Empty `audiences` means the
+    /// API server's own (`https://kubernetes.default.svc`), which API requests require.
+    pub fn issue_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audiences: &[&str],
+        ttl: Duration,
+    ) -> Result<String, Error> {
+        let audiences = audiences.iter().map(|a| a.to_string()).collect();
+        let (token, _) = self
+            .auth
+            .mint(&self.store, namespace, service_account, audiences, ttl)?;
+        Ok(token)
+    }
+
+    /// A kubeconfig (YAML) like [`DevCluster::kubeconfig_yaml`] but authenticating with `token`,
+    /// so kubectl can act as a ServiceAccount.
+    pub fn kubeconfig_yaml_for_token(&self, token: &str) -> String {
+        tls::kubeconfig(&self.url, self.ca_pem.as_deref(), "token-user", token)
+    }
+
+    /// A kube-rs `Config` authenticating with `token`.
+    pub async fn kube_config_for_token(&self, token: &str) -> Result<kube::Config, Error> {
+        config_from_yaml(&self.kubeconfig_yaml_for_token(token)).await
+    }
+
+    /// A kube-rs `Client` authenticating with `token`.
+    pub async fn client_for_token(&self, token: &str) -> Result<kube::Client, Error> {
+        kube::Client::try_from(self.kube_config_for_token(token).await?)
+            .map_err(|e| Error::Client(e.to_string()))
+    }
+
+    /// How many requests authenticated, were rejected with 401, were allowed and were
+    /// forbidden (403) so far.
+    pub fn auth_stats(&self) -> AuthCounts {
+        self.auth.stats.counts()
     }
 
     /// The fault-injection handle.
@@ -185,6 +229,13 @@ impl Drop for DevCluster {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
+}
+
+async fn config_from_yaml(yaml: &str) -> Result<kube::Config, Error> {
+    let kc = kube::config::Kubeconfig::from_yaml(yaml).map_err(|e| Error::Client(e.to_string()))?;
+    kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Client(e.to_string()))
 }
 
 fn acceptor(certs: &tls::Certs) -> Result<tokio_rustls::TlsAcceptor, Error> {

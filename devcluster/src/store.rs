@@ -266,6 +266,22 @@ impl State {
             .cloned()
     }
 
+    /// Every object of one collection, or only those in namespace `ns`, without the copying and
+    /// paging of [`State::list`] (the authorizer reads bindings on every non-admin request).
+    pub fn objects<'a>(
+        &'a self,
+        gr: &GroupResource,
+        ns: Option<&str>,
+    ) -> impl Iterator<Item = &'a Arc<Value>> + 'a {
+        let ns = ns.map(str::to_string);
+        self.collections
+            .get(gr)
+            .into_iter()
+            .flat_map(|c| c.iter())
+            .filter(move |((n, _), _)| ns.as_ref().is_none_or(|ns| ns == n))
+            .map(|(_, obj)| obj)
+    }
+
     fn require(&self, info: &ResourceInfo, ns: &str, name: &str) -> Result<Arc<Value>, ApiError> {
         self.get(&info.group_resource(), ns, name)
             .ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))

@@ -58,8 +58,9 @@ pub fn generate(ip: IpAddr) -> Result<Certs, rcgen::Error> {
     })
 }
 
-/// A kubeconfig for `server`, trusting `ca_pem` (when serving HTTPS) and authenticating with `token`.
-pub fn kubeconfig(server: &str, ca_pem: Option<&str>, token: &str) -> String {
+/// A kubeconfig for `server`, trusting `ca_pem` (when serving HTTPS) and authenticating as
+/// kubeconfig user `user` with bearer `token`.
+pub fn kubeconfig(server: &str, ca_pem: Option<&str>, user: &str, token: &str) -> String {
     use base64::Engine;
     let ca_line = match ca_pem {
         Some(pem) => format!(
@@ -69,6 +70,6 @@ pub fn kubeconfig(server: &str, ca_pem: Option<&str>, token: &str) -> String {
         None => String::new(),
     };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: devcluster\n  cluster:\n    server: {server}\n{ca_line}users:\n- name: devcluster-admin\n  user:\n    token: {token}\ncontexts:\n- name: devcluster\n  context:\n    cluster: devcluster\n    user: devcluster-admin\n    namespace: default\ncurrent-context: devcluster\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: devcluster\n  cluster:\n    server: {server}\n{ca_line}users:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: devcluster\n  context:\n    cluster: devcluster\n    user: {user}\n    namespace: default\ncurrent-context: devcluster\npreferences: {{}}\n"
     )
 }

@@ -47,6 +47,13 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
+    /// Raw HTTPS access like [`TestCluster::raw`] but authenticating with `token`
+    /// (e.g. a ServiceAccount token from [`DevCluster::issue_token`]).
+    pub async fn raw_as(&self, token: &str) -> RawApi {
+        let config = self.dc.kube_config().await.expect("devcluster kube config");
+        RawApi::new(&self.dc.url(), token, config.root_cert.as_deref())
+    }
+
     /// A typed namespaced API handle in namespace `ns`.
     pub fn api<K>(&self, ns: &str) -> Api<K>
     where
