@@ -296,7 +296,7 @@ async fn a_kind_that_does_not_exist_looks_like_a_denied_one() {
     let auth = tenant(&c, "team-a", "ctl").await;
     let mut missing = configmaps_in("c", &["team-a"]);
     missing.primary = Some(pb::ResourceType {
-        group: "example.com".into(),
+        group: "conformance.ctrlhub.dev".into(),
         version: "v1".into(),
         kind: "Widget".into(),
         plural: String::new(),
@@ -304,7 +304,7 @@ async fn a_kind_that_does_not_exist_looks_like_a_denied_one() {
     let absent = refused(&m, missing.clone(), Some(&auth)).await;
     // Install it: now it exists, and the tenant is simply not allowed.
     ctrlhub_tests::install_widget_crd(&c.client).await;
-    let gvk = kube::api::GroupVersionKind::gvk("example.com", "v1", "Widget");
+    let gvk = kube::api::GroupVersionKind::gvk("conformance.ctrlhub.dev", "v1", "Widget");
     ctrlhub_tests::wait_until("the Widget kind is served", PATIENCE, || async {
         kube::discovery::pinned_kind(&c.client, &gvk)
             .await
