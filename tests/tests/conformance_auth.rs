@@ -1105,3 +1105,29 @@ async fn deleted_serviceaccount_token_stops_working() {
         true
     );
 }
+
+#[tokio::test]
+async fn tokenreview_failures_can_be_injected() {
+    let tc = start_cluster().await;
+    service_account(&tc, &["team-a"], "ctl").await;
+    let token = tc
+        .dc
+        .issue_token("team-a", "ctl", &["ctrlhub"], HOUR)
+        .expect("issue");
+    tc.dc.faults().fail_next("create", "tokenreviews", 1, 503);
+    // Raw HTTP: kube-rs would retry a 503 behind our back.
+    let path = "/apis/authentication.k8s.io/v1/tokenreviews";
+    let review = json!({"spec": {"token": token, "audiences": ["ctrlhub"]}});
+    let failed = tc.raw.post(path, &review).await;
+    assert_eq!(
+        failed.status, 503,
+        "the injected failure: {:?}",
+        failed.body
+    );
+    assert_eq!(failed.body["reason"], "ServiceUnavailable");
+    let status = token_review(&tc, &token, &["ctrlhub"]).await;
+    assert_eq!(
+        status["authenticated"], true,
+        "only the next one fails: {status}"
+    );
+}
