@@ -571,3 +571,80 @@ async fn tenant_session_and_in_flight_limits_are_enforced() {
     assert!(third.message().contains("sessions"), "{third:?}");
     assert_eq!(limit_hits(&m, "sessions").await, 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_token_is_unauthenticated() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-expired").await;
+    namespace(&c.client, "team-a", &[]).await;
+    service_account(&c, "team-a", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    let expired =
+        c.dc.issue_token("team-a", "ctl", &["ctrlhub"], Duration::ZERO)
+            .expect("token issued");
+    let status = refused(
+        &m,
+        configmaps_in("c", &["team-a"]),
+        Some(&format!("Bearer {expired}")),
+    )
+    .await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    // The same identity with a live token registers: only the expiry was wrong.
+    let live =
+        c.dc.issue_token("team-a", "ctl", &["ctrlhub"], Duration::from_secs(3600))
+            .expect("token issued");
+    Replica::connect_with(
+        &m.grpc,
+        configmaps_in("c", &["team-a"]),
+        Some(&format!("Bearer {live}")),
+    )
+    .await
+    .expect("a live token registers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_token_is_accepted_on_a_long_lived_session() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-rotate").await;
+    let first = tenant(&c, "team-a", "ctl").await;
+    grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
+    put_configmap(&c.client, "team-a", "app", &[("k", "v")]).await;
+    let mut replica = Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&first))
+        .await
+        .expect("registers");
+    replica.expect().await;
+    // The kubelet rotates the projected token; the session's cached reads use the new one.
+    let rotated = format!("Bearer {}", token(&c, "team-a", "ctl", "ctrlhub").await);
+    assert_ne!(rotated, first);
+    let list = |auth: String| {
+        let mut client = replica.client.clone();
+        let session_id = replica.session_id.clone();
+        async move {
+            client
+                .list(with_authorization(
+                    pb::ListRequest {
+                        session_id,
+                        resource: Some(pb::ResourceType {
+                            group: String::new(),
+                            version: "v1".into(),
+                            kind: "ConfigMap".into(),
+                            plural: String::new(),
+                        }),
+                        namespace: "team-a".into(),
+                        ..Default::default()
+                    },
+                    Some(&auth),
+                ))
+                .await
+        }
+    };
+    let items = list(rotated)
+        .await
+        .expect("the rotated token reads")
+        .into_inner();
+    assert_eq!(items.items.len(), 1);
+    // Another identity's token on this session reads nothing.
+    let other = tenant(&c, "team-b", "ctl").await;
+    let denied = list(other).await.expect_err("another identity");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+}
