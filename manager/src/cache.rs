@@ -6,7 +6,11 @@
 //! every consumer on a slow one. Subscribers here are synchronous callbacks (they only push keys
 //! into queues), invoked under the informer's lock so that a late subscriber's snapshot replay and
 //! the live events that follow it never overlap or leave a gap.
+//!
+//! The store keeps each object as JSON bytes ([`CachedObject`]), not as a parsed tree: events
+//! carry the parsed state subscribers filter and map on, and only transiently.
 
+use crate::object::CachedObject;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
@@ -118,11 +122,12 @@ pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 
 #[derive(Default)]
 struct Store {
-    objects: HashMap<ObjectKey, Arc<Value>>,
-    by_owner: HashMap<String, HashSet<ObjectKey>>,
+    objects: HashMap<ObjectKey, Arc<CachedObject>>,
+    by_owner: HashMap<Box<str>, HashSet<ObjectKey>>,
     subscribers: Vec<(u64, Subscriber)>,
-    /// Objects received since the current (re)list began.
-    relisting: Option<HashMap<ObjectKey, Arc<Value>>>,
+    /// Objects received since the current (re)list began. Held as bytes too, so that a list of
+    /// 100k objects never has them all parsed at once.
+    relisting: Option<HashMap<ObjectKey, Arc<CachedObject>>>,
 }
 
 /// One informer: its store, its subscribers and its watch task.
@@ -146,66 +151,58 @@ fn key_of(obj: &Value) -> ObjectKey {
     (s("namespace"), s("name"))
 }
 
-fn owner_uids(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| r.get("uid").and_then(Value::as_str))
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn resource_version(obj: &Value) -> &str {
-    obj.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-}
-
 impl Store {
-    fn insert(&mut self, key: ObjectKey, obj: Arc<Value>) -> Option<Arc<Value>> {
-        let old = self.objects.insert(key.clone(), obj.clone());
-        if let Some(old) = &old {
-            for uid in owner_uids(old) {
-                if let Some(set) = self.by_owner.get_mut(&uid) {
-                    set.remove(&key);
-                    if set.is_empty() {
-                        self.by_owner.remove(&uid);
-                    }
+    fn unindex_owners(&mut self, key: &ObjectKey, obj: &CachedObject) {
+        for uid in obj.owner_uids() {
+            if let Some(set) = self.by_owner.get_mut(uid) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_owner.remove(uid);
                 }
             }
         }
-        for uid in owner_uids(&obj) {
-            self.by_owner.entry(uid).or_default().insert(key.clone());
+    }
+
+    fn insert(&mut self, key: ObjectKey, obj: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
+        let old = self.objects.insert(key.clone(), obj.clone());
+        if let Some(old) = &old {
+            self.unindex_owners(&key, old);
+        }
+        for uid in obj.owner_uids() {
+            self.by_owner
+                .entry(uid.clone())
+                .or_default()
+                .insert(key.clone());
         }
         old
     }
 
-    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
+    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<CachedObject>> {
         let old = self.objects.remove(key)?;
-        for uid in owner_uids(&old) {
-            if let Some(set) = self.by_owner.get_mut(&uid) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.by_owner.remove(&uid);
-                }
-            }
-        }
+        self.unindex_owners(key, &old);
         Some(old)
     }
 
     /// Store an object and announce it: Added if new, Modified if its resourceVersion moved,
-    /// nothing if a relist saw it unchanged.
-    fn upsert(&mut self, key: ObjectKey, obj: Arc<Value>, initial: bool) {
-        match self.insert(key, obj.clone()) {
+    /// nothing if a relist saw it unchanged. `parsed` gives the new state as a tree, parsing the
+    /// stored bytes only when an event needs it.
+    fn upsert(
+        &mut self,
+        key: ObjectKey,
+        stored: Arc<CachedObject>,
+        parsed: impl FnOnce(&CachedObject) -> Arc<Value>,
+        initial: bool,
+    ) {
+        match self.insert(key, stored.clone()) {
             None => self.emit(&CacheEvent::Added {
-                object: obj,
+                object: parsed(&stored),
                 initial,
             }),
-            Some(old) if resource_version(&old) != resource_version(&obj) => {
-                self.emit(&CacheEvent::Modified { old, new: obj })
+            Some(old) if old.resource_version() != stored.resource_version() => {
+                self.emit(&CacheEvent::Modified {
+                    old: Arc::new(old.value()),
+                    new: parsed(&stored),
+                })
             }
             Some(_) => {}
         }
@@ -256,24 +253,29 @@ impl Informer {
     }
 
     /// One cached object.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Value>> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
         self.lock()
             .objects
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
     }
 
-    /// Every cached object (optionally in one namespace).
-    pub fn list(&self, namespace: Option<&str>) -> Vec<Arc<Value>> {
+    /// Every cached object (optionally in one namespace), ordered by key.
+    pub fn list(&self, namespace: Option<&str>) -> Vec<(ObjectKey, Arc<CachedObject>)> {
         let store = self.lock();
-        let mut out: Vec<Arc<Value>> = store
+        let mut out: Vec<(ObjectKey, Arc<CachedObject>)> = store
             .objects
             .iter()
             .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
-            .map(|(_, o)| o.clone())
+            .map(|(k, o)| (k.clone(), o.clone()))
             .collect();
-        out.sort_by_key(|o| key_of(o));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// Keys of every cached object.
+    pub fn keys(&self) -> Vec<ObjectKey> {
+        self.lock().objects.keys().cloned().collect()
     }
 
     /// Keys of the objects whose ownerReferences name `uid`.
@@ -292,9 +294,8 @@ impl Informer {
                 store.relisting = Some(HashMap::new());
             }
             Event::InitApply(obj) => {
-                let obj = Arc::new(obj);
                 if let Some(buf) = store.relisting.as_mut() {
-                    buf.insert(key_of(&obj), obj);
+                    buf.insert(key_of(&obj), Arc::new(CachedObject::from_value(&obj)));
                 }
             }
             Event::InitDone => {
@@ -311,28 +312,29 @@ impl Informer {
                 for key in gone {
                     if let Some(old) = store.remove(&key) {
                         store.emit(&CacheEvent::Deleted {
-                            object: old,
+                            object: Arc::new(old.value()),
                             final_state_unknown: true,
                         });
                     }
                 }
-                let mut listed: Vec<(ObjectKey, Arc<Value>)> = listed.into_iter().collect();
+                let mut listed: Vec<(ObjectKey, Arc<CachedObject>)> = listed.into_iter().collect();
                 listed.sort_by(|a, b| a.0.cmp(&b.0));
                 for (key, obj) in listed {
-                    store.upsert(key, obj, true);
+                    store.upsert(key, obj, |o| Arc::new(o.value()), true);
                 }
                 drop(store);
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {
-                let obj = Arc::new(obj);
-                store.upsert(key_of(&obj), obj, false);
+                let stored = Arc::new(CachedObject::from_value(&obj));
+                store.upsert(key_of(&obj), stored, |_| Arc::new(obj), false);
             }
             Event::Delete(obj) => {
+                // The watch event carries the object's final state, newer than the stored one.
                 let key = key_of(&obj);
-                let last = store.remove(&key).unwrap_or_else(|| Arc::new(obj));
+                store.remove(&key);
                 store.emit(&CacheEvent::Deleted {
-                    object: last,
+                    object: Arc::new(obj),
                     final_state_unknown: false,
                 });
             }
@@ -435,11 +437,12 @@ impl Cache {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut store = informer.lock();
-            let mut snapshot: Vec<Arc<Value>> = store.objects.values().cloned().collect();
-            snapshot.sort_by_key(|o| key_of(o));
-            for object in snapshot {
+            let mut snapshot: Vec<(&ObjectKey, &Arc<CachedObject>)> =
+                store.objects.iter().collect();
+            snapshot.sort_by(|a, b| a.0.cmp(b.0));
+            for (_, object) in snapshot {
                 subscriber(&CacheEvent::Added {
-                    object,
+                    object: Arc::new(object.value()),
                     initial: true,
                 });
             }

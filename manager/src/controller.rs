@@ -7,6 +7,7 @@
 
 use crate::cache::{CacheEvent, Informer, ObjectKey, Subscription};
 use crate::events::{Delivery, EventQueue, EventType};
+use crate::object::CachedObject;
 use crate::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
 use crate::registration::Mode;
 use crate::registration::Registration;
@@ -39,8 +40,8 @@ impl std::fmt::Display for ControllerId {
 pub enum Payload {
     /// The object was not requested.
     None,
-    /// The current object.
-    Object(Arc<Value>),
+    /// The current object, as the cache holds it (its JSON is sent as is).
+    Object(Arc<CachedObject>),
     /// The object is gone; its last known state.
     Tombstone {
         /// Last known state.
@@ -497,14 +498,10 @@ impl Controller {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        informers
-            .iter()
-            .flat_map(|i| i.list(None))
-            .map(|o| crate::mapper::own_key(&o))
-            .collect()
+        informers.iter().flat_map(|i| i.keys()).collect()
     }
 
-    fn primary_object(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+    fn primary_object(&self, key: &ObjectKey) -> Option<Arc<CachedObject>> {
         let informers = self
             .primaries
             .lock()

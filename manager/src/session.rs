@@ -2,11 +2,12 @@
 //! translated into domain types (with errors naming the offending field), and domain requests
 //! and outcomes are translated back.
 
-use crate::cache::InformerKey;
+use crate::cache::{InformerKey, ObjectKey};
 use crate::controller::{
     Completion, Controller, Outbound, Payload, Request, RevokeReason, TraceContext,
 };
 use crate::leader::LeaderState;
+use crate::object::CachedObject;
 use crate::predicate::{
     self, LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator,
 };
@@ -20,7 +21,6 @@ use crate::tenant::{Access, AuthError, Authenticator, Authorizer, Identity};
 use ctrlhub_proto::v1 as pb;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManager;
 use futures::Stream;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -582,9 +582,7 @@ fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
         .collect();
     let object = match &r.payload {
         Payload::None => None,
-        Payload::Object(o) => Some(pb::reconcile_request::Object::ObjectJson(
-            serde_json::to_vec(o.as_ref()).unwrap_or_default(),
-        )),
+        Payload::Object(o) => Some(pb::reconcile_request::Object::ObjectJson(o.json().to_vec())),
         Payload::Tombstone {
             last,
             final_state_unknown,
@@ -1019,12 +1017,8 @@ impl Service {
         });
         match found {
             Some((obj, metadata_only)) => Ok(Response::new(pb::GetResponse {
-                object_json: serde_json::to_vec(obj.as_ref()).unwrap_or_default(),
-                resource_version: obj
-                    .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
+                object_json: obj.json().to_vec(),
+                resource_version: obj.resource_version().to_string(),
                 metadata_only,
             })),
             None => Err(Status::not_found(format!(
@@ -1052,13 +1046,17 @@ impl Service {
             None => None,
         };
         let namespace = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
-        let mut items: Vec<Arc<Value>> = informers
+        let mut items: Vec<(ObjectKey, Arc<CachedObject>)> = informers
             .iter()
             .flat_map(|i| i.list(namespace))
-            .filter(|o| selector.as_ref().is_none_or(|s| s.matches_object(o)))
+            .filter(|(_, o)| {
+                selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches_object(&o.value()))
+            })
             .collect();
-        items.sort_by_key(|o| crate::mapper::own_key(o));
-        items.dedup_by_key(|o| crate::mapper::own_key(o));
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        items.dedup_by(|a, b| a.0 == b.0);
         let page_size = match r.page_size {
             0 => 500,
             n => n.min(5000),
@@ -1075,13 +1073,9 @@ impl Service {
         Ok(Response::new(pb::ListResponse {
             items: page
                 .iter()
-                .map(|o| pb::CachedObject {
-                    object_json: serde_json::to_vec(o.as_ref()).unwrap_or_default(),
-                    resource_version: o
-                        .pointer("/metadata/resourceVersion")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
+                .map(|(_, o)| pb::CachedObject {
+                    object_json: o.json().to_vec(),
+                    resource_version: o.resource_version().to_string(),
                 })
                 .collect(),
             next_page_token: if end < items.len() {
