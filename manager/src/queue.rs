@@ -87,6 +87,17 @@ impl Backoff {
     }
 }
 
+/// `now + d`, saturating far in the future instead of panicking: delays come from controllers
+/// (`requeue_after`, `retry_after`, backoff settings) and `Instant + Duration` panics on
+/// overflow — in [`WorkQueue::done_lease`] after the entry was taken out, losing the key.
+fn later(now: Instant, d: Duration) -> Instant {
+    /// About a century: "never" for any manager process.
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 /// How a worker finished a key; fed back with [`WorkQueue::done`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -414,7 +425,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// only an object change may revive it. During processing the request is remembered and
     /// merged with the outcome on `done`.
     pub fn add_after(&mut self, key: K, delay: Duration, now: Instant) {
-        let at = now + delay;
+        let at = later(now, delay);
         let mut entry = self.entries.remove(&key).unwrap_or_else(Entry::new);
         match entry.state {
             State::Idle if entry.terminal => {}
@@ -557,7 +568,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             Outcome::RequeueAfter(d) => {
                 entry.failures = 0;
                 entry.retries = 0;
-                keep(now + d, Reason::RequeueAfter);
+                keep(later(now, d), Reason::RequeueAfter);
             }
             Outcome::Error { retry_after } => {
                 let delay = self.backoff.delay(entry.failures);
@@ -565,7 +576,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 entry.failures = entry.failures.saturating_add(1);
                 entry.retries = entry.retries.saturating_add(1);
                 self.retries_total += 1;
-                keep(now + delay, Reason::Backoff);
+                keep(later(now, delay), Reason::Backoff);
             }
             Outcome::Terminal => {
                 entry.failures = 0;
@@ -602,10 +613,23 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             State::Idle
         };
         if matches!(entry.state, State::Idle) && !entry.terminal {
+            self.shrink_if_sparse();
             return true;
         }
         self.entries.insert(key.clone(), entry);
         true
+    }
+
+    /// A HashMap keeps the capacity of its largest moment: after an initial list of 100k keys has
+    /// drained, that is several MiB held for nothing. Shrinking once it is three-quarters empty
+    /// costs O(len) at most once per halving, so it stays amortized O(1).
+    fn shrink_if_sparse(&mut self) {
+        const MIN_CAPACITY: usize = 1024;
+        let capacity = self.entries.capacity();
+        if capacity > MIN_CAPACITY && self.entries.len() < capacity / 4 {
+            self.entries
+                .shrink_to((self.entries.len() * 2).max(MIN_CAPACITY));
+        }
     }
 
     /// Forgets `key` entirely: its place in the queue, timers, backoff and terminal verdict.
@@ -882,6 +906,29 @@ mod tests {
         let lease = q.pop(now);
         q.check_invariants();
         lease.map(|l| l.key)
+    }
+
+    #[test]
+    fn a_drained_backlog_gives_its_capacity_back() {
+        let c = Clock::new();
+        let mut q: WorkQueue<u32> = WorkQueue::new(Backoff::default());
+        for k in 0..50_000 {
+            q.add(k, Priority::Background, c.now());
+        }
+        let peak = q.entries.capacity();
+        assert!(peak >= 50_000);
+        while let Some(lease) = q.pop(c.now()) {
+            assert!(q.done(&lease.key, Outcome::Done, c.now()));
+        }
+        assert!(q.entries.is_empty());
+        assert!(
+            q.entries.capacity() <= 4096,
+            "capacity {} kept after draining from {peak}",
+            q.entries.capacity()
+        );
+        // Still a working queue afterwards.
+        q.add(7, Priority::Live, c.now());
+        assert_eq!(q.pop(c.now()).map(|l| l.key), Some(7));
     }
 
     #[test]
@@ -1497,5 +1544,33 @@ mod tests {
             c.advance(16 * MS);
         }
         assert!(owed.is_empty(), "seed {seed}: never delivered: {owed:?}");
+    }
+
+    #[test]
+    fn huge_delays_from_a_controller_neither_panic_nor_lose_the_key() {
+        // A controller may send requeue_after / retry_after of i64::MAX seconds; adding that to
+        // an Instant used to panic inside done_lease after the entry was removed.
+        let c = Clock::new();
+        let huge = Duration::from_secs(i64::MAX as u64);
+        for outcome in [
+            Outcome::RequeueAfter(huge),
+            Outcome::Error {
+                retry_after: Some(huge),
+            },
+        ] {
+            let mut q = queue();
+            q.add("a", Priority::Live, c.now());
+            let lease = q.pop(c.now()).expect("ready");
+            assert!(q.done_lease(&"a", lease.id, outcome, c.now()));
+            q.check_invariants();
+            assert_eq!(pop_key(&mut q, c.now()), None, "not due for a long time");
+            // The key is still tracked: a change makes it ready again.
+            q.add("a", Priority::Live, c.now());
+            assert_eq!(pop_key(&mut q, c.now()), Some("a"), "{outcome:?}");
+        }
+        let mut q = queue();
+        q.add_after("b", huge, c.now());
+        q.check_invariants();
+        assert_eq!(pop_key(&mut q, c.now()), None);
     }
 }
