@@ -323,6 +323,7 @@ impl Informer {
                     store.upsert(key, obj, |o| Arc::new(o.value()), true);
                 }
                 drop(store);
+                crate::memory::release_after_burst();
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {

@@ -755,6 +755,8 @@ impl Controller {
             return Completion::Discarded;
         };
         st.queue.done_lease(&f.key, f.lease, outcome, now);
+        // The last key of a backlog: the queue's and the dispatch's transient memory is free now.
+        let drained = st.queue.is_empty() && st.queue.in_flight_count() == 0;
         let (label, again) = traces::outcome(outcome);
         let failed = matches!(outcome, Outcome::Error { .. } | Outcome::Terminal);
         st.end_trace(&mut f, label, again, failed.then_some(message));
@@ -765,6 +767,9 @@ impl Controller {
             }
         }
         drop(st);
+        if drained {
+            crate::memory::release_after_burst();
+        }
         let (label, terminal) = match outcome {
             Outcome::Done => (ResultLabel::Success, false),
             Outcome::RequeueAfter(d) if d.is_zero() => (ResultLabel::Requeue, false),

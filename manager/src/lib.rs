@@ -14,6 +14,7 @@ pub mod events;
 pub mod http;
 pub mod leader;
 pub mod mapper;
+pub mod memory;
 pub mod object;
 pub mod predicate;
 pub mod queue;
