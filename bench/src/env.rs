@@ -1,0 +1,680 @@
+//! The test bed: devcluster in process, the bench CRD, object load, child processes (the
+//! `ctrlhub` manager and thin controllers), resident memory, and the reconcile collector.
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// API group of the benchmark CRD.
+pub const GROUP: &str = "bench.ctrlhub.io";
+/// Version of the benchmark CRD.
+pub const VERSION: &str = "v1";
+/// Kind of the benchmark CRD.
+pub const KIND: &str = "Widget";
+/// Plural of the benchmark CRD (devcluster counts requests under this name).
+pub const PLURAL: &str = "widgets";
+/// Annotation holding the load generator's wall-clock time (µs since the epoch) of the write.
+pub const TS_ANNOTATION: &str = "bench.ctrlhub.io/ts";
+
+/// Wall-clock microseconds since the epoch: the one clock shared by the load generator and the
+/// controllers (all processes run on this machine).
+pub fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or_default()
+}
+
+/// Latency in µs from the object's timestamp annotation to now, or -1 without one.
+pub fn latency_of(annotations: Option<&std::collections::BTreeMap<String, String>>) -> i64 {
+    annotations
+        .and_then(|a| a.get(TS_ANNOTATION))
+        .and_then(|v| v.parse::<i64>().ok())
+        .map(|ts| (now_micros() - ts).max(0))
+        .unwrap_or(-1)
+}
+
+/// The directory holding the harness' sibling binaries (`ctrlhub`, `bench-sdk-controller`, ...):
+/// `CTRLHUB_BENCH_BIN_DIR`, else the directory of the running executable (test executables live
+/// one level down, in `deps/`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CTRLHUB_BENCH_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+    } else {
+        dir
+    }
+}
+
+/// A sibling binary, checked to exist. `CTRLHUB_BIN` overrides the manager's path (e.g. to
+/// measure another build of it with this harness).
+pub fn bin(name: &str) -> Result<PathBuf> {
+    let path = match std::env::var_os("CTRLHUB_BIN") {
+        Some(p) if name == "ctrlhub" => PathBuf::from(p),
+        _ => bin_dir().join(name),
+    };
+    if !path.exists() {
+        bail!(
+            "{} is missing: build it first (`cargo build --release -p ctrlhub -p ctrlhub-bench`)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Where results and logs go: `CTRLHUB_BENCH_OUT`, else `<target>/bench`.
+pub fn out_dir() -> PathBuf {
+    let dir = std::env::var_os("CTRLHUB_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            bin_dir()
+                .parent()
+                .map(|p| p.join("bench"))
+                .unwrap_or_else(|| PathBuf::from("target/bench"))
+        });
+    let _ = std::fs::create_dir_all(dir.join("logs"));
+    dir
+}
+
+/// Resident memory of a process in bytes (`VmRSS` of `/proc/PID/status`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// devcluster in process plus a kubeconfig file for child processes.
+pub struct Cluster {
+    /// The running server.
+    pub dc: devcluster::DevCluster,
+    /// The harness' own client (load generation, setup).
+    pub client: kube::Client,
+    /// Kubeconfig for child processes.
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Start devcluster and install the benchmark CRD.
+    pub async fn start() -> Result<Cluster> {
+        let opts = devcluster::Options {
+            // Creating 100k objects in a burst must not push a lagging watch past the history
+            // (a 410 would force a relist and distort the figures).
+            history_limit: 200_000,
+            ..Default::default()
+        };
+        let dc = devcluster::DevCluster::start(opts).await?;
+        let client = dc.client().await?;
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        dc.write_kubeconfig(&kubeconfig)?;
+        let c = Cluster {
+            dc,
+            client,
+            kubeconfig,
+            _dir: dir,
+        };
+        c.install_crd().await?;
+        Ok(c)
+    }
+
+    async fn install_crd(&self) -> Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let crd = serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{PLURAL}.{GROUP}")},
+            "spec": {"group": GROUP, "scope": "Namespaced",
+                "names": {"plural": PLURAL, "singular": "widget", "kind": KIND, "listKind": "WidgetList"},
+                "versions": [{"name": VERSION, "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+        });
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        api.patch(
+            &format!("{PLURAL}.{GROUP}"),
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .context("installing the Widget CRD")?;
+        let start = Instant::now();
+        loop {
+            let api = self.widgets("default");
+            if api
+                .list(&kube::api::ListParams::default().limit(1))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("the Widget CRD is not served after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The Widget API in `ns`.
+    pub fn widgets(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &widget_resource())
+    }
+
+    /// Create namespace `ns` (idempotent).
+    pub async fn namespace(&self, ns: &str) -> Result<()> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let obj =
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        api.patch(
+            ns,
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&obj),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Create `n` Widgets `w-000000..` in `ns` with `concurrency` writes in flight; returns how
+    /// long it took.
+    pub async fn create_widgets(&self, ns: &str, n: usize, concurrency: usize) -> Result<Duration> {
+        self.namespace(ns).await?;
+        let api = self.widgets(ns);
+        let start = Instant::now();
+        let results: Vec<Result<()>> = futures::stream::iter(0..n)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let obj: DynamicObject = serde_json::from_value(widget(ns, &widget_name(i)))?;
+                    let mut tries = 0;
+                    loop {
+                        match api.create(&PostParams::default(), &obj).await {
+                            Ok(_) => return Ok(()),
+                            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                            Err(e) if tries < 5 => {
+                                tries += 1;
+                                tracing_free_warn(&format!("create retry: {e}"));
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                            Err(e) => return Err(anyhow!(e)),
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<Vec<()>>>()?;
+        Ok(start.elapsed())
+    }
+
+    /// Stamp Widget `name` in `ns` with the current time (a merge patch of the annotation).
+    pub async fn touch(api: &Api<DynamicObject>, name: &str) -> Result<()> {
+        let patch = serde_json::json!({"metadata": {"annotations": {TS_ANNOTATION: now_micros().to_string()}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+}
+
+/// Errors during load generation are counted by the caller; this only keeps a trace of them on
+/// stderr without pulling in a logging stack.
+fn tracing_free_warn(msg: &str) {
+    eprintln!("  warning: {msg}");
+}
+
+/// The Widget's ApiResource.
+pub fn widget_resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
+
+/// The Widget as a ctrlhub resource type.
+pub fn widget_type() -> ctrlhub_proto::v1::ResourceType {
+    ctrlhub_proto::v1::ResourceType {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
+
+/// Name of the i-th Widget.
+pub fn widget_name(i: usize) -> String {
+    format!("w-{i:06}")
+}
+
+/// A Widget of about 800 bytes of JSON once stored (metadata filled in by the server): a typical
+/// small custom resource with labels, an annotation and a spec of a dozen fields.
+pub fn widget(ns: &str, name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"), "kind": KIND,
+        "metadata": {"name": name, "namespace": ns,
+            "labels": {"app.kubernetes.io/name": "widget", "app.kubernetes.io/part-of": "ctrlhub-bench", "tier": "backend"},
+            "annotations": {TS_ANNOTATION: now_micros().to_string()}},
+        "spec": {"replicas": 3, "image": "registry.example.com/widgets/widget:1.2.3", "size": "medium",
+            "ports": [{"name": "http", "port": 8080}, {"name": "metrics", "port": 9090}],
+            "env": {"LOG_LEVEL": "info", "REGION": "eu-west-1"}, "paused": false,
+            "owner": "team-widgets", "tags": ["bench", "widget", "ctrlhub"]}
+    })
+}
+
+/// One reconcile start observed by the harness.
+#[derive(Debug, Clone)]
+pub struct Reconciled {
+    /// `namespace/name`.
+    pub key: String,
+    /// Update-to-reconcile-start latency in µs, or -1 when the object had no timestamp.
+    pub latency_us: i64,
+}
+
+/// Aggregates the reconcile reports of one side (ctrlhub or its peer).
+#[derive(Default)]
+pub struct Tally {
+    /// Distinct keys reconciled at least once.
+    pub distinct: HashSet<String>,
+    /// All reconciles.
+    pub total: u64,
+    /// When the last new distinct key arrived.
+    pub last_new: Option<Instant>,
+    /// Latencies recorded while `recording` is on.
+    pub latencies: Vec<Duration>,
+    /// Whether latencies are being recorded.
+    pub recording: bool,
+}
+
+/// A shared [`Tally`] fed by a channel of [`Reconciled`].
+#[derive(Clone, Default)]
+pub struct Collector {
+    /// The tally.
+    pub tally: Arc<Mutex<Tally>>,
+}
+
+impl Collector {
+    /// A collector and the sender its reports go to.
+    pub fn new() -> (Collector, mpsc::UnboundedSender<Reconciled>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Reconciled>();
+        let c = Collector::default();
+        let tally = c.tally.clone();
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+                t.total += 1;
+                if t.recording && r.latency_us >= 0 {
+                    t.latencies.push(Duration::from_micros(r.latency_us as u64));
+                }
+                if !t.distinct.contains(&r.key) {
+                    t.distinct.insert(r.key);
+                    t.last_new = Some(Instant::now());
+                }
+            }
+        });
+        (c, tx)
+    }
+
+    /// Run `f` on the tally.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Tally) -> T) -> T {
+        f(&mut self.tally.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Wait until `n` distinct keys were reconciled (keys whose name starts with `prefix`, i.e.
+    /// `namespace/`), up to `timeout`; returns when the last of them arrived.
+    pub async fn wait_distinct(&self, n: usize, timeout: Duration) -> Result<Instant> {
+        let start = Instant::now();
+        loop {
+            let (count, last) = self.with(|t| (t.distinct.len(), t.last_new));
+            if count >= n {
+                return Ok(last.unwrap_or_else(Instant::now));
+            }
+            if start.elapsed() > timeout {
+                bail!("only {count} of {n} keys reconciled after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Parse a controller's stdout report line `R <key> <latency-µs>`.
+pub fn parse_report(line: &str) -> Option<Reconciled> {
+    let mut parts = line.split_whitespace();
+    if parts.next()? != "R" {
+        return None;
+    }
+    let key = parts.next()?.to_string();
+    let latency_us = parts.next()?.parse().ok()?;
+    Some(Reconciled { key, latency_us })
+}
+
+/// A child process whose stdout reports go to a collector; killed when dropped.
+pub struct Proc {
+    /// The process.
+    pub child: Child,
+    /// Its pid.
+    pub pid: u32,
+}
+
+impl Proc {
+    /// Spawn `bin args..` with `env`, stderr to `log`, stdout parsed into `sink` (when given).
+    pub fn spawn(
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: &Path,
+        sink: Option<mpsc::UnboundedSender<Reconciled>>,
+    ) -> Result<Proc> {
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(if sink.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stderr(Stdio::from(std::fs::File::create(log)?))
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id().context("child has a pid")?;
+        if let (Some(sink), Some(out)) = (sink, child.stdout.take()) {
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(out).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(r) = parse_report(&line) {
+                        let _ = sink.send(r);
+                    }
+                }
+            });
+        }
+        Ok(Proc { child, pid })
+    }
+
+    /// Resident memory now.
+    pub fn rss(&self) -> u64 {
+        rss_bytes(self.pid).unwrap_or(0)
+    }
+
+    /// SIGTERM, then wait up to 10 s (SIGKILL after that).
+    pub async fn stop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// A `ctrlhub run` child process.
+pub struct Manager {
+    /// The process.
+    pub proc: Proc,
+    /// gRPC endpoint, `http://127.0.0.1:PORT`.
+    pub grpc: String,
+    /// HTTP base URL.
+    pub http: String,
+    /// Lease identity.
+    pub identity: String,
+}
+
+/// Lease timings for the failover scenario: 3 s lease, 2 s renew deadline, 500 ms retry.
+pub const FAST_LEASE: [&str; 6] = [
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
+
+impl Manager {
+    /// Start a manager against `cluster` (static token `dev`) with `extra` flags; returns once
+    /// `/healthz` answers.
+    pub async fn start(cluster: &Cluster, identity: &str, extra: &[&str]) -> Result<Manager> {
+        let grpc_port = free_port()?;
+        let http_port = free_port()?;
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--kubeconfig".into(),
+            cluster.kubeconfig.display().to_string(),
+            "--grpc-addr".into(),
+            format!("127.0.0.1:{grpc_port}"),
+            "--http-addr".into(),
+            format!("127.0.0.1:{http_port}"),
+            "--identity".into(),
+            identity.into(),
+        ];
+        if !extra.contains(&"--auth") {
+            args.extend(["--token".to_string(), "dev".to_string()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = out_dir()
+            .join("logs")
+            .join(format!("manager-{identity}-{http_port}.log"));
+        let proc = Proc::spawn(
+            &bin("ctrlhub")?,
+            &args,
+            // Managers log warnings only: logging every dispatch would cost what is measured.
+            // CTRLHUB_BENCH_RUST_LOG overrides it for investigations.
+            &[(
+                "RUST_LOG",
+                std::env::var("CTRLHUB_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )],
+            &log,
+            None,
+        )?;
+        let m = Manager {
+            proc,
+            grpc: format!("http://127.0.0.1:{grpc_port}"),
+            http: format!("http://127.0.0.1:{http_port}"),
+            identity: identity.into(),
+        };
+        let http = reqwest::Client::new();
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = http.get(format!("{}/healthz", m.http)).send().await
+                && r.status().is_success()
+            {
+                return Ok(m);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "manager {identity} not healthy after 60 s (log: {})",
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `/status` as JSON (Null when unreachable).
+    pub async fn status(&self) -> serde_json::Value {
+        match reqwest::get(format!("{}/status", self.http)).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        }
+    }
+
+    /// Whether this manager holds the lease.
+    pub async fn leading(&self) -> bool {
+        self.status().await["leading"] == serde_json::json!(true)
+    }
+
+    /// Wait until this manager leads.
+    pub async fn wait_leading(&self) -> Result<()> {
+        let start = Instant::now();
+        while !self.leading().await {
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("manager {} does not lead after 60 s", self.identity);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Sum of `field` over the status' controllers.
+    pub async fn controllers_sum(&self, field: &str) -> u64 {
+        self.status().await["controllers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c[field].as_u64().unwrap_or(0))
+            .sum()
+    }
+
+    /// Objects in the informers (summed).
+    pub async fn informer_objects(&self) -> u64 {
+        self.status().await["informers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| i["objects"].as_u64().unwrap_or(0))
+            .sum()
+    }
+
+    /// Resident memory now.
+    pub fn rss(&self) -> u64 {
+        self.proc.rss()
+    }
+}
+
+/// Arguments for `bench-sdk-controller`: controller `name` reconciling Widgets in `ns`.
+pub fn sdk_controller_args(m: &Manager, name: &str, ns: &str, concurrency: u32) -> Vec<String> {
+    vec![
+        "--addr".into(),
+        m.grpc.clone(),
+        "--name".into(),
+        name.into(),
+        "--namespace".into(),
+        ns.into(),
+        "--concurrency".into(),
+        concurrency.to_string(),
+    ]
+}
+
+/// Start `replicas` `bench-sdk-controller` processes of controller `name`, reporting to `sink`.
+pub fn sdk_controllers(
+    m: &Manager,
+    name: &str,
+    ns: &str,
+    replicas: usize,
+    concurrency: u32,
+    sink: &mpsc::UnboundedSender<Reconciled>,
+) -> Result<Vec<Proc>> {
+    let bin = bin("bench-sdk-controller")?;
+    (0..replicas)
+        .map(|i| {
+            let log = out_dir()
+                .join("logs")
+                .join(format!("sdk-{name}-{ns}-{i}.log"));
+            Proc::spawn(
+                &bin,
+                &sdk_controller_args(m, name, ns, concurrency),
+                &[("RUST_LOG", "warn".to_string())],
+                &log,
+                Some(sink.clone()),
+            )
+        })
+        .collect()
+}
+
+/// Start `count` independent `bench-kube-controller` processes on Widgets in `ns`.
+pub fn kube_controllers(
+    cluster: &Cluster,
+    ns: &str,
+    count: usize,
+    sink: &mpsc::UnboundedSender<Reconciled>,
+) -> Result<Vec<Proc>> {
+    let bin = bin("bench-kube-controller")?;
+    (0..count)
+        .map(|i| {
+            let log = out_dir().join("logs").join(format!("kube-{ns}-{i}.log"));
+            Proc::spawn(
+                &bin,
+                &["--namespace".into(), ns.into()],
+                &[("KUBECONFIG", cluster.kubeconfig.display().to_string())],
+                &log,
+                Some(sink.clone()),
+            )
+        })
+        .collect()
+}
+
+/// A steady load: `rate` timestamp patches per second, round-robin over `objects` Widgets in
+/// `ns`, until `stop` is set. Returns (writes sent, write errors, ticks that fell behind).
+pub async fn load(
+    client: &kube::Client,
+    ns: &str,
+    objects: usize,
+    rate: u32,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sent: Arc<std::sync::atomic::AtomicU64>,
+    errors: Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &widget_resource());
+    // Ticks of 10 ms; up to 256 writes in flight so a slow response does not lower the rate.
+    let per_tick = (rate as f64 / 100.0).max(0.0);
+    let mut owed = 0.0;
+    let mut next = 0usize;
+    let permits = Arc::new(tokio::sync::Semaphore::new(256));
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        owed += per_tick;
+        while owed >= 1.0 {
+            owed -= 1.0;
+            let name = widget_name(next % objects);
+            next += 1;
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let api = api.clone();
+            let sent = sent.clone();
+            let errors = errors.clone();
+            tokio::spawn(async move {
+                match Cluster::touch(&api, &name).await {
+                    Ok(()) => sent.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                };
+                drop(permit);
+            });
+        }
+    }
+    // Let the writes in flight finish.
+    let _ = permits.acquire_many(256).await;
+}

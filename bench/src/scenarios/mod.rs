@@ -1,0 +1,29 @@
+//! The scenarios. Each starts its own devcluster (so one scenario's objects and watches do not
+//! load the next), runs ctrlhub and its peer one after the other on it, and returns its rows.
+
+pub mod failover;
+pub mod fairness;
+pub mod latency;
+pub mod memory;
+pub mod shared_caches;
+pub mod soak;
+pub mod throughput;
+
+use std::time::Duration;
+
+/// How long any single wait in a scenario may take before it is reported as a failure.
+pub const PATIENCE: Duration = Duration::from_secs(300);
+
+/// Sizes for a full run or a `--quick` one.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Small sizes for a quick look (and the smoke test).
+    pub quick: bool,
+}
+
+impl Sizes {
+    /// `full` normally, `quick` with `--quick`.
+    pub fn pick<T>(self, full: T, quick: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}
