@@ -48,5 +48,10 @@ cargo build --workspace --bins
 banner "cargo test --workspace"
 cargo test --workspace
 
+banner "cargo fuzz smoke run (fuzz/: 4 targets, fixed seed, stable toolchain via RUSTC_BOOTSTRAP)"
+# Builds the fuzz package in fuzz/target with libFuzzer instrumentation (cargo-fuzz is
+# installed on first use) and runs each target for 200,000 inputs (seconds each); FUZZ_RUNS changes that.
+bash fuzz/smoke.sh
+
 banner "pytest tests/python controllers/python/tests"
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/python controllers/python/tests
