@@ -352,27 +352,61 @@ fn slim(mut v: Value) -> Value {
     v
 }
 
+fn api_version(key: &InformerKey) -> String {
+    if key.group.is_empty() {
+        key.version.clone()
+    } else {
+        format!("{}/{}", key.group, key.version)
+    }
+}
+
+/// A full object as a JSON tree. kube has already parsed the body into a DynamicObject whose
+/// `data` holds every field but apiVersion, kind and metadata: move that map instead of
+/// serializing the whole object again, and drop managedFields before serializing the metadata
+/// rather than after (they can be larger than the rest of the object). Per watch event this
+/// saves a deep copy of the object, which is what the allocator was busy with under load.
+fn object_to_value(mut obj: DynamicObject, key: &InformerKey) -> Option<Value> {
+    obj.metadata.managed_fields = None;
+    let metadata = serde_json::to_value(&obj.metadata).ok()?;
+    let mut map = serde_json::Map::new();
+    map.insert("apiVersion".into(), Value::String(api_version(key)));
+    map.insert("kind".into(), Value::String(key.kind.clone()));
+    map.insert("metadata".into(), metadata);
+    if let Value::Object(data) = obj.data {
+        for (k, v) in data {
+            if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                map.insert(k, v);
+            }
+        }
+    }
+    Some(Value::Object(map))
+}
+
+/// Metadata-only objects (PartialObjectMetadata) through their Serialize impl.
+fn partial_to_value(obj: PartialObjectMeta<DynamicObject>, key: &InformerKey) -> Option<Value> {
+    to_value(&obj, key)
+}
+
 fn to_value<T: serde::Serialize>(obj: &T, key: &InformerKey) -> Option<Value> {
     let mut v = serde_json::to_value(obj).ok()?;
     if let Some(map) = v.as_object_mut() {
-        let api_version = if key.group.is_empty() {
-            key.version.clone()
-        } else {
-            format!("{}/{}", key.group, key.version)
-        };
-        map.insert("apiVersion".into(), Value::String(api_version));
+        map.insert("apiVersion".into(), Value::String(api_version(key)));
         map.insert("kind".into(), Value::String(key.kind.clone()));
     }
     Some(slim(v))
 }
 
-fn map_event<T: serde::Serialize>(event: Event<T>, key: &InformerKey) -> Option<Event<Value>> {
+fn map_event<T>(
+    event: Event<T>,
+    key: &InformerKey,
+    convert: fn(T, &InformerKey) -> Option<Value>,
+) -> Option<Event<Value>> {
     Some(match event {
         Event::Init => Event::Init,
         Event::InitDone => Event::InitDone,
-        Event::InitApply(o) => Event::InitApply(to_value(&o, key)?),
-        Event::Apply(o) => Event::Apply(to_value(&o, key)?),
-        Event::Delete(o) => Event::Delete(to_value(&o, key)?),
+        Event::InitApply(o) => Event::InitApply(convert(o, key)?),
+        Event::Apply(o) => Event::Apply(convert(o, key)?),
+        Event::Delete(o) => Event::Delete(convert(o, key)?),
     })
 }
 
@@ -522,9 +556,9 @@ impl Cache {
                         (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
                         _ => Api::all_with(client.clone(), &ar),
                     };
-                as_values(api, config, key.clone())
+                as_values(api, config, key.clone(), partial_to_value)
             } else {
-                as_values(api, config, key.clone())
+                as_values(api, config, key.clone(), object_to_value)
             };
             while let Some(event) = stream.next().await {
                 let Some(informer) = weak.upgrade() else {
@@ -544,6 +578,7 @@ fn as_values<K>(
     api: Api<K>,
     config: watcher::Config,
     key: InformerKey,
+    convert: fn(K, &InformerKey) -> Option<Value>,
 ) -> futures::stream::BoxStream<'static, Event<Value>>
 where
     K: kube::Resource
@@ -558,7 +593,7 @@ where
         .default_backoff()
         .filter_map(move |r| {
             let key = key.clone();
-            async move { log_err(r).and_then(|e| map_event(e, &key)) }
+            async move { log_err(r).and_then(|e| map_event(e, &key, convert)) }
         })
         .boxed()
 }
@@ -570,5 +605,67 @@ fn log_err<T>(r: Result<T, watcher::Error>) -> Option<T> {
             tracing::warn!(error = %e, "watch error; the watcher retries with backoff");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key() -> InformerKey {
+        InformerKey {
+            group: "example.com".into(),
+            version: "v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+            namespaced: true,
+            namespace: None,
+            label_selector: None,
+            metadata_only: false,
+        }
+    }
+
+    #[test]
+    fn full_objects_keep_every_field_but_managed_fields() {
+        let body = json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "resourceVersion": "7",
+                "labels": {"a": "b"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"size": 3, "tags": ["x", "y"]},
+            "status": {"ready": true}
+        });
+        let obj: DynamicObject = serde_json::from_value(body).expect("a DynamicObject");
+        let v = object_to_value(obj, &key()).expect("converted");
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "example.com/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns", "resourceVersion": "7",
+                    "labels": {"a": "b"}},
+                "spec": {"size": 3, "tags": ["x", "y"]},
+                "status": {"ready": true}
+            })
+        );
+        let order: Vec<&str> = v
+            .as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(order, ["apiVersion", "kind", "metadata", "spec", "status"]);
+    }
+
+    #[test]
+    fn metadata_only_objects_get_api_version_and_kind() {
+        let body = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "w", "namespace": "ns",
+                "managedFields": [{"manager": "kubectl"}]}});
+        let obj: PartialObjectMeta<DynamicObject> =
+            serde_json::from_value(body).expect("a PartialObjectMeta");
+        let v = partial_to_value(obj, &key()).expect("converted");
+        assert_eq!(v["apiVersion"], "example.com/v1");
+        assert_eq!(v["kind"], "Widget");
+        assert_eq!(v["metadata"]["name"], "w");
+        assert!(v["metadata"].get("managedFields").is_none());
     }
 }
