@@ -864,6 +864,10 @@ async fn devcluster_closes_every_watch() {
     for _ in 0..3 {
         s.spawn_replica(&m.grpc);
     }
+    // Reconciled once: the informer's first watch is open, so later watches are re-watches.
+    s.settle_and_check().await;
+    let stats = s.c.dc.stats();
+    let watches_before = stats.request_count("watch", "configmaps");
     let faults = s.c.dc.faults();
     for round in 0..10 {
         s.update(100).await;
@@ -875,6 +879,15 @@ async fn devcluster_closes_every_watch() {
         faults.close_watches();
         println!("round {round}: closed every watch twice");
     }
+    wait_until("the informer watched again after the closes", || {
+        let n = stats.request_count("watch", "configmaps");
+        async move { n > watches_before }
+    })
+    .await;
+    println!(
+        "{} configmap re-watches during the faults",
+        stats.request_count("watch", "configmaps") - watches_before
+    );
     s.settle_and_check().await;
     m.stop().await;
     println!("devcluster_closes_every_watch took {:?}", t0.elapsed());
