@@ -65,6 +65,9 @@ pub struct RunArgs {
     /// Default limit: controllers (registrations) per tenant.
     #[arg(long, default_value_t = Limits::default().controllers)]
     pub max_controllers_per_tenant: usize,
+    /// Default limit: distinct informers (watches and caches) per tenant.
+    #[arg(long, default_value_t = Limits::default().informers)]
+    pub max_informers_per_tenant: usize,
     /// Default limit: keys one controller may hold queued before it is revoked.
     #[arg(long, default_value_t = Limits::default().queued_keys)]
     pub max_queued_keys: usize,
@@ -223,6 +226,7 @@ impl RunArgs {
             controllers: self.max_controllers_per_tenant,
             queued_keys: self.max_queued_keys,
             in_flight: self.max_in_flight_per_tenant,
+            informers: self.max_informers_per_tenant,
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let registry = Registry::with_limits(

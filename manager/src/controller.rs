@@ -5,7 +5,7 @@
 //! from re-queueing everything a session held when it ends and every request whose deadline
 //! passes; a late result carries a stale lease id and is ignored.
 
-use crate::cache::{CacheEvent, Informer, ObjectKey, Subscription};
+use crate::cache::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
 use crate::events::{Delivery, EventQueue, EventType};
 use crate::object::CachedObject;
 use crate::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
@@ -363,6 +363,16 @@ impl Controller {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What every informer this controller holds watches.
+    pub fn informer_keys(&self) -> Vec<InformerKey> {
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|s| s.informer().key().clone())
+            .collect()
     }
 
     /// Keep the informer subscriptions alive as long as the controller.

@@ -90,6 +90,7 @@ impl DevArgs {
             secrets_tenants: String::new(),
             max_sessions_per_tenant: crate::tenant::Limits::default().sessions,
             max_controllers_per_tenant: crate::tenant::Limits::default().controllers,
+            max_informers_per_tenant: crate::tenant::Limits::default().informers,
             max_queued_keys: crate::tenant::Limits::default().queued_keys,
             max_in_flight_per_tenant: crate::tenant::Limits::default().in_flight,
             tenant_limits: Vec::new(),

@@ -91,6 +91,33 @@ fn is_initial(event: &CacheEvent) -> bool {
     matches!(event, CacheEvent::Added { initial: true, .. })
 }
 
+/// The server-side label selector of a registration's primary informer.
+fn primary_labels(reg: &Registration) -> Option<String> {
+    reg.label_selector
+        .as_ref()
+        .map(selector_query)
+        .filter(|s| !s.is_empty())
+}
+
+/// Watched kinds are cached metadata-only unless the mapping reads a field of the object.
+fn watched_metadata_only(mapping: &crate::registration::Mapping) -> bool {
+    !matches!(mapping, crate::registration::Mapping::Field(_))
+}
+
+/// The informer that follows namespaces for label-selector scopes.
+fn namespaces_informer_key() -> InformerKey {
+    InformerKey {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Namespace".into(),
+        plural: "namespaces".into(),
+        namespaced: false,
+        namespace: None,
+        label_selector: None,
+        metadata_only: true,
+    }
+}
+
 /// Namespaces currently in scope for a namespace-label-selector registration.
 type ScopeSet = Arc<RwLock<HashSet<String>>>;
 
@@ -256,6 +283,21 @@ impl Registry {
             match controllers.get(&id) {
                 Some(existing) if existing.registration == registration => existing.clone(),
                 existing => {
+                    // Count what the tenant would hold with this registration in place of the
+                    // one it supersedes: informers shared between its controllers count once.
+                    let mut informers: HashSet<InformerKey> = mine
+                        .iter()
+                        .filter(|c| c.id != id)
+                        .flat_map(|c| c.informer_keys())
+                        .collect();
+                    informers.extend(self.needed_informers(&registration, &namespaces));
+                    if informers.len() > limits.informers {
+                        return Err(refuse(
+                            "informers",
+                            limits.informers as u64,
+                            "watch fewer kinds or namespaces, share label selectors between controllers, or ask for a higher limit",
+                        ));
+                    }
                     if let Some(old) = existing {
                         tracing::info!(controller = %id, "registration changed; superseding the previous one");
                         old.revoke_all(RevokeReason::Superseded, "a replica registered a different definition under this controller name");
@@ -369,6 +411,33 @@ impl Registry {
         }
     }
 
+    /// Every informer `reg` would subscribe to (the same keys [`Registry::wire`] uses).
+    fn needed_informers(
+        &self,
+        reg: &Registration,
+        namespaces: &Option<Vec<String>>,
+    ) -> HashSet<InformerKey> {
+        let mut keys: HashSet<InformerKey> = self
+            .informer_keys(&reg.primary, namespaces, primary_labels(reg), false)
+            .into_iter()
+            .collect();
+        for owned in &reg.owns {
+            keys.extend(self.informer_keys(&owned.resource, namespaces, None, true));
+        }
+        for watched in &reg.watches {
+            keys.extend(self.informer_keys(
+                &watched.resource,
+                namespaces,
+                None,
+                watched_metadata_only(&watched.mapping),
+            ));
+        }
+        if matches!(reg.namespaces, NamespaceScope::Selector(_)) {
+            keys.insert(namespaces_informer_key());
+        }
+        keys
+    }
+
     /// Subscribe a new controller to everything it needs.
     fn wire(&self, controller: &Arc<Controller>, namespaces: &Option<Vec<String>>) {
         let reg = &controller.registration;
@@ -376,12 +445,7 @@ impl Registry {
             NamespaceScope::Selector(sel) => Some(self.wire_namespace_selector(controller, sel)),
             _ => None,
         };
-        let labels = reg
-            .label_selector
-            .as_ref()
-            .map(selector_query)
-            .filter(|s| !s.is_empty());
-        for key in self.informer_keys(&reg.primary, namespaces, labels, false) {
+        for key in self.informer_keys(&reg.primary, namespaces, primary_labels(reg), false) {
             let c = Arc::downgrade(controller);
             let scope = scope.clone();
             let predicate = reg.predicate.clone();
@@ -424,7 +488,7 @@ impl Registry {
             }
         }
         for watched in &reg.watches {
-            let metadata_only = !matches!(watched.mapping, crate::registration::Mapping::Field(_));
+            let metadata_only = watched_metadata_only(&watched.mapping);
             let mapping = watched.mapping.clone();
             let primary_namespaced = reg.primary.namespaced;
             let map = move |obj: &Value| {
@@ -451,16 +515,7 @@ impl Registry {
         sel: &LabelSelector,
     ) -> ScopeSet {
         let set: ScopeSet = Arc::new(RwLock::new(HashSet::new()));
-        let key = InformerKey {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "Namespace".into(),
-            plural: "namespaces".into(),
-            namespaced: false,
-            namespace: None,
-            label_selector: None,
-            metadata_only: true,
-        };
+        let key = namespaces_informer_key();
         let ceiling = self.ceiling.clone();
         let c = Arc::downgrade(controller);
         let sel = sel.clone();

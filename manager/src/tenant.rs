@@ -149,6 +149,9 @@ pub struct Limits {
     pub queued_keys: usize,
     /// Requests in flight (the sum of session credits) across the tenant's controllers.
     pub in_flight: u64,
+    /// Distinct informers (resource, namespace, label selector, metadata-only) the tenant's
+    /// controllers hold at once: each is an API watch and a cache the manager pays for.
+    pub informers: usize,
 }
 
 impl Default for Limits {
@@ -158,6 +161,7 @@ impl Default for Limits {
             controllers: 64,
             queued_keys: 1_000_000,
             in_flight: 4096,
+            informers: 128,
         }
     }
 }
@@ -165,7 +169,7 @@ impl Default for Limits {
 /// A malformed `--tenant-limit`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000)"
+    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000)"
 )]
 pub struct LimitSpecError {
     given: String,
@@ -217,6 +221,7 @@ impl TenantLimits {
                 "controllers" => limits.controllers = as_usize,
                 "queued-keys" => limits.queued_keys = as_usize,
                 "in-flight" => limits.in_flight = value,
+                "informers" => limits.informers = as_usize,
                 _ => return Err(err("unknown limit")),
             }
         }

@@ -538,6 +538,43 @@ async fn a_flood_past_the_queue_limit_is_resource_exhausted_and_released() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_informer_limit_counts_distinct_watches() {
+    let c = cluster().await;
+    let m = limited_manager(&c, "sec-informers", &["--tenant-limit", "dev/informers=2"]).await;
+    let in_namespaces = |name: &str, namespaces: &[&str]| pb::Register {
+        namespaces: Some(pb::NamespaceScope {
+            scope: Some(pb::namespace_scope::Scope::Names(
+                pb::namespace_scope::Names {
+                    names: namespaces.iter().map(|n| n.to_string()).collect(),
+                },
+            )),
+        }),
+        ..register_configmaps(name, 1)
+    };
+    let _a = Replica::connect(&m.grpc, in_namespaces("a", &["team-a"]))
+        .await
+        .expect("one informer");
+    // Shares a's informer and adds one: two distinct, at the limit.
+    let _b = Replica::connect(&m.grpc, in_namespaces("b", &["team-a", "team-b"]))
+        .await
+        .expect("two distinct informers");
+    let third = refused(&m, in_namespaces("c", &["team-c"]), Some("Bearer dev")).await;
+    assert_eq!(third.code(), Code::ResourceExhausted, "{third:?}");
+    assert!(third.message().contains("informers"), "{third:?}");
+    assert_eq!(limit_hits(&m, "informers").await, 1.0);
+    // A registration reusing the informers the tenant already holds is still welcome.
+    let _d = Replica::connect(&m.grpc, in_namespaces("d", &["team-b"]))
+        .await
+        .expect("no new informer");
+    let status = m.status().await;
+    assert_eq!(
+        status["controllers"].as_array().map(Vec::len),
+        Some(3),
+        "{status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_session_and_in_flight_limits_are_enforced() {
     let c = cluster().await;
     let m = limited_manager(
