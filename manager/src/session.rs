@@ -458,13 +458,18 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Longer durations mean "never" and are treated as this (a century), so that adding one to
+/// `Instant::now()` or `SystemTime::now()` anywhere in the manager cannot overflow.
+pub const LONGEST_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 fn duration(d: &prost_types::Duration, field: &str) -> Result<Option<Duration>, Invalid> {
     if d.seconds < 0 || d.nanos < 0 {
         return Err(Invalid::new(field, "must not be negative"));
     }
     let secs = u64::try_from(d.seconds).map_err(|_| Invalid::new(field, "out of range"))?;
     let nanos = u32::try_from(d.nanos).map_err(|_| Invalid::new(field, "out of range"))?;
-    Ok(Some(Duration::new(secs, nanos)))
+    let exact = Duration::from_secs(secs).saturating_add(Duration::from_nanos(u64::from(nanos)));
+    Ok(Some(exact.min(LONGEST_DURATION)))
 }
 
 fn translate_selector(sel: &pb::LabelSelector, field: &str) -> Result<LabelSelector, Invalid> {
@@ -1086,5 +1091,38 @@ impl Service {
             resource_version: String::new(),
             metadata_only: informers.first().is_some_and(|i| i.key().metadata_only),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_capped_so_no_deadline_can_overflow_the_clock() {
+        let huge = prost_types::Duration {
+            seconds: i64::MAX,
+            nanos: 999_999_999,
+        };
+        let d = duration(&huge, "register.request_deadline")
+            .ok()
+            .flatten()
+            .expect("accepted");
+        assert_eq!(d, LONGEST_DURATION);
+        assert!(std::time::Instant::now().checked_add(d).is_some());
+        assert!(SystemTime::now().checked_add(d).is_some());
+        let small = prost_types::Duration {
+            seconds: 2,
+            nanos: 500_000_000,
+        };
+        assert_eq!(
+            duration(&small, "f").ok().flatten(),
+            Some(Duration::from_millis(2500))
+        );
+        let negative = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
+        assert!(duration(&negative, "f").is_err());
     }
 }
