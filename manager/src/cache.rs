@@ -136,6 +136,7 @@ pub struct Informer {
     store: Mutex<Store>,
     synced: signal::Sender<bool>,
     relists: AtomicU64,
+    watch_restarts: Arc<AtomicU64>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -238,6 +239,11 @@ impl Informer {
     /// How many times the watcher (re)listed, including the first list.
     pub fn relists(&self) -> u64 {
         self.relists.load(Ordering::Relaxed)
+    }
+
+    /// How many list or watch requests failed (each followed by a restart with backoff).
+    pub fn watch_restarts(&self) -> u64 {
+        self.watch_restarts.load(Ordering::Relaxed)
     }
 
     /// Whether the first list completed.
@@ -534,6 +540,7 @@ impl Cache {
             store: Mutex::new(Store::default()),
             synced,
             relists: AtomicU64::new(0),
+            watch_restarts: Arc::new(AtomicU64::new(0)),
             task: Mutex::new(None),
         });
         let ar = key.api_resource();
@@ -548,6 +555,7 @@ impl Cache {
         let weak = Arc::downgrade(&informer);
         let label = key.label();
         let client = self.client.clone();
+        let restarts = informer.watch_restarts.clone();
         tracing::info!(informer = %label, "informer started");
         let task = tokio::spawn(async move {
             let mut stream = if key.metadata_only {
@@ -556,9 +564,9 @@ impl Cache {
                         (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
                         _ => Api::all_with(client.clone(), &ar),
                     };
-                as_values(api, config, key.clone(), partial_to_value)
+                as_values(api, config, key.clone(), restarts, partial_to_value)
             } else {
-                as_values(api, config, key.clone(), object_to_value)
+                as_values(api, config, key.clone(), restarts, object_to_value)
             };
             while let Some(event) = stream.next().await {
                 let Some(informer) = weak.upgrade() else {
@@ -578,6 +586,7 @@ fn as_values<K>(
     api: Api<K>,
     config: watcher::Config,
     key: InformerKey,
+    restarts: Arc<AtomicU64>,
     convert: fn(K, &InformerKey) -> Option<Value>,
 ) -> futures::stream::BoxStream<'static, Event<Value>>
 where
@@ -593,6 +602,9 @@ where
         .default_backoff()
         .filter_map(move |r| {
             let key = key.clone();
+            if r.is_err() {
+                restarts.fetch_add(1, Ordering::Relaxed);
+            }
             async move { log_err(r).and_then(|e| map_event(e, &key, convert)) }
         })
         .boxed()

@@ -91,6 +91,7 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
     m.longest.reset();
     m.informer_objects.reset();
     m.informer_relists.reset();
+    m.informer_watch_restarts.reset();
     for c in s.registry.all() {
         let (name, tenant) = (c.id.name.as_str(), c.id.tenant.as_str());
         let q = c.queue_stats();
@@ -127,6 +128,9 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
         m.informer_relists
             .with_label_values(&labels)
             .set(i64::try_from(i.relists()).unwrap_or(i64::MAX));
+        m.informer_watch_restarts
+            .with_label_values(&labels)
+            .set(i64::try_from(i.watch_restarts()).unwrap_or(i64::MAX));
     }
     (
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],

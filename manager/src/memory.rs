@@ -59,7 +59,10 @@ pub fn release_after_burst() {
 
 /// Return freed pages now; true if glibc gave any back.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[expect(unsafe_code, reason = "malloc_trim is a C function; this is ctrlhub's only FFI call")]
+#[expect(
+    unsafe_code,
+    reason = "malloc_trim is a C function; this is ctrlhub's only FFI call"
+)]
 pub fn trim() -> bool {
     // SAFETY: malloc_trim takes a plain integer, touches only the allocator's own state and is
     // thread-safe; it has no caller-side invariants.

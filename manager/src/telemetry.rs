@@ -77,6 +77,8 @@ pub struct Metrics {
     pub informer_objects: IntGaugeVec,
     /// `ctrlhub_informer_relists`.
     pub informer_relists: IntGaugeVec,
+    /// `ctrlhub_informer_watch_restarts`.
+    pub informer_watch_restarts: IntGaugeVec,
     /// `ctrlhub_informers`.
     pub informers: Gauge,
     deadline_misses: IntCounterVec,
@@ -247,6 +249,12 @@ impl Metrics {
                 &r,
                 "ctrlhub_informer_relists",
                 "Lists performed by an informer since it started (1 = only the initial list)",
+                &["group", "resource", "namespace"],
+            ),
+            informer_watch_restarts: gauge(
+                &r,
+                "ctrlhub_informer_watch_restarts",
+                "List or watch requests of an informer that failed since it started; the watcher restarts after each with backoff",
                 &["group", "resource", "namespace"],
             ),
             informers,

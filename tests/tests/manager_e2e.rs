@@ -455,6 +455,7 @@ async fn metrics_use_controller_runtime_names_and_pass_promtool() {
         r#"ctrlhub_sessions{controller="metered",tenant="dev"} 1"#,
         r#"leader_election_master_status{name="ctrlhub-leader"} 1"#,
         r#"ctrlhub_informer_objects{group="",namespace="",resource="configmaps"} 2"#,
+        r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"} 0"#,
         "workqueue_queue_duration_seconds_bucket",
         "workqueue_adds_total",
         "process_resident_memory_bytes",
@@ -523,5 +524,45 @@ async fn leader_labels_its_own_pod_for_the_service() {
         label(&after),
         None,
         "a stopped leader no longer attracts controllers"
+    );
+}
+
+/// A failed watch is counted in `ctrlhub_informer_watch_restarts` (what the CtrlhubWatchRestarts
+/// dashboards look at), and the informer recovers: a change made after it is still delivered.
+#[tokio::test]
+async fn failed_watches_are_counted_as_restarts_and_recovered_from() {
+    let (c, m) = setup().await;
+    put_configmap(&c.client, "default", "before", &[("v", "0")]).await;
+    // The informer's first list succeeds; its next two watch requests fail.
+    c.dc.faults().fail_next("watch", "configmaps", 2, 500);
+    let mut r = Replica::connect(&m.grpc, register_configmaps("restarts", 4))
+        .await
+        .expect("registered");
+    let first = r.expect().await;
+    assert_eq!(key(&first), "default/before");
+    r.done(&first.id).await;
+    let series = r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"} "#;
+    let restarts = || async {
+        let text = reqwest::get(format!("{}/metrics", m.http))
+            .await
+            .expect("metrics reachable")
+            .text()
+            .await
+            .expect("text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_until("both failed watches counted", || async {
+        restarts().await >= 2
+    })
+    .await;
+    put_configmap(&c.client, "default", "after", &[("v", "0")]).await;
+    let next = r.expect().await;
+    assert_eq!(
+        key(&next),
+        "default/after",
+        "the re-established watch delivers"
     );
 }
