@@ -146,7 +146,8 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
         .map_err(|e| anyhow!("tenant A: {e}"))?;
         let tx = done_tx.clone();
         a_replicas.push(tokio::spawn(async move {
-            while let Some(req) = r.next(Duration::from_secs(5)).await {
+            // Generous idle timeout: the manager lists A's N objects before the first request.
+            while let Some(req) = r.next(Duration::from_secs(30)).await {
                 r.done(&req.id).await;
                 let _ = tx.send(());
             }
@@ -160,6 +161,25 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
         }
         n
     });
+    // The flood starts once A's initial list is in its queue (at 100k objects that takes
+    // seconds); measuring before would measure an idle manager.
+    let a_queued = || async {
+        let status = m.status().await;
+        status["controllers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["name"] == "flood")
+            .map(|c| c["queued"].as_u64().unwrap_or(0) + c["dispatched"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let wait_start = Instant::now();
+    while a_queued().await < (keys as u64 / 2).max(1) {
+        if wait_start.elapsed() > PATIENCE {
+            anyhow::bail!("tenant A's flood never reached half of its {keys} keys");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Measure B while A's backlog is non-empty.
     let mut flooded = Vec::new();
     loop {
