@@ -957,15 +957,11 @@ async fn leader_lease_partition() {
 /// The same partition with a standby that takes the lease once writes work again, while the
 /// old leader stays up as a standby.
 ///
-/// Ignored because it fails on main: the controllers stay connected to the old leader and
-/// never reach the new one, so every change from the partition on is lost. The SDK re-opens
-/// its stream on the same HTTP/2 connection (a lazily connected tonic `Channel`), which the
-/// Service/proxy pinned to the old leader's pod when it was dialled; the standby answers each
-/// attempt UNAVAILABLE ("the leader is faults-p2") and never closes the connection. Fix in
-/// the SDK (drop the channel and re-dial after UNAVAILABLE) or in the manager (a standby, or
-/// a leader stepping down, sends GOAWAY); then remove the `ignore`.
+/// This once lost every change from the partition on: the SDK re-opened its stream on the same
+/// HTTP/2 connection, which the Service/proxy had pinned to the old leader's pod, and the old
+/// leader (now a standby) answered each attempt UNAVAILABLE without closing the connection. The
+/// SDK now dials a new connection for every session.
 #[tokio::test]
-#[ignore = "bug: controllers stay pinned to a stepped-down leader (see the doc comment)"]
 async fn leader_lease_partition_standby_takes_over() {
     partition(true).await;
 }
@@ -1129,15 +1125,11 @@ async fn partition(with_standby: bool) {
 
 /// Hostile input rather than a fault: durations a registration may legally carry (any
 /// non-negative protobuf Duration) must not stop dispatch. `Instant + Duration` panics on
-/// overflow, and the controller's dispatch loop computes `Instant::now() + resync_period` and
+/// overflow, and the controller's dispatch loop computed `Instant::now() + resync_period` and
 /// `now + request_deadline` (manager/src/controller.rs), so a resync period or deadline of
 /// i64::MAX seconds panics the dispatch task and the controller never receives a request.
-///
-/// Ignored because it fails on main; fix by saturating those additions in controller.rs (as
-/// `queue::later` does for requeue delays) or by capping durations when the registration is
-/// translated (session.rs), then remove the `ignore`.
+/// The manager now caps every duration it is given at a century (session.rs).
 #[tokio::test]
-#[ignore = "bug: huge resync_period / request_deadline panic the dispatch task (see the doc comment)"]
 async fn huge_registration_durations_keep_dispatching() {
     let _turn = SERIAL.lock().await;
     let c = cluster().await;

@@ -137,7 +137,6 @@ where
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
-        let client = ControllerManagerClient::new(endpoint.connect_lazy());
         let mut backoff = config.reconnect.clone();
         let shared = Arc::new(Shared {
             name: self.name.clone(),
@@ -151,7 +150,11 @@ where
 
         loop {
             let started = Instant::now();
-            match session::<K, C, F, Fut>(&shared, client.clone(), &shutdown).await {
+            // A new connection for every session: a Kubernetes Service picks the backend per TCP
+            // connection, so re-opening the stream on the old one would keep asking a manager
+            // that stepped down (and answers UNAVAILABLE) instead of reaching the new leader.
+            let client = ControllerManagerClient::new(endpoint.connect_lazy());
+            match session::<K, C, F, Fut>(&shared, client, &shutdown).await {
                 SessionEnd::Stopped => {
                     info!(controller = %shared.name, "controller stopped");
                     return Ok(());
