@@ -456,8 +456,9 @@ impl Parser {
             }
         }
         if self.peek() == &Tok::RParen {
+            // apimachinery's parseValues reads "()" as the set {""}.
             self.next();
-            return Ok(Vec::new());
+            return Ok(vec![String::new()]);
         }
         let mut values = Vec::new();
         loop {
@@ -800,6 +801,16 @@ mod tests {
     }
 
     #[test]
+    fn empty_parentheses_are_the_empty_value_as_in_apimachinery() {
+        let empty = labels(json!({"a": ""}));
+        let set = labels(json!({"a": "x"}));
+        assert!(sel("a in ()").matches(Some(&empty)));
+        assert!(!sel("a in ()").matches(Some(&set)));
+        assert!(sel("a notin ()").matches(Some(&set)));
+        assert!(!sel("a notin ()").matches(Some(&empty)));
+    }
+
+    #[test]
     fn empty_value_in_set_and_equality() {
         let l = labels(json!({"a": ""}));
         assert!(sel("a=").matches(Some(&l)));
@@ -839,7 +850,6 @@ mod tests {
             "a=b c",
             "a in",
             "a in (",
-            "a in ()",
             "a in (b c)",
             "a,",
             ",a",

@@ -116,15 +116,6 @@ pub fn check_selector_agrees(sel: &LabelSelector, label_sets: &[BTreeMap<String,
     if sel.validate().is_err() {
         return;
     }
-    // Known devcluster divergence, found by this target: `key in ()` (what a requirement with
-    // the single value "" renders to) is `key in ("")` on a real API server, but devcluster's
-    // parser reads it as an empty set and rejects it. Skipped until devcluster/src/selector.rs
-    // (`set_values`) is fixed, so the target keeps looking for other differences.
-    if sel.match_expressions.iter().any(|r| {
-        matches!(r.operator, SelectorOperator::In | SelectorOperator::NotIn) && r.values == [""]
-    }) {
-        return;
-    }
     let query = registration::selector_query(sel);
     let parsed = devcluster::selector::LabelSelector::parse(&query).unwrap_or_else(|e| {
         panic!("manager accepted {sel:?} but the API server rejects its query {query:?}: {e}")
