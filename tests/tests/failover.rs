@@ -7,7 +7,6 @@ mod support;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 use support::*;
 
 /// Forward each new connection to whichever manager currently leads.
@@ -24,21 +23,7 @@ async fn leader_proxy(managers: Arc<Vec<(String, String)>>) -> u16 {
             let managers = managers.clone();
             tokio::spawn(async move {
                 for (http, grpc) in managers.iter() {
-                    let leading = async {
-                        let s: serde_json::Value = reqwest::get(format!("{http}/status"))
-                            .await
-                            .ok()?
-                            .json()
-                            .await
-                            .ok()?;
-                        Some(s["leading"] == serde_json::json!(true))
-                    };
-                    if tokio::time::timeout(Duration::from_secs(1), leading)
-                        .await
-                        .ok()
-                        .flatten()
-                        == Some(true)
-                    {
+                    if is_leading(http).await {
                         let addr = grpc.trim_start_matches("http://").to_string();
                         if let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await {
                             let _ =

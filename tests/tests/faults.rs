@@ -478,21 +478,7 @@ async fn target(managers: &[(String, String)]) -> Option<String> {
         return Some(grpc.trim_start_matches("http://").to_string());
     }
     for (http, grpc) in managers {
-        let leading = async {
-            let s: serde_json::Value = reqwest::get(format!("{http}/status"))
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            Some(s["leading"] == serde_json::json!(true))
-        };
-        if tokio::time::timeout(Duration::from_secs(1), leading)
-            .await
-            .ok()
-            .flatten()
-            == Some(true)
-        {
+        if is_leading(http).await {
             return Some(grpc.trim_start_matches("http://").to_string());
         }
     }

@@ -452,3 +452,22 @@ pub async fn namespace(client: &kube::Client, name: &str, labels: &[(&str, &str)
     .await
     .expect("namespace applied");
 }
+
+/// Whether the manager serving HTTP at `http` says it leads (false if it does not answer
+/// within a second): how the test proxies play the leader-selecting Service.
+pub async fn is_leading(http: &str) -> bool {
+    let leading = async {
+        let s: serde_json::Value = reqwest::get(format!("{http}/status"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        Some(s["leading"] == serde_json::json!(true))
+    };
+    tokio::time::timeout(Duration::from_secs(1), leading)
+        .await
+        .ok()
+        .flatten()
+        == Some(true)
+}
