@@ -941,7 +941,8 @@ async fn leader_lease_partition() {
 }
 
 /// The same partition with a standby that takes the lease once writes work again, while the
-/// old leader stays up as a standby.
+/// old leader stays up as a standby. The old leader is paused (SIGSTOP) over the heal so that the
+/// standby is the one to take the lease, then resumed: it must stay a standby.
 ///
 /// This once lost every change from the partition on: the SDK re-opened its stream on the same
 /// HTTP/2 connection, which the Service/proxy had pinned to the old leader's pod, and the old
@@ -954,7 +955,7 @@ async fn leader_lease_partition_standby_takes_over() {
 
 /// Freeze the Lease, check the leader stopped dispatching by its renew deadline, heal, and
 /// check every change was reconciled by whoever leads then (the standby, when there is one:
-/// the old leader retries less often, so the standby wins the lease after the heal).
+/// the old leader is paused over the heal, so the standby wins the lease).
 async fn partition(with_standby: bool) {
     let _turn = SERIAL.lock().await;
     let t0 = Instant::now();
@@ -1046,6 +1047,11 @@ async fn partition(with_standby: bool) {
     while now_micros() < until {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    if with_standby {
+        // Both would race for the expired lease at the heal; the old leader must lose, so it
+        // sleeps through it.
+        m1.signal("STOP");
+    }
     let unfrozen_at = now_micros();
     faults.unfreeze_lease("default", "ctrlhub-leader");
     stop_writing.store(true, Ordering::Relaxed);
@@ -1095,10 +1101,20 @@ async fn partition(with_standby: bool) {
 
     // Healed: someone leads again and every change made during the partition is reconciled.
     match &m2 {
-        Some(m2) => m2.wait_leading().await,
+        Some(m2) => {
+            m2.wait_leading().await;
+            m1.signal("CONT");
+        }
         None => m1.wait_leading().await,
     }
     s.settle_and_check().await;
+    if with_standby {
+        assert_eq!(
+            m1.status().await["leading"],
+            serde_json::json!(false),
+            "the resumed old leader stays a standby"
+        );
+    }
     if let Some(m2) = m2.as_mut() {
         m2.stop().await;
     }

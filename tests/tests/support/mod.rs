@@ -188,6 +188,15 @@ impl Manager {
         }
     }
 
+    /// Send `signal` (a `kill -SIGNAL` name such as "STOP" or "CONT") to the manager process.
+    pub fn signal(&self, signal: &str) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
+            let _ = std::process::Command::new("kill")
+                .args([format!("-{signal}"), pid.to_string()])
+                .status();
+        }
+    }
+
     /// SIGKILL (crash: the lease must expire).
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
