@@ -341,10 +341,10 @@ impl RunArgs {
 
         stop.cancelled().await;
         tracing::info!("shutting down: revoking sessions, releasing the lease");
-        registry.revoke_all(
-            RevokeReason::ShuttingDown,
-            "the manager is shutting down; reconnect to the next leader",
-        );
+        // Closed, not only revoked: a controller told to reconnect must not attach here again
+        // in the moments before the gRPC server stops, or it would wait for that server's
+        // graceful timeout instead of reaching the successor.
+        registry.close("the manager is shutting down; reconnect to the next leader");
         // Give sessions a moment to deliver Revoked before the transport closes.
         tokio::time::sleep(Duration::from_millis(200)).await;
         grpc_stop.cancel();

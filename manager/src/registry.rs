@@ -35,6 +35,12 @@ pub enum RegisterError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// The manager is shutting down (UNAVAILABLE): the controller should reconnect to the next
+    /// leader instead of attaching to a manager that is about to close.
+    #[error(
+        "this ctrlhub manager is shutting down; reconnect (through the Service) to the next leader"
+    )]
+    ShuttingDown,
 }
 
 /// How a session is attached.
@@ -55,6 +61,8 @@ pub struct Registry {
     ceiling: Option<Vec<String>>,
     controllers: Mutex<BTreeMap<ControllerId, Arc<Controller>>>,
     next_session: AtomicU64,
+    /// Set by [`Registry::close`]: no session may attach any more.
+    closed: std::sync::atomic::AtomicBool,
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
     metrics: Arc<crate::telemetry::Metrics>,
@@ -199,6 +207,7 @@ impl Registry {
             ceiling,
             controllers: Mutex::new(BTreeMap::new()),
             next_session: AtomicU64::new(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
             leading,
             stop,
             metrics,
@@ -237,6 +246,9 @@ impl Registry {
             tenant: tenant.to_string(),
             name: registration.name.clone(),
         };
+        if self.is_closed() {
+            return Err(RegisterError::ShuttingDown);
+        }
         let namespaces = self.effective_namespaces(&registration)?;
         let limits = self.limits.for_tenant(tenant);
         let controller = {
@@ -321,6 +333,11 @@ impl Registry {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         controller.add_session(session, credits.max(1), tx);
+        if self.is_closed() {
+            // close() ran between the check above and here and may have missed this session.
+            self.detach(&controller, session);
+            return Err(RegisterError::ShuttingDown);
+        }
         if controller.is_overflowed() {
             // Its initial list alone overflowed the queue while wiring, before any session was
             // attached to hear the revocation: refuse this one instead.
@@ -358,7 +375,18 @@ impl Registry {
         }
     }
 
-    /// Revoke every session (leadership lost or shutting down).
+    /// Shut down: refuse every later attach, then revoke every session. A session that attaches
+    /// concurrently is either revoked here or sees the flag in `attach` and is refused.
+    pub fn close(&self, message: &str) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.revoke_all(RevokeReason::ShuttingDown, message);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Revoke every session of every controller (e.g. on losing the lease).
     pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
         for c in self.all() {
             c.revoke_all(reason, message);

@@ -840,6 +840,7 @@ impl Service {
                 limit @ RegisterError::Limit { .. } => {
                     Status::resource_exhausted(limit.to_string())
                 }
+                closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
             })?;
         let credits = attached.credits;
         let controller = attached.controller.clone();
