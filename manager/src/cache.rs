@@ -122,12 +122,12 @@ pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 
 #[derive(Default)]
 struct Store {
-    objects: HashMap<ObjectKey, Arc<CachedObject>>,
-    by_owner: HashMap<Box<str>, HashSet<ObjectKey>>,
+    objects: HashMap<ObjectKey, CachedObject>,
+    by_owner: HashMap<String, HashSet<ObjectKey>>,
     subscribers: Vec<(u64, Subscriber)>,
     /// Objects received since the current (re)list began. Held as bytes too, so that a list of
     /// 100k objects never has them all parsed at once.
-    relisting: Option<HashMap<ObjectKey, Arc<CachedObject>>>,
+    relisting: Option<HashMap<ObjectKey, CachedObject>>,
 }
 
 /// One informer: its store, its subscribers and its watch task.
@@ -155,30 +155,36 @@ fn key_of(obj: &Value) -> ObjectKey {
 impl Store {
     fn unindex_owners(&mut self, key: &ObjectKey, obj: &CachedObject) {
         for uid in obj.owner_uids() {
-            if let Some(set) = self.by_owner.get_mut(uid) {
+            if let Some(set) = self.by_owner.get_mut(&uid) {
                 set.remove(key);
                 if set.is_empty() {
-                    self.by_owner.remove(uid);
+                    self.by_owner.remove(&uid);
                 }
             }
         }
     }
 
-    fn insert(&mut self, key: ObjectKey, obj: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
-        let old = self.objects.insert(key.clone(), obj.clone());
-        if let Some(old) = &old {
-            self.unindex_owners(&key, old);
+    fn insert(&mut self, key: ObjectKey, obj: CachedObject) -> Option<CachedObject> {
+        let owners = obj.owner_uids();
+        if let Some(old) = self.objects.get_mut(&key) {
+            // Replace in place: the stored key stays where it is (no new allocation per update).
+            let old = std::mem::replace(old, obj);
+            self.unindex_owners(&key, &old);
+            self.index_owners(&key, owners);
+            return Some(old);
         }
-        for uid in obj.owner_uids() {
-            self.by_owner
-                .entry(uid.clone())
-                .or_default()
-                .insert(key.clone());
-        }
-        old
+        self.index_owners(&key, owners);
+        self.objects.insert(key, obj);
+        None
     }
 
-    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<CachedObject>> {
+    fn index_owners(&mut self, key: &ObjectKey, owners: Vec<String>) {
+        for uid in owners {
+            self.by_owner.entry(uid).or_default().insert(key.clone());
+        }
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<CachedObject> {
         let old = self.objects.remove(key)?;
         self.unindex_owners(key, &old);
         Some(old)
@@ -190,7 +196,7 @@ impl Store {
     fn upsert(
         &mut self,
         key: ObjectKey,
-        stored: Arc<CachedObject>,
+        stored: CachedObject,
         parsed: impl FnOnce(&CachedObject) -> Arc<Value>,
         initial: bool,
     ) {
@@ -259,7 +265,7 @@ impl Informer {
     }
 
     /// One cached object.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<CachedObject> {
         self.lock()
             .objects
             .get(&(namespace.to_string(), name.to_string()))
@@ -267,9 +273,9 @@ impl Informer {
     }
 
     /// Every cached object (optionally in one namespace), ordered by key.
-    pub fn list(&self, namespace: Option<&str>) -> Vec<(ObjectKey, Arc<CachedObject>)> {
+    pub fn list(&self, namespace: Option<&str>) -> Vec<(ObjectKey, CachedObject)> {
         let store = self.lock();
-        let mut out: Vec<(ObjectKey, Arc<CachedObject>)> = store
+        let mut out: Vec<(ObjectKey, CachedObject)> = store
             .objects
             .iter()
             .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
@@ -301,7 +307,7 @@ impl Informer {
             }
             Event::InitApply(obj) => {
                 if let Some(buf) = store.relisting.as_mut() {
-                    buf.insert(key_of(&obj), Arc::new(CachedObject::from_value(&obj)));
+                    buf.insert(key_of(&obj), CachedObject::from_value(&obj));
                 }
             }
             Event::InitDone => {
@@ -323,7 +329,7 @@ impl Informer {
                         });
                     }
                 }
-                let mut listed: Vec<(ObjectKey, Arc<CachedObject>)> = listed.into_iter().collect();
+                let mut listed: Vec<(ObjectKey, CachedObject)> = listed.into_iter().collect();
                 listed.sort_by(|a, b| a.0.cmp(&b.0));
                 for (key, obj) in listed {
                     store.upsert(key, obj, |o| Arc::new(o.value()), true);
@@ -333,7 +339,7 @@ impl Informer {
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {
-                let stored = Arc::new(CachedObject::from_value(&obj));
+                let stored = CachedObject::from_value(&obj);
                 store.upsert(key_of(&obj), stored, |_| Arc::new(obj), false);
             }
             Event::Delete(obj) => {
@@ -478,8 +484,7 @@ impl Cache {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut store = informer.lock();
-            let mut snapshot: Vec<(&ObjectKey, &Arc<CachedObject>)> =
-                store.objects.iter().collect();
+            let mut snapshot: Vec<(&ObjectKey, &CachedObject)> = store.objects.iter().collect();
             snapshot.sort_by(|a, b| a.0.cmp(b.0));
             for (_, object) in snapshot {
                 subscriber(&CacheEvent::Added {

@@ -41,7 +41,7 @@ pub enum Payload {
     /// The object was not requested.
     None,
     /// The current object, as the cache holds it (its JSON is sent as is).
-    Object(Arc<CachedObject>),
+    Object(CachedObject),
     /// The object is gone; its last known state.
     Tombstone {
         /// Last known state.
@@ -511,7 +511,7 @@ impl Controller {
         informers.iter().flat_map(|i| i.keys()).collect()
     }
 
-    fn primary_object(&self, key: &ObjectKey) -> Option<Arc<CachedObject>> {
+    fn primary_object(&self, key: &ObjectKey) -> Option<CachedObject> {
         let informers = self
             .primaries
             .lock()

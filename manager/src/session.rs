@@ -1052,7 +1052,7 @@ impl Service {
             None => None,
         };
         let namespace = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
-        let mut items: Vec<(ObjectKey, Arc<CachedObject>)> = informers
+        let mut items: Vec<(ObjectKey, CachedObject)> = informers
             .iter()
             .flat_map(|i| i.list(namespace))
             .filter(|(_, o)| {
