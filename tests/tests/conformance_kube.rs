@@ -194,9 +194,14 @@ async fn kube_api_crud() {
 
 /// Runs a reflector over configmaps labelled `app=<label>` and returns its store plus a
 /// counter of how many times the watcher (re)listed (`Event::Init`).
+/// A reflector over ConfigMaps labelled `app=<label>`. `bookmarks: false` keeps the watcher's
+/// resourceVersion at the last matching event, so that compacting history after an unrelated
+/// write is certain to make its resume fail with 410 (a periodic bookmark could otherwise carry
+/// the newest version just before the compaction, and the resume would rightly succeed).
 fn spawn_reflector(
     client: Client,
     label: &str,
+    bookmarks: bool,
 ) -> (
     Store<ConfigMap>,
     Arc<AtomicUsize>,
@@ -206,11 +211,11 @@ fn spawn_reflector(
     let (reader, writer) = reflector::store();
     let inits = Arc::new(AtomicUsize::new(0));
     let counter = inits.clone();
-    let stream = watcher::watcher(
-        api,
-        watcher::Config::default().labels(&format!("app={label}")),
-    )
-    .default_backoff();
+    let mut config = watcher::Config::default().labels(&format!("app={label}"));
+    if !bookmarks {
+        config = config.disable_bookmarks();
+    }
+    let stream = watcher::watcher(api, config).default_backoff();
     let task = tokio::spawn(async move {
         reflector::reflector(writer, stream)
             .for_each(|ev| {
@@ -277,7 +282,7 @@ async fn kube_watcher_reflector_survives_forced_410() {
         .await
         .expect("create");
     }
-    let (store, inits, task) = spawn_reflector(tc.client.clone(), "r410");
+    let (store, inits, task) = spawn_reflector(tc.client.clone(), "r410", false);
     wait_converged(&store, &api, "r410").await;
     assert_eq!(inits.load(Ordering::SeqCst), 1);
 
@@ -357,7 +362,7 @@ async fn kube_watcher_reflector_survives_dropped_watch() {
         .await
         .expect("create");
     }
-    let (store, inits, task) = spawn_reflector(tc.client.clone(), "drop");
+    let (store, inits, task) = spawn_reflector(tc.client.clone(), "drop", true);
     wait_converged(&store, &api, "drop").await;
 
     let faults = tc.dc.faults();
