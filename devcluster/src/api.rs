@@ -631,13 +631,23 @@ fn watch_response(
         format,
         bookmark_interval: app.bookmark_interval,
     };
+    // Listen for close_watches() before the history is checked: a close that lands between the
+    // check and the stream task's start must still end this stream (otherwise a watch validated
+    // just before a compaction would survive the close and never see its 410).
+    let closed = app.faults.close_signal();
     let setup = app
         .store
         .lock()
         .watch(&target.info, spec.namespace.as_deref(), start);
     let body = match setup {
         Ok(setup) => {
-            let rx = watch::spawn(spec, setup, app.faults.clone(), app.shutdown.clone());
+            let rx = watch::spawn(
+                spec,
+                setup,
+                closed,
+                app.faults.clone(),
+                app.shutdown.clone(),
+            );
             Body::from_stream(ReceiverStream::new(rx))
         }
         // kube-rs and client-go expect an expired resume as an ERROR event on a 200 stream.

@@ -103,17 +103,17 @@ pub fn error_event(e: &ApiError) -> Bytes {
 }
 
 /// Start streaming a watch; the returned receiver feeds the response body.
+/// `closed` must have been taken from [`Faults`] before `setup` was computed.
 pub fn spawn(
     spec: WatchSpec,
     setup: WatchSetup,
+    mut closed: tokio::sync::watch::Receiver<u64>,
     faults: Faults,
     shutdown: CancellationToken,
 ) -> mpsc::Receiver<Result<Bytes, Infallible>> {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(1024);
     tokio::spawn(async move {
         let _open = faults.watch_opened();
-        let mut closed = faults.close_signal();
-        closed.mark_unchanged();
         let WatchSetup {
             initial,
             replay,
@@ -145,6 +145,11 @@ pub fn spawn(
         ticker.tick().await;
         loop {
             tokio::select! {
+                // A close that happened before the next change must win: the test closing the
+                // watches and then writing expects the writes on the resumed watch, not here.
+                biased;
+                _ = closed.changed() => return,
+                _ = shutdown.cancelled() => return,
                 received = receiver.recv() => match received {
                     Ok(change) => {
                         if change.rv <= last_rv {
@@ -169,10 +174,8 @@ pub fn spawn(
                         return;
                     }
                 }
-                _ = closed.changed() => return,
                 _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => return,
                 _ = tx.closed() => return,
-                _ = shutdown.cancelled() => return,
             }
         }
     });
