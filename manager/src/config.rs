@@ -244,13 +244,11 @@ impl RunArgs {
             let stop = stop.clone();
             let pod_label = pod_label.clone();
             tokio::spawn(async move {
-                let mut was = *leading.borrow();
+                // Start from "not leading" and look before waiting: the election may already
+                // have been won when this task starts, and the pod must be labelled then too.
+                let mut was = false;
                 loop {
-                    tokio::select! {
-                        r = leading.changed() => if r.is_err() { return },
-                        _ = stop.cancelled() => return,
-                    }
-                    let now = *leading.borrow();
+                    let now = *leading.borrow_and_update();
                     if was && !now {
                         registry.revoke_all(
                             RevokeReason::LeadershipLost,
@@ -263,6 +261,10 @@ impl RunArgs {
                         p.set(now).await;
                     }
                     was = now;
+                    tokio::select! {
+                        r = leading.changed() => if r.is_err() { return },
+                        _ = stop.cancelled() => return,
+                    }
                 }
             });
         }
