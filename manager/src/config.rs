@@ -7,6 +7,7 @@ use crate::controller::RevokeReason;
 use crate::http::{self, HttpState};
 use crate::leader::{Elector, LeaderConfig};
 use crate::registry::Registry;
+use crate::scheduler::{Scheduler, Weights};
 use crate::session::{Service, ServiceState};
 use crate::telemetry::Metrics;
 use crate::tenant::{AllowAll, Limits, StaticTokens, TenantLimits};
@@ -78,6 +79,15 @@ pub struct RunArgs {
     /// queued-keys, in-flight.
     #[arg(long = "tenant-limit")]
     pub tenant_limits: Vec<String>,
+    /// Requests the manager keeps in flight across all tenants (dispatch seats); when all are
+    /// taken, freed seats go to tenants by weighted fair queueing. 0 = unlimited (no fairness
+    /// between tenants).
+    #[arg(long, default_value_t = crate::scheduler::DEFAULT_SEATS)]
+    pub max_dispatch_seats: usize,
+    /// A tenant's weight in the fair sharing of dispatch seats, repeatable: TENANT=N (1 to
+    /// 1000; every other tenant weighs 1).
+    #[arg(long = "tenant-weight")]
+    pub tenant_weights: Vec<String>,
     /// Largest gRPC message the manager accepts from a controller, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_message_bytes: usize,
@@ -229,13 +239,16 @@ impl RunArgs {
             informers: self.max_informers_per_tenant,
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
-        let registry = Registry::with_limits(
+        let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;
+        let scheduler = Scheduler::new(self.max_dispatch_seats, weights);
+        let registry = Registry::with_scheduler(
             cache.clone(),
             self.ceiling(),
             leading.clone(),
             stop.child_token(),
             metrics.clone(),
             limits,
+            scheduler,
         );
         {
             // Sessions live only on the leader: when it steps down, every session must reconnect.

@@ -11,6 +11,7 @@ use crate::object::CachedObject;
 use crate::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
 use crate::registration::Mode;
 use crate::registration::Registration;
+use crate::scheduler::{Flow, Scheduler, Seat};
 use crate::telemetry::{Metrics, ResultLabel};
 use crate::traces::{self, Attempt, AttemptInfo, AttemptKind, LinkKind, PendingLinks};
 use serde_json::Value;
@@ -167,6 +168,8 @@ struct InFlight {
     event: bool,
     /// Its spans, when tracing is on.
     trace: Option<Attempt>,
+    /// Its share of the manager's dispatch budget, freed when the request ends however it ends.
+    _seat: Seat,
 }
 
 /// How many failed reconciles each controller keeps for the status page.
@@ -292,7 +295,10 @@ pub struct Controller {
     /// What it registered.
     pub registration: Registration,
     state: Mutex<State>,
-    wake: Notify,
+    /// Wakes the dispatch task: new work, credits, results, or a dispatch seat granted.
+    wake: Arc<Notify>,
+    /// This controller's claim on the manager's dispatch seats.
+    flow: Flow,
     next_request: AtomicU64,
     /// Informers holding primaries, by namespace ("" = all namespaces).
     primaries: Mutex<Vec<Arc<Informer>>>,
@@ -334,9 +340,21 @@ pub enum Completion {
 }
 
 impl Controller {
-    /// A controller with an empty queue and no sessions.
+    /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
     pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_scheduler(id, registration, metrics, &Scheduler::unlimited())
+    }
+
+    /// A controller whose requests take seats from `scheduler`, shared with other tenants.
+    pub fn with_scheduler(
+        id: ControllerId,
+        registration: Registration,
+        metrics: Arc<Metrics>,
+        scheduler: &Arc<Scheduler>,
+    ) -> Arc<Self> {
         let queue = WorkQueue::new(registration.backoff);
+        let wake = Arc::new(Notify::new());
+        let flow = scheduler.flow(&id.tenant, wake.clone());
         Arc::new(Controller {
             id,
             registration,
@@ -349,7 +367,8 @@ impl Controller {
                 next_session_pick: 0,
                 links: PendingLinks::default(),
             }),
-            wake: Notify::new(),
+            wake,
+            flow,
             next_request: AtomicU64::new(1),
             primaries: Mutex::new(Vec::new()),
             subscriptions: Mutex::new(Vec::new()),
@@ -821,6 +840,9 @@ impl Controller {
     fn dispatch_once(&self, leading: bool) -> Option<Instant> {
         let now = Instant::now();
         let mut reserved: Vec<Reserved> = Vec::new();
+        // Set when the loop stopped for want of a dispatch seat: this controller then waits in
+        // its tenant's queue and is woken when one is granted.
+        let mut waiting_for_seat = false;
         {
             let mut st = self.lock();
             let expired: Vec<String> = st
@@ -856,6 +878,18 @@ impl Controller {
                 };
                 while st.in_flight.len() < max {
                     let Some(session) = pick_session(&mut st) else {
+                        break;
+                    };
+                    let has_work = if self.registration.mode == Mode::Events {
+                        !st.events.is_empty()
+                    } else {
+                        !st.queue.is_empty()
+                    };
+                    if !has_work {
+                        break;
+                    }
+                    let Some(seat) = self.flow.acquire() else {
+                        waiting_for_seat = true;
                         break;
                     };
                     if self.registration.mode == Mode::Events {
@@ -913,6 +947,7 @@ impl Controller {
                                 attempt,
                                 event: true,
                                 trace,
+                                _seat: seat,
                             },
                         );
                         self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
@@ -950,10 +985,15 @@ impl Controller {
                             attempt: lease.attempt,
                             event: false,
                             trace,
+                            _seat: seat,
                         },
                     );
                     reserved.push((session, lease, id, tombstone, trace_context));
                 }
+            }
+            if !waiting_for_seat {
+                // Seats granted while this controller waited but not needed now go to others.
+                self.flow.withdraw();
             }
         }
         if !reserved.is_empty() {
@@ -1227,5 +1267,56 @@ mod tests {
         c.enqueue((0..10).map(|i| ("ns".to_string(), format!("k{i}"))), false);
         c.dispatch_once(true);
         assert_eq!(recv_all(&mut rx1).len() + recv_all(&mut rx2).len(), 3);
+    }
+
+    #[test]
+    fn another_tenants_backlog_does_not_hold_the_next_free_seat() {
+        let seats = Scheduler::new(2, crate::scheduler::Weights::default());
+        let tenant = |t: &str| {
+            Controller::with_scheduler(
+                ControllerId {
+                    tenant: t.into(),
+                    name: "c".into(),
+                },
+                registration(100),
+                Arc::new(Metrics::new()),
+                &seats,
+            )
+        };
+        let (a, b) = (tenant("tenant-a"), tenant("tenant-b"));
+        let (txa, mut rxa) = mpsc::unbounded_channel();
+        let (txb, mut rxb) = mpsc::unbounded_channel();
+        a.add_session(1, 50, txa);
+        b.add_session(2, 50, txb);
+        a.enqueue((0..100).map(|i| ("ns".to_string(), format!("k{i}"))), false);
+        a.dispatch_once(true);
+        let first = recv_all(&mut rxa);
+        assert_eq!(first.len(), 2, "A takes every free seat, and no more");
+        b.enqueue([("ns".to_string(), "live".to_string())], false);
+        b.dispatch_once(true);
+        assert!(recv_all(&mut rxb).is_empty(), "no seat is free yet");
+        // A's backlog waits too, but the seat A frees goes to B, whose tag is behind.
+        a.dispatch_once(true);
+        assert_eq!(
+            a.complete(1, &first[0].id, Outcome::Done, ""),
+            Completion::Accepted
+        );
+        a.dispatch_once(true);
+        assert!(
+            recv_all(&mut rxa).is_empty(),
+            "A took the seat B was waiting for"
+        );
+        b.dispatch_once(true);
+        let got = recv_all(&mut rxb);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].key.1, "live");
+        // B's result frees its seat, and A's backlog goes on.
+        assert_eq!(
+            b.complete(2, &got[0].id, Outcome::Done, ""),
+            Completion::Accepted
+        );
+        a.dispatch_once(true);
+        assert_eq!(recv_all(&mut rxa).len(), 1);
+        assert_eq!(seats.in_use(), 2);
     }
 }

@@ -94,6 +94,8 @@ impl DevArgs {
             max_queued_keys: crate::tenant::Limits::default().queued_keys,
             max_in_flight_per_tenant: crate::tenant::Limits::default().in_flight,
             tenant_limits: Vec::new(),
+            max_dispatch_seats: crate::scheduler::DEFAULT_SEATS,
+            tenant_weights: Vec::new(),
             max_message_bytes: 4 * 1024 * 1024,
             lease_name: "ctrlhub-leader".into(),
             lease_namespace: "kube-system".into(),

@@ -113,6 +113,22 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
         Metrics::advance(&m.adds, &labels, q.adds);
         Metrics::advance(&m.retries, &labels, q.retries);
     }
+    let scheduler = s.registry.scheduler();
+    m.dispatch_seats.set(scheduler.capacity() as f64);
+    m.seats_in_use.reset();
+    m.seats_waiting.reset();
+    for t in scheduler.tenants() {
+        let weight = t.weight.to_string();
+        let labels = [t.tenant.as_str(), weight.as_str()];
+        m.seats_in_use
+            .with_label_values(&labels)
+            .set(i64::try_from(t.in_use).unwrap_or(i64::MAX));
+        m.seats_waiting
+            .with_label_values(&labels)
+            .set(i64::try_from(t.waiting).unwrap_or(i64::MAX));
+        Metrics::advance(&m.seat_grants, &[t.tenant.as_str()], t.granted);
+        Metrics::advance(&m.seat_waits, &[t.tenant.as_str()], t.waited);
+    }
     let informers = s.cache.all();
     m.informers.set(informers.len() as f64);
     for i in &informers {

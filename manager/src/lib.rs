@@ -20,6 +20,7 @@ pub mod predicate;
 pub mod queue;
 pub mod registration;
 pub mod registry;
+pub mod scheduler;
 pub mod session;
 pub mod status_page;
 pub mod telemetry;

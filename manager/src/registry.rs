@@ -6,6 +6,7 @@ use crate::controller::{Controller, ControllerId, Outbound, RevokeReason};
 use crate::mapper;
 use crate::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
+use crate::scheduler::Scheduler;
 use crate::tenant::TenantLimits;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
@@ -67,6 +68,8 @@ pub struct Registry {
     stop: CancellationToken,
     metrics: Arc<crate::telemetry::Metrics>,
     limits: TenantLimits,
+    /// Dispatch seats shared by every tenant's controllers.
+    scheduler: Arc<Scheduler>,
 }
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
@@ -202,6 +205,27 @@ impl Registry {
         metrics: Arc<crate::telemetry::Metrics>,
         limits: TenantLimits,
     ) -> Arc<Self> {
+        Self::with_scheduler(
+            cache,
+            ceiling,
+            leading,
+            stop,
+            metrics,
+            limits,
+            Scheduler::unlimited(),
+        )
+    }
+
+    /// A registry enforcing `limits` whose controllers share the dispatch seats of `scheduler`.
+    pub fn with_scheduler(
+        cache: Arc<Cache>,
+        ceiling: Option<Vec<String>>,
+        leading: watch::Receiver<bool>,
+        stop: CancellationToken,
+        metrics: Arc<crate::telemetry::Metrics>,
+        limits: TenantLimits,
+        scheduler: Arc<Scheduler>,
+    ) -> Arc<Self> {
         Arc::new(Registry {
             cache,
             ceiling,
@@ -212,6 +236,7 @@ impl Registry {
             stop,
             metrics,
             limits,
+            scheduler,
         })
     }
 
@@ -222,6 +247,11 @@ impl Registry {
     /// Every controller, for status and metrics.
     pub fn all(&self) -> Vec<Arc<Controller>> {
         self.controllers().values().cloned().collect()
+    }
+
+    /// The dispatch seats every controller of this registry shares.
+    pub fn scheduler(&self) -> &Arc<Scheduler> {
+        &self.scheduler
     }
 
     /// The shared cache.
@@ -315,8 +345,12 @@ impl Registry {
                         old.revoke_all(RevokeReason::Superseded, "a replica registered a different definition under this controller name");
                         old.release_informers();
                     }
-                    let controller =
-                        Controller::new(id.clone(), registration.clone(), self.metrics.clone());
+                    let controller = Controller::with_scheduler(
+                        id.clone(),
+                        registration.clone(),
+                        self.metrics.clone(),
+                        &self.scheduler,
+                    );
                     controller.set_queue_limit(limits.queued_keys);
                     self.wire(&controller, &namespaces);
                     tokio::spawn(

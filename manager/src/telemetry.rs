@@ -81,6 +81,16 @@ pub struct Metrics {
     pub informer_watch_restarts: IntGaugeVec,
     /// `ctrlhub_informers`.
     pub informers: Gauge,
+    /// `ctrlhub_dispatch_seats`.
+    pub dispatch_seats: Gauge,
+    /// `ctrlhub_dispatch_seats_in_use`.
+    pub seats_in_use: IntGaugeVec,
+    /// `ctrlhub_dispatch_waiting_controllers`.
+    pub seats_waiting: IntGaugeVec,
+    /// `ctrlhub_dispatch_seat_grants_total`.
+    pub seat_grants: IntCounterVec,
+    /// `ctrlhub_dispatch_seat_waits_total`.
+    pub seat_waits: IntCounterVec,
     deadline_misses: IntCounterVec,
     dispatch_latency: HistogramVec,
     rejected: IntCounterVec,
@@ -150,6 +160,12 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let _ = r.register(Box::new(informers.clone()));
+        let dispatch_seats = Gauge::new(
+            "ctrlhub_dispatch_seats",
+            "Requests the manager keeps in flight across all tenants (0 = unlimited).",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let _ = r.register(Box::new(dispatch_seats.clone()));
         Metrics {
             reconcile_total: counter(
                 &r,
@@ -258,6 +274,31 @@ impl Metrics {
                 &["group", "resource", "namespace"],
             ),
             informers,
+            dispatch_seats,
+            seats_in_use: gauge(
+                &r,
+                "ctrlhub_dispatch_seats_in_use",
+                "Dispatch seats held by a tenant's requests in flight",
+                &["tenant", "weight"],
+            ),
+            seats_waiting: gauge(
+                &r,
+                "ctrlhub_dispatch_waiting_controllers",
+                "A tenant's controllers with ready work waiting for a dispatch seat",
+                &["tenant", "weight"],
+            ),
+            seat_grants: counter(
+                &r,
+                "ctrlhub_dispatch_seat_grants_total",
+                "Dispatch seats granted to a tenant",
+                &["tenant"],
+            ),
+            seat_waits: counter(
+                &r,
+                "ctrlhub_dispatch_seat_waits_total",
+                "Dispatch seats granted to a tenant after waiting for one to be freed (the fair queue decided)",
+                &["tenant"],
+            ),
             deadline_misses: counter(
                 &r,
                 "ctrlhub_deadline_misses_total",

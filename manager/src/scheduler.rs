@@ -1,0 +1,690 @@
+//! Manager-wide dispatch seats, shared between tenants by weighted fair queueing.
+//!
+//! Every request the manager has in flight to a controller holds a *seat*. The number of seats
+//! is the manager's budget for outstanding work (`--max-dispatch-seats`); controllers of every
+//! tenant draw from it. While seats are free, any controller takes one at once. When they are
+//! all taken, controllers that have ready work wait in their tenant's queue, and each seat that
+//! is freed goes to the tenant whose next request has the smallest virtual start tag —
+//! start-time fair queueing (Goyal et al.) over tenants, the scheme API Priority and Fairness
+//! builds on. Within a tenant, waiting controllers take turns.
+//!
+//! Tenants are charged in *seat-seconds* divided by their weight, as APF does: a seat is
+//! charged the tenant's running estimate of how long its requests hold a seat when it is
+//! granted, and corrected by the real holding time when it is released. A tenant whose
+//! reconciles are slow therefore gets fewer grants, not a larger share of the manager, and a
+//! tenant with a huge backlog is served no faster than its weight allows while another tenant
+//! has work waiting. Virtual time is the smallest start tag among seats in service, so a tenant
+//! that was idle gets no credit for the time it did not use, and one that was served alone
+//! while nobody competed is ahead by at most the seats it holds.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+/// The default seat budget: far above what one controller's replicas hold in flight (tens), so
+/// seats bind only when many tenants' backlogs meet.
+pub const DEFAULT_SEATS: usize = 256;
+/// What a seat is charged before anything is known of a tenant's requests (1 ms).
+const FIRST_ESTIMATE: f64 = 0.001;
+/// Weight of the newest holding time in a tenant's running estimate.
+const ESTIMATE_GAIN: f64 = 0.2;
+/// Floor for a seat's charge, so a stream of instant requests still advances its tenant's tag.
+const MIN_CHARGE: f64 = 0.000_01;
+
+/// Tenant weights: a default and per-tenant overrides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weights {
+    default: u32,
+    overrides: HashMap<String, u32>,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            default: 1,
+            overrides: HashMap::new(),
+        }
+    }
+}
+
+/// A tenant weight the manager's configuration could not read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WeightError {
+    /// Not TENANT=N.
+    #[error(
+        "--tenant-weight {0:?} is not TENANT=N (for example system:serviceaccount:team-a:ctrl=4)"
+    )]
+    Malformed(String),
+    /// N is not a whole number from 1 to 1000.
+    #[error("--tenant-weight {0:?}: the weight must be a whole number from 1 to 1000")]
+    OutOfRange(String),
+}
+
+impl Weights {
+    /// Weights from `TENANT=N` overrides; every other tenant weighs `default`.
+    pub fn parse<'a>(
+        default: u32,
+        overrides: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, WeightError> {
+        if !(1..=1000).contains(&default) {
+            return Err(WeightError::OutOfRange(default.to_string()));
+        }
+        let mut map = HashMap::new();
+        for spec in overrides {
+            // Tenants are usernames and contain ':'; the weight follows the last '='.
+            let (tenant, n) = spec
+                .rsplit_once('=')
+                .filter(|(t, _)| !t.trim().is_empty())
+                .ok_or_else(|| WeightError::Malformed(spec.to_string()))?;
+            let n: u32 = n
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (1..=1000).contains(n))
+                .ok_or_else(|| WeightError::OutOfRange(spec.to_string()))?;
+            map.insert(tenant.trim().to_string(), n);
+        }
+        Ok(Weights {
+            default,
+            overrides: map,
+        })
+    }
+
+    /// The weight of `tenant`.
+    pub fn of(&self, tenant: &str) -> u32 {
+        self.overrides.get(tenant).copied().unwrap_or(self.default)
+    }
+}
+
+/// A tenant's share of the seats, as status and metrics report it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantSeats {
+    /// The tenant.
+    pub tenant: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Seats its requests hold (granted but not yet used included).
+    pub in_use: usize,
+    /// Its controllers waiting for a seat.
+    pub waiting: usize,
+    /// Seats granted to it since the manager started.
+    pub granted: u64,
+    /// Grants that had to wait for a seat to be freed.
+    pub waited: u64,
+}
+
+/// The manager's dispatch seats.
+pub struct Scheduler {
+    /// 0 = unlimited: every request gets a seat at once and nobody ever waits.
+    capacity: usize,
+    weights: Weights,
+    inner: Mutex<Inner>,
+    next_flow: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    in_use: usize,
+    /// Start tags of the seats in service (f64 bits; tags are never negative, so the bit
+    /// patterns order like the numbers) → how many. The smallest is the virtual time.
+    in_service: BTreeMap<u64, usize>,
+    /// Virtual time while nothing is in service: the largest finish tag handed out.
+    idle_time: f64,
+    /// Every tenant that asked for a seat. Kept while idle (a few words each, bounded by the
+    /// identities that registered): an idle tenant's old finish tag is behind virtual time and
+    /// costs nothing, and its grant counters stay monotonic for `/metrics`.
+    tenants: HashMap<Arc<str>, TenantState>,
+    /// Seats granted to waiting flows and not yet taken, by flow.
+    grants: HashMap<u64, Vec<Grant>>,
+}
+
+struct TenantState {
+    weight: f64,
+    /// Finish tag of its last grant.
+    finish: f64,
+    /// Running estimate of how long its requests hold a seat, in seconds.
+    estimate: f64,
+    /// Its controllers waiting for a seat, in turn order.
+    waiting: VecDeque<Waiter>,
+    in_use: usize,
+    granted: u64,
+    waited: u64,
+}
+
+struct Waiter {
+    flow: u64,
+    wake: Arc<Notify>,
+}
+
+#[derive(Clone, Copy)]
+struct Grant {
+    start: f64,
+    charge: f64,
+    at: Instant,
+}
+
+impl Inner {
+    fn virtual_time(&self) -> f64 {
+        self.in_service
+            .keys()
+            .next()
+            .map_or(self.idle_time, |bits| f64::from_bits(*bits))
+    }
+
+    fn tenant(&mut self, tenant: &Arc<str>, weights: &Weights) -> &mut TenantState {
+        self.tenants
+            .entry(tenant.clone())
+            .or_insert_with(|| TenantState {
+                weight: f64::from(weights.of(tenant)),
+                finish: 0.0,
+                estimate: FIRST_ESTIMATE,
+                waiting: VecDeque::new(),
+                in_use: 0,
+                granted: 0,
+                waited: 0,
+            })
+    }
+
+    /// Give `tenant` a seat now: tag it and put it in service.
+    fn grant(&mut self, tenant: &Arc<str>, weights: &Weights, now: Instant) -> Grant {
+        let v = self.virtual_time();
+        let t = self.tenant(tenant, weights);
+        let start = t.finish.max(v);
+        let charge = t.estimate.max(MIN_CHARGE) / t.weight;
+        t.finish = start + charge;
+        t.in_use += 1;
+        t.granted += 1;
+        let finish = t.finish;
+        self.idle_time = self.idle_time.max(finish);
+        self.in_use += 1;
+        *self.in_service.entry(start.to_bits()).or_default() += 1;
+        Grant {
+            start,
+            charge,
+            at: now,
+        }
+    }
+
+    /// Take a seat out of service; `held` is how long it was held, or `None` for a grant that
+    /// was never used (its charge is refunded).
+    fn release(&mut self, tenant: &Arc<str>, grant: Grant, held: Option<f64>) {
+        self.in_use = self.in_use.saturating_sub(1);
+        let bits = grant.start.to_bits();
+        if let Some(n) = self.in_service.get_mut(&bits) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_service.remove(&bits);
+            }
+        }
+        if let Some(t) = self.tenants.get_mut(tenant) {
+            t.in_use = t.in_use.saturating_sub(1);
+            match held {
+                Some(secs) => {
+                    // Correct the charge to what the seat really cost, as APF does on completion.
+                    t.finish += secs.max(MIN_CHARGE) / t.weight - grant.charge;
+                    t.estimate += ESTIMATE_GAIN * (secs - t.estimate);
+                }
+                None => t.finish -= grant.charge,
+            }
+        }
+    }
+
+    /// Hand free seats to waiting tenants, smallest start tag first.
+    fn serve_waiting(&mut self, capacity: usize, weights: &Weights, now: Instant) {
+        while capacity == 0 || self.in_use < capacity {
+            let v = self.virtual_time();
+            let next = self
+                .tenants
+                .iter()
+                .filter(|(_, t)| !t.waiting.is_empty())
+                .min_by(|(a_name, a), (b_name, b)| {
+                    let (sa, sb) = (a.finish.max(v), b.finish.max(v));
+                    sa.total_cmp(&sb)
+                        .then(a.in_use.cmp(&b.in_use))
+                        .then(a_name.cmp(b_name))
+                })
+                .map(|(name, _)| name.clone());
+            let Some(tenant) = next else { break };
+            let Some(waiter) = self
+                .tenants
+                .get_mut(&tenant)
+                .and_then(|t| t.waiting.pop_front())
+            else {
+                break;
+            };
+            let grant = self.grant(&tenant, weights, now);
+            if let Some(t) = self.tenants.get_mut(&tenant) {
+                t.waited += 1;
+            }
+            self.grants.entry(waiter.flow).or_default().push(grant);
+            waiter.wake.notify_one();
+        }
+    }
+}
+
+impl Scheduler {
+    /// `capacity` seats (0 = unlimited) shared by `weights`.
+    pub fn new(capacity: usize, weights: Weights) -> Arc<Self> {
+        Arc::new(Scheduler {
+            capacity,
+            weights,
+            inner: Mutex::new(Inner::default()),
+            next_flow: AtomicU64::new(1),
+        })
+    }
+
+    /// Unlimited seats: nothing waits (tests and embedding without a budget).
+    pub fn unlimited() -> Arc<Self> {
+        Self::new(0, Weights::default())
+    }
+
+    /// The seat budget (0 = unlimited).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A flow of requests for `tenant`: one per controller. `wake` is notified when a seat it
+    /// waited for has been granted.
+    pub fn flow(self: &Arc<Self>, tenant: &str, wake: Arc<Notify>) -> Flow {
+        Flow {
+            id: self.next_flow.fetch_add(1, Ordering::Relaxed),
+            tenant: Arc::from(tenant),
+            scheduler: self.clone(),
+            wake,
+        }
+    }
+
+    /// Seats per tenant, for status and metrics.
+    pub fn tenants(&self) -> Vec<TenantSeats> {
+        let inner = self.lock();
+        let mut out: Vec<TenantSeats> = inner
+            .tenants
+            .iter()
+            .map(|(name, t)| TenantSeats {
+                tenant: name.to_string(),
+                weight: t.weight as u32,
+                in_use: t.in_use,
+                waiting: t.waiting.len(),
+                granted: t.granted,
+                waited: t.waited,
+            })
+            .collect();
+        out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        out
+    }
+
+    /// Seats in use across all tenants.
+    pub fn in_use(&self) -> usize {
+        self.lock().in_use
+    }
+
+    fn release(&self, tenant: &Arc<str>, grant: Grant, held: Option<f64>, now: Instant) {
+        let mut inner = self.lock();
+        inner.release(tenant, grant, held);
+        inner.serve_waiting(self.capacity, &self.weights, now);
+    }
+}
+
+/// One controller's claim on seats.
+pub struct Flow {
+    id: u64,
+    tenant: Arc<str>,
+    scheduler: Arc<Scheduler>,
+    wake: Arc<Notify>,
+}
+
+impl Flow {
+    /// A seat for one request, or `None`: then this flow waits in its tenant's queue and its
+    /// `wake` is notified when a seat has been set aside for it. Call only with a request ready
+    /// to send, and [`Flow::withdraw`] when no longer wanting one.
+    pub fn acquire(&self) -> Option<Seat> {
+        self.acquire_at(Instant::now())
+    }
+
+    /// [`Flow::acquire`] with the clock given.
+    pub fn acquire_at(&self, now: Instant) -> Option<Seat> {
+        let s = &self.scheduler;
+        let mut inner = s.lock();
+        let grant = match inner.grants.get_mut(&self.id).and_then(Vec::pop) {
+            Some(g) => g,
+            None if s.capacity == 0 || inner.in_use < s.capacity => {
+                inner.grant(&self.tenant, &s.weights, now)
+            }
+            None => {
+                let t = inner.tenant(&self.tenant, &s.weights);
+                if !t.waiting.iter().any(|w| w.flow == self.id) {
+                    t.waiting.push_back(Waiter {
+                        flow: self.id,
+                        wake: self.wake.clone(),
+                    });
+                }
+                return None;
+            }
+        };
+        if inner.grants.get(&self.id).is_some_and(Vec::is_empty) {
+            inner.grants.remove(&self.id);
+        }
+        Some(Seat {
+            tenant: self.tenant.clone(),
+            scheduler: s.clone(),
+            grant: Some(grant),
+        })
+    }
+
+    /// Stop waiting and hand back seats granted but not taken (no ready work, not leading, or
+    /// no session with credits).
+    pub fn withdraw(&self) {
+        self.withdraw_at(Instant::now());
+    }
+
+    /// [`Flow::withdraw`] with the clock given.
+    pub fn withdraw_at(&self, now: Instant) {
+        let s = &self.scheduler;
+        let mut inner = s.lock();
+        if let Some(t) = inner.tenants.get_mut(&self.tenant) {
+            t.waiting.retain(|w| w.flow != self.id);
+        }
+        let unused = inner.grants.remove(&self.id).unwrap_or_default();
+        if unused.is_empty() {
+            return;
+        }
+        for grant in unused {
+            inner.release(&self.tenant, grant, None);
+        }
+        inner.serve_waiting(s.capacity, &s.weights, now);
+    }
+
+    /// Seats granted to this flow and not yet taken.
+    pub fn pending(&self) -> usize {
+        self.scheduler
+            .lock()
+            .grants
+            .get(&self.id)
+            .map_or(0, Vec::len)
+    }
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        self.withdraw();
+    }
+}
+
+/// One request's seat: freed, and its tenant charged for the time held, when dropped.
+pub struct Seat {
+    tenant: Arc<str>,
+    scheduler: Arc<Scheduler>,
+    /// Taken when the seat is freed, so it is freed once.
+    grant: Option<Grant>,
+}
+
+impl Seat {
+    /// Free the seat as of `now` (dropping it frees it as of the current time).
+    pub fn release_at(mut self, now: Instant) {
+        self.free(now);
+    }
+
+    fn free(&mut self, now: Instant) {
+        if let Some(grant) = self.grant.take() {
+            let held = now.saturating_duration_since(grant.at).as_secs_f64();
+            self.scheduler.release(&self.tenant, grant, Some(held), now);
+        }
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.free(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::time::Duration;
+
+    /// Backlogged flows (always wanting another seat) served under a simulated clock: each
+    /// seat is held for its flow's fixed time.
+    struct Sim {
+        flows: Vec<(Flow, Duration)>,
+        now: Instant,
+        ends: BinaryHeap<Reverse<(Instant, u64)>>,
+        seats: HashMap<u64, Seat>,
+        next_seat: u64,
+        grants: Vec<u64>,
+        held: Vec<Duration>,
+        order: Vec<usize>,
+    }
+
+    impl Sim {
+        fn new(scheduler: &Arc<Scheduler>, flows: &[(&str, Duration)]) -> Sim {
+            Sim {
+                flows: flows
+                    .iter()
+                    .map(|(t, d)| (scheduler.flow(t, Arc::new(Notify::new())), *d))
+                    .collect(),
+                now: Instant::now(),
+                ends: BinaryHeap::new(),
+                seats: HashMap::new(),
+                next_seat: 0,
+                grants: vec![0; flows.len()],
+                held: vec![Duration::ZERO; flows.len()],
+                order: Vec::new(),
+            }
+        }
+
+        /// Let every flow in `active` take what it can.
+        fn take(&mut self, active: &[usize]) {
+            for &i in active {
+                while let Some(seat) = self.flows[i].0.acquire_at(self.now) {
+                    let id = self.next_seat;
+                    self.next_seat += 1;
+                    self.ends.push(Reverse((self.now + self.flows[i].1, id)));
+                    self.seats.insert(id, seat);
+                    self.grants[i] += 1;
+                    self.held[i] += self.flows[i].1;
+                    self.order.push(i);
+                }
+            }
+        }
+
+        /// Run until `n` more seats have been freed.
+        fn run(&mut self, active: &[usize], n: usize) {
+            self.take(active);
+            for _ in 0..n {
+                let Some(Reverse((at, id))) = self.ends.pop() else {
+                    return;
+                };
+                self.now = at;
+                if let Some(seat) = self.seats.remove(&id) {
+                    seat.release_at(at);
+                }
+                self.take(active);
+            }
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn unlimited_seats_never_wait() {
+        let s = Scheduler::unlimited();
+        let f = s.flow("a", Arc::new(Notify::new()));
+        let seats: Vec<Seat> = (0..10_000).map_while(|_| f.acquire()).collect();
+        assert_eq!(seats.len(), 10_000);
+        assert_eq!(s.in_use(), 10_000);
+        drop(seats);
+        assert_eq!(s.in_use(), 0);
+    }
+
+    #[test]
+    fn the_budget_is_never_exceeded_and_freed_seats_are_reused() {
+        let s = Scheduler::new(3, Weights::default());
+        let f = s.flow("a", Arc::new(Notify::new()));
+        let mut seats: Vec<Seat> = (0..5).map_while(|_| f.acquire()).collect();
+        assert_eq!(seats.len(), 3);
+        assert!(f.acquire().is_none(), "a fourth seat past a budget of 3");
+        seats.pop();
+        // The freed seat was set aside for the waiting flow.
+        assert_eq!(f.pending(), 1);
+        assert!(f.acquire().is_some());
+        assert_eq!(s.in_use(), 2, "the taken seat was dropped at once");
+    }
+
+    #[test]
+    fn a_waiting_tenant_gets_the_next_freed_seat_ahead_of_a_backlogged_one() {
+        let s = Scheduler::new(4, Weights::default());
+        let wake_b = Arc::new(Notify::new());
+        let a = s.flow("tenant-a", Arc::new(Notify::new()));
+        let b = s.flow("tenant-b", wake_b.clone());
+        let mut a_seats: Vec<Seat> = (0..4).map_while(|_| a.acquire()).collect();
+        assert_eq!(a_seats.len(), 4);
+        // A has a backlog and waited first; B's single live change arrives after.
+        assert!(a.acquire().is_none());
+        assert!(b.acquire().is_none());
+        a_seats.pop();
+        assert_eq!(b.pending(), 1, "the freed seat goes to B");
+        assert_eq!(a.pending(), 0);
+        assert!(b.acquire().is_some());
+        // B's wake was notified: its dispatch task runs without polling.
+        let notified = wake_b.notified();
+        tokio::pin!(notified);
+        assert!(
+            futures_util_poll_once(notified.as_mut()),
+            "B's controller was not woken"
+        );
+    }
+
+    /// Poll a future once with a no-op waker.
+    fn futures_util_poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        f.poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn weights_share_seats_in_proportion() {
+        let weights = Weights::parse(1, ["tenant-b=3"]).expect("weights");
+        let s = Scheduler::new(4, weights);
+        let mut sim = Sim::new(&s, &[("tenant-a", ms(10)), ("tenant-b", ms(10))]);
+        sim.run(&[0, 1], 4_000);
+        let (a, b) = (sim.grants[0] as f64, sim.grants[1] as f64);
+        let share = b / (a + b);
+        assert!(
+            (0.72..=0.78).contains(&share),
+            "B (weight 3) got {b} of {} grants: share {share:.3}, expected 0.75",
+            a + b
+        );
+    }
+
+    #[test]
+    fn slow_requests_are_charged_for_the_seat_time_they_hold() {
+        let s = Scheduler::new(4, Weights::default());
+        // A's reconciles hold a seat 50x longer than B's.
+        let mut sim = Sim::new(&s, &[("tenant-a", ms(100)), ("tenant-b", ms(2))]);
+        sim.run(&[0, 1], 20_000);
+        let (a, b) = (sim.held[0].as_secs_f64(), sim.held[1].as_secs_f64());
+        let share = b / (a + b);
+        assert!(
+            (0.4..=0.6).contains(&share),
+            "seat-time A {a:.1}s, B {b:.1}s: B's share {share:.3}, expected about half"
+        );
+        assert!(
+            sim.grants[1] > 20 * sim.grants[0],
+            "B got {} grants, A {}",
+            sim.grants[1],
+            sim.grants[0]
+        );
+    }
+
+    #[test]
+    fn an_idle_tenant_gets_no_credit_for_the_time_it_did_not_use() {
+        let s = Scheduler::new(4, Weights::default());
+        let mut sim = Sim::new(&s, &[("tenant-a", ms(10)), ("tenant-b", ms(10))]);
+        // A alone for a long while, then both are backlogged.
+        sim.run(&[0], 2_000);
+        let before = sim.order.len();
+        sim.run(&[0, 1], 400);
+        let after = &sim.order[before..];
+        // B may lead by the seats A held when it arrived, then they alternate.
+        let longest_b_run = after
+            .split(|&i| i == 0)
+            .map(<[usize]>::len)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            longest_b_run <= 8,
+            "B was served {longest_b_run} times in a row after being idle"
+        );
+        let b_share = after.iter().filter(|&&i| i == 1).count() as f64 / after.len() as f64;
+        assert!((0.4..=0.6).contains(&b_share), "B's share {b_share:.3}");
+    }
+
+    #[test]
+    fn a_withdrawn_grant_goes_to_the_next_waiter() {
+        let s = Scheduler::new(1, Weights::default());
+        let a = s.flow("tenant-a", Arc::new(Notify::new()));
+        let b = s.flow("tenant-b", Arc::new(Notify::new()));
+        let c = s.flow("tenant-c", Arc::new(Notify::new()));
+        let seat = a.acquire().expect("free seat");
+        assert!(b.acquire().is_none());
+        assert!(c.acquire().is_none());
+        drop(seat);
+        let (first, second) = if b.pending() == 1 { (&b, &c) } else { (&c, &b) };
+        assert_eq!(first.pending(), 1);
+        // The granted flow no longer has work: its seat moves on instead of being lost.
+        first.withdraw();
+        assert_eq!(second.pending(), 1);
+        assert_eq!(s.in_use(), 1);
+        drop(second.acquire());
+        assert_eq!(s.in_use(), 0);
+    }
+
+    #[test]
+    fn a_dropped_flow_returns_its_grants() {
+        let s = Scheduler::new(1, Weights::default());
+        let a = s.flow("tenant-a", Arc::new(Notify::new()));
+        let b = s.flow("tenant-b", Arc::new(Notify::new()));
+        let seat = a.acquire().expect("free seat");
+        assert!(b.acquire().is_none());
+        drop(seat);
+        assert_eq!(b.pending(), 1);
+        drop(b);
+        assert_eq!(s.in_use(), 0);
+        assert!(a.acquire().is_some());
+    }
+
+    #[test]
+    fn weights_are_read_from_tenant_equals_n() {
+        let w = Weights::parse(2, ["system:serviceaccount:team-a:ctrl=5"]).expect("weights");
+        assert_eq!(w.of("system:serviceaccount:team-a:ctrl"), 5);
+        assert_eq!(w.of("anyone"), 2);
+        assert!(matches!(
+            Weights::parse(1, ["no-weight"]),
+            Err(WeightError::Malformed(_))
+        ));
+        assert!(matches!(
+            Weights::parse(1, ["=3"]),
+            Err(WeightError::Malformed(_))
+        ));
+        assert!(matches!(
+            Weights::parse(1, ["a=0"]),
+            Err(WeightError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            Weights::parse(1, ["a=x"]),
+            Err(WeightError::OutOfRange(_))
+        ));
+    }
+}
