@@ -3,7 +3,9 @@
 //!
 //! Allows are cached longer than denies (reference: 5 minutes and 30 seconds), so a new
 //! RoleBinding takes effect quickly and a revoked one is noticed within the allow TTL, which is
-//! also the interval on which live registrations are re-checked. Secrets need more than RBAC: a
+//! also the interval on which live registrations are re-checked. A registration scoped by a
+//! namespace label selector needs no cluster-wide grant: each namespace enters its scope once
+//! this authorizer allows it there (see `registry`). Secrets need more than RBAC: a
 //! tenant must also be listed in the manager's configuration, because a shared cache of Secrets
 //! is a bigger exposure than a tenant's own API access.
 
@@ -25,7 +27,8 @@ const CACHE_ENTRIES: usize = 50_000;
 pub struct DecisionTtl {
     /// An allow (also the re-check interval of live registrations).
     pub allow: Duration,
-    /// A deny.
+    /// A deny (also how often a namespace kept out of a label-selector scope is asked about
+    /// again, so a RoleBinding created later admits it within this long).
     pub deny: Duration,
 }
 
@@ -62,6 +65,11 @@ impl AccessReviewAuthorizer {
             secrets_tenants: secrets_tenants.into_iter().collect(),
             cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
         }
+    }
+
+    /// Secrets are cached for a tenant only if the configuration lists it.
+    fn secrets_refused(&self, who: &Identity, group: &str, plural: &str) -> bool {
+        group.is_empty() && plural == "secrets" && !self.secrets_tenants.contains(&who.tenant)
     }
 
     async fn verb_allowed(
@@ -128,6 +136,14 @@ impl AccessReviewAuthorizer {
 }
 
 impl Authorizer for AccessReviewAuthorizer {
+    fn refused_outright(&self, who: &Identity, group: &str, plural: &str) -> bool {
+        self.secrets_refused(who, group, plural)
+    }
+
+    fn deny_ttl(&self) -> Duration {
+        self.ttl.deny
+    }
+
     fn allowed<'a>(
         &'a self,
         who: &'a Identity,
@@ -137,10 +153,7 @@ impl Authorizer for AccessReviewAuthorizer {
         namespace: &'a str,
     ) -> SeamFuture<'a, Result<bool, AuthzError>> {
         Box::pin(async move {
-            if group.is_empty()
-                && plural == "secrets"
-                && !self.secrets_tenants.contains(&who.tenant)
-            {
+            if self.secrets_refused(who, group, plural) {
                 return Ok(false);
             }
             for verb in access.verbs() {

@@ -7,11 +7,12 @@ use crate::mapper;
 use crate::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
 use crate::scheduler::Scheduler;
-use crate::tenant::TenantLimits;
+use crate::tenant::{NamespaceGate, TenantLimits};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +55,52 @@ pub struct Attached {
     pub outbound: mpsc::UnboundedReceiver<Outbound>,
     /// The credits granted: what it asked for, capped by its tenant's in-flight limit.
     pub credits: u32,
+    /// The namespaces admitted into the controller's scope when it is a namespace label
+    /// selector (None for every other scope).
+    pub scope: Option<AdmittedNamespaces>,
+}
+
+/// The namespaces currently admitted into a namespace-label-selector scope: a read-only view
+/// for the gRPC edge, which re-authorizes them and keeps every key outside them from leaving.
+#[derive(Clone)]
+pub struct AdmittedNamespaces {
+    set: ScopeSet,
+    gated: bool,
+}
+
+impl AdmittedNamespaces {
+    /// Whether `namespace` is in the scope now.
+    pub fn contains(&self, namespace: &str) -> bool {
+        self.set
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(namespace)
+    }
+
+    /// Every namespace in the scope now, sorted.
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .set
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// Whether each namespace was admitted only after its own check (a [`NamespaceGate`]).
+    pub fn is_gated(&self) -> bool {
+        self.gated
+    }
+}
+
+/// A live namespace-selector scope: what it admitted, and how to stop its admission task.
+struct SelectorScope {
+    controller: Weak<Controller>,
+    admitted: AdmittedNamespaces,
+    stop: CancellationToken,
 }
 
 /// Every registered controller of this manager.
@@ -68,6 +115,8 @@ pub struct Registry {
     stop: CancellationToken,
     metrics: Arc<crate::telemetry::Metrics>,
     limits: TenantLimits,
+    /// The namespace-selector scope of each controller that has one.
+    selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
     /// Dispatch seats shared by every tenant's controllers.
     scheduler: Arc<Scheduler>,
 }
@@ -236,8 +285,35 @@ impl Registry {
             stop,
             metrics,
             limits,
+            selector_scopes: Mutex::new(HashMap::new()),
             scheduler,
         })
+    }
+
+    fn selector_scopes(&self) -> MutexGuard<'_, HashMap<ControllerId, SelectorScope>> {
+        self.selector_scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The selector scope of exactly this controller (not of one that superseded it).
+    fn scope_of(&self, controller: &Arc<Controller>) -> Option<AdmittedNamespaces> {
+        self.selector_scopes()
+            .get(&controller.id)
+            .filter(|s| std::ptr::eq(s.controller.as_ptr(), Arc::as_ptr(controller)))
+            .map(|s| s.admitted.clone())
+    }
+
+    /// Stop the admission task of `controller`'s selector scope and forget it.
+    fn forget_scope(&self, controller: &Arc<Controller>) {
+        let mut scopes = self.selector_scopes();
+        if scopes
+            .get(&controller.id)
+            .is_some_and(|s| std::ptr::eq(s.controller.as_ptr(), Arc::as_ptr(controller)))
+            && let Some(gone) = scopes.remove(&controller.id)
+        {
+            gone.stop.cancel();
+        }
     }
 
     fn controllers(&self) -> MutexGuard<'_, BTreeMap<ControllerId, Arc<Controller>>> {
@@ -270,7 +346,22 @@ impl Registry {
         &self,
         tenant: &str,
         registration: Registration,
+        credits: u32,
+    ) -> Result<Attached, RegisterError> {
+        self.attach_gated(tenant, registration, credits, None)
+    }
+
+    /// [`Registry::attach`], where a namespace-label-selector scope admits each matching
+    /// namespace only once `gate` allows it (None: every matching namespace enters at once, for
+    /// an identity allowed cluster-wide). A gated registration never joins an ungated controller
+    /// of the same name: that one delivers from namespaces nobody checked for this session, so
+    /// the gated one supersedes it.
+    pub fn attach_gated(
+        &self,
+        tenant: &str,
+        registration: Registration,
         mut credits: u32,
+        gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Result<Attached, RegisterError> {
         let id = ControllerId {
             tenant: tenant.to_string(),
@@ -322,8 +413,12 @@ impl Registry {
             }
             // Ask for more than is left and get what is left: Registered.effective says so.
             credits = credits.min(u32::try_from(left).unwrap_or(u32::MAX));
+            let joinable = |existing: &Arc<Controller>| {
+                existing.registration == registration
+                    && (gate.is_none() || self.scope_of(existing).is_none_or(|s| s.is_gated()))
+            };
             match controllers.get(&id) {
-                Some(existing) if existing.registration == registration => existing.clone(),
+                Some(existing) if joinable(existing) => existing.clone(),
                 existing => {
                     // Count what the tenant would hold with this registration in place of the
                     // one it supersedes: informers shared between its controllers count once.
@@ -341,9 +436,17 @@ impl Registry {
                         ));
                     }
                     if let Some(old) = existing {
-                        tracing::info!(controller = %id, "registration changed; superseding the previous one");
-                        old.revoke_all(RevokeReason::Superseded, "a replica registered a different definition under this controller name");
+                        let why = if old.registration == registration {
+                            // Same definition, but this replica's namespaces must each be
+                            // checked: the old scope was filled on a cluster-wide grant.
+                            "a replica without a cluster-wide grant registered this controller; its namespaces are now admitted one by one after a permission check: reconnect"
+                        } else {
+                            "a replica registered a different definition under this controller name"
+                        };
+                        tracing::info!(controller = %id, why, "superseding the previous registration");
+                        old.revoke_all(RevokeReason::Superseded, why);
                         old.release_informers();
+                        self.forget_scope(old);
                     }
                     let controller = Controller::with_scheduler(
                         id.clone(),
@@ -352,7 +455,7 @@ impl Registry {
                         &self.scheduler,
                     );
                     controller.set_queue_limit(limits.queued_keys);
-                    self.wire(&controller, &namespaces);
+                    self.wire(&controller, &namespaces, gate.clone());
                     tokio::spawn(
                         controller
                             .clone()
@@ -384,11 +487,13 @@ impl Registry {
                 hint: "narrow the registration's scope (namespaces, label selector, predicates) or ask for a higher limit",
             });
         }
+        let scope = self.scope_of(&controller);
         Ok(Attached {
             controller,
             session,
             outbound: rx,
             credits: credits.max(1),
+            scope,
         })
     }
 
@@ -404,6 +509,7 @@ impl Registry {
             {
                 controllers.remove(&controller.id);
                 controller.release_informers();
+                self.forget_scope(controller);
                 tracing::info!(controller = %controller.id, "last session left; controller removed");
             }
         }
@@ -501,10 +607,17 @@ impl Registry {
     }
 
     /// Subscribe a new controller to everything it needs.
-    fn wire(&self, controller: &Arc<Controller>, namespaces: &Option<Vec<String>>) {
+    fn wire(
+        &self,
+        controller: &Arc<Controller>,
+        namespaces: &Option<Vec<String>>,
+        gate: Option<Arc<dyn NamespaceGate>>,
+    ) {
         let reg = &controller.registration;
         let scope: Option<ScopeSet> = match &reg.namespaces {
-            NamespaceScope::Selector(sel) => Some(self.wire_namespace_selector(controller, sel)),
+            NamespaceScope::Selector(sel) => {
+                Some(self.wire_namespace_selector(controller, sel, gate))
+            }
             _ => None,
         };
         for key in self.informer_keys(&reg.primary, namespaces, primary_labels(reg), false) {
@@ -571,12 +684,40 @@ impl Registry {
     }
 
     /// Follow namespaces matching `sel`: when one enters the scope its primaries are enqueued.
+    /// With a `gate`, a matching namespace enters only once the gate allows it; the check is
+    /// asynchronous (a SubjectAccessReview) and this runs in the cache's synchronous fan-out, so
+    /// a per-controller task makes the decisions, in the order namespaces matched.
     fn wire_namespace_selector(
         &self,
         controller: &Arc<Controller>,
         sel: &LabelSelector,
+        gate: Option<Arc<dyn NamespaceGate>>,
     ) -> ScopeSet {
         let set: ScopeSet = Arc::new(RwLock::new(HashSet::new()));
+        let stop = self.stop.child_token();
+        let gated = gate.as_ref().map(|gate| {
+            let scope = Arc::new(GatedScope::new(set.clone()));
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(admit_namespaces(
+                Arc::downgrade(controller),
+                gate.clone(),
+                scope.clone(),
+                rx,
+                stop.clone(),
+            ));
+            (scope, tx)
+        });
+        self.selector_scopes().insert(
+            controller.id.clone(),
+            SelectorScope {
+                controller: Arc::downgrade(controller),
+                admitted: AdmittedNamespaces {
+                    set: set.clone(),
+                    gated: gated.is_some(),
+                },
+                stop,
+            },
+        );
         let key = namespaces_informer_key();
         let ceiling = self.ceiling.clone();
         let c = Arc::downgrade(controller);
@@ -590,9 +731,19 @@ impl Registry {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
+            // WATCH_NAMESPACE bounds every scope: a namespace outside it never even gets checked.
             let allowed = ceiling.as_ref().is_none_or(|c| c.contains(&name));
             let matches =
                 allowed && !matches!(event, CacheEvent::Deleted { .. }) && sel.matches_object(ns);
+            if let Some((gated, tx)) = &gated {
+                if !matches {
+                    gated.unmatched(&name);
+                } else if gated.matched(&name) {
+                    // The task ends only with the controller, and then nothing waits for this.
+                    let _ = tx.send((name, is_initial(event)));
+                }
+                return;
+            }
             let entered = {
                 let mut s = scope.write().unwrap_or_else(|p| p.into_inner());
                 if matches {
@@ -604,16 +755,214 @@ impl Registry {
                 }
             };
             if entered {
-                // Objects of a namespace that just came into scope: deliver them as new work.
-                let keys: Vec<ObjectKey> = c
-                    .primary_keys()
-                    .into_iter()
-                    .filter(|(n, _)| *n == name)
-                    .collect();
-                c.enqueue(keys, is_initial(event));
+                enqueue_namespace(&c, &name, is_initial(event));
             }
         });
         controller.hold(self.cache.subscribe(key, sub), false);
         set
+    }
+}
+
+/// Objects of a namespace that just came into scope: deliver them as new work.
+fn enqueue_namespace(c: &Controller, namespace: &str, initial: bool) {
+    let keys: Vec<ObjectKey> = c
+        .primary_keys()
+        .into_iter()
+        .filter(|(n, _)| n == namespace)
+        .collect();
+    c.enqueue(keys, initial);
+}
+
+/// The namespaces of a gated selector scope: those matching the selector now, and those of
+/// them the gate admitted. A namespace is admitted only while it still matches, so one that
+/// stops matching while its check is in flight does not slip in when the answer comes.
+struct GatedScope {
+    matching: Mutex<HashSet<String>>,
+    admitted: ScopeSet,
+}
+
+impl GatedScope {
+    fn new(admitted: ScopeSet) -> Self {
+        GatedScope {
+            matching: Mutex::new(HashSet::new()),
+            admitted,
+        }
+    }
+
+    fn matching(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.matching.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `namespace` matches the selector; true if it just started to (it needs a check).
+    fn matched(&self, namespace: &str) -> bool {
+        self.matching().insert(namespace.to_string())
+    }
+
+    /// `namespace` no longer matches (label removed, deleted): out of the scope at once.
+    fn unmatched(&self, namespace: &str) {
+        let mut matching = self.matching();
+        matching.remove(namespace);
+        self.admitted
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(namespace);
+    }
+
+    fn is_matching(&self, namespace: &str) -> bool {
+        self.matching().contains(namespace)
+    }
+
+    /// The gate allowed `namespace`: true if it entered the scope now (it still matches and was
+    /// not in already), so its objects are enqueued exactly once.
+    fn admit(&self, namespace: &str) -> bool {
+        let matching = self.matching();
+        matching.contains(namespace)
+            && self
+                .admitted
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(namespace.to_string())
+    }
+}
+
+/// When each denied namespace is asked about again: at most one entry per namespace, earliest
+/// first. Plain data with the time passed in, so it is tested without a runtime.
+#[derive(Debug, Default)]
+struct RetrySchedule {
+    due: BTreeSet<(Instant, String)>,
+    at: HashMap<String, Instant>,
+}
+
+impl RetrySchedule {
+    /// Ask about `namespace` again at `when` (replacing an earlier plan for it).
+    fn schedule(&mut self, namespace: String, when: Instant) {
+        if let Some(old) = self.at.insert(namespace.clone(), when) {
+            self.due.remove(&(old, namespace.clone()));
+        }
+        self.due.insert((when, namespace));
+    }
+
+    /// The earliest planned re-check.
+    fn next_due(&self) -> Option<Instant> {
+        self.due.first().map(|(when, _)| *when)
+    }
+
+    /// One namespace whose re-check is due at `now`, if any.
+    fn take_due(&mut self, now: Instant) -> Option<String> {
+        let first = self.due.first().filter(|(when, _)| *when <= now)?.clone();
+        self.due.remove(&first);
+        self.at.remove(&first.1);
+        Some(first.1)
+    }
+
+    fn len(&self) -> usize {
+        self.due.len()
+    }
+}
+
+/// The admission task of one gated selector scope: checks each namespace that starts matching,
+/// admits it (and enqueues its objects) when allowed, and asks again about a denied one every
+/// `gate.retry_after()`, so a RoleBinding created later admits it. A denial is invisible to the
+/// tenant: a denied namespace and one that does not exist both simply deliver nothing.
+async fn admit_namespaces(
+    controller: Weak<Controller>,
+    gate: Arc<dyn NamespaceGate>,
+    scope: Arc<GatedScope>,
+    mut matched: mpsc::UnboundedReceiver<(String, bool)>,
+    stop: CancellationToken,
+) {
+    let mut retry = RetrySchedule::default();
+    loop {
+        let (namespace, initial) = match retry.take_due(Instant::now()) {
+            Some(namespace) => (namespace, false),
+            None => {
+                let wake = retry.next_due();
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    got = matched.recv() => match got {
+                        Some(next) => next,
+                        None => return,
+                    },
+                    _ = async {
+                        match wake {
+                            Some(at) => tokio::time::sleep_until(at.into()).await,
+                            None => std::future::pending().await,
+                        }
+                    } => continue,
+                }
+            }
+        };
+        if !scope.is_matching(&namespace) {
+            continue;
+        }
+        let decision = tokio::select! {
+            _ = stop.cancelled() => return,
+            d = gate.admit(&namespace) => d,
+        };
+        let Some(c) = controller.upgrade() else {
+            return;
+        };
+        match decision {
+            Ok(true) => {
+                if scope.admit(&namespace) {
+                    tracing::debug!(controller = %c.id, namespace = %namespace, "namespace admitted into the selector scope");
+                    enqueue_namespace(&c, &namespace, initial);
+                }
+            }
+            Ok(false) => {
+                tracing::debug!(controller = %c.id, namespace = %namespace, "namespace matches the selector but access is denied; asking again later");
+                retry.schedule(namespace, Instant::now() + gate.retry_after());
+            }
+            Err(e) => {
+                tracing::warn!(controller = %c.id, namespace = %namespace, error = %e, "cannot check access to a namespace entering the selector scope; asking again later");
+                retry.schedule(namespace, Instant::now() + gate.retry_after());
+            }
+        }
+        tracing::trace!(controller = %c.id, waiting = retry.len(), "namespace admissions pending a re-check");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_namespace_is_admitted_only_while_it_matches_and_only_once() {
+        let scope = GatedScope::new(Arc::new(RwLock::new(HashSet::new())));
+        assert!(!scope.admit("a"), "never matched: not admitted");
+        assert!(scope.matched("a"), "first match asks for a check");
+        assert!(
+            !scope.matched("a"),
+            "a relabel that still matches does not ask again"
+        );
+        assert!(scope.admit("a"));
+        assert!(!scope.admit("a"), "entering twice would enqueue twice");
+        assert!(scope.admitted.read().expect("lock").contains("a"));
+        scope.unmatched("a");
+        assert!(!scope.admitted.read().expect("lock").contains("a"));
+        assert!(
+            !scope.admit("a"),
+            "an answer arriving after the label was removed does not admit it"
+        );
+        assert!(scope.matched("a"), "matching again asks for a new check");
+    }
+
+    #[test]
+    fn retries_come_due_in_order_once_per_namespace() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = RetrySchedule::default();
+        assert_eq!(r.take_due(t0), None);
+        r.schedule("b".into(), t0 + 2 * s);
+        r.schedule("a".into(), t0 + s);
+        r.schedule("b".into(), t0 + 3 * s);
+        assert_eq!(r.len(), 2, "one plan per namespace");
+        assert_eq!(r.next_due(), Some(t0 + s));
+        assert_eq!(r.take_due(t0), None, "nothing before its time");
+        assert_eq!(r.take_due(t0 + 2 * s).as_deref(), Some("a"));
+        assert_eq!(r.take_due(t0 + 2 * s), None, "b was moved to 3 s");
+        assert_eq!(r.take_due(t0 + 3 * s).as_deref(), Some("b"));
+        assert_eq!(r.next_due(), None);
     }
 }

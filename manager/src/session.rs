@@ -16,8 +16,10 @@ use crate::registration::{
     self, Invalid, Mapping, Mode, NamespaceScope, Owned, Registration, ResourceRef, Watched,
     defaults,
 };
-use crate::registry::{RegisterError, Registry};
-use crate::tenant::{Access, AuthError, Authenticator, Authorizer, Identity};
+use crate::registry::{AdmittedNamespaces, RegisterError, Registry};
+use crate::tenant::{
+    Access, AuthError, Authenticator, Authorizer, AuthzError, Identity, NamespaceGate, SeamFuture,
+};
 use ctrlhub_proto::v1 as pb;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManager;
 use futures::Stream;
@@ -313,16 +315,66 @@ impl ServiceState {
         })
     }
 
-    async fn authorize(&self, who: &Identity, reg: &Registration) -> Result<(), Status> {
-        let namespaces: Vec<String> = match &reg.namespaces {
-            NamespaceScope::Names(n) => n.clone(),
-            _ => vec![String::new()],
-        };
-        let resources = std::iter::once(&reg.primary)
-            .chain(reg.owns.iter().map(|o| &o.resource))
-            .chain(reg.watches.iter().map(|w| &w.resource));
-        for r in resources {
-            for ns in &namespaces {
+    /// Whether `who` may register `reg`, and how. A namespace-label-selector scope is accepted
+    /// without a cluster-wide grant: then each namespace enters it only after its own check
+    /// (see [`RbacNamespaceGate`]).
+    async fn authorize(&self, who: &Identity, reg: &Registration) -> Result<Grant, Status> {
+        match &reg.namespaces {
+            NamespaceScope::Names(names) => {
+                self.require(who, reg, names).await?;
+                Ok(Grant::Full)
+            }
+            NamespaceScope::All => {
+                self.require(who, reg, &[String::new()]).await?;
+                Ok(Grant::Full)
+            }
+            NamespaceScope::Selector(_) => {
+                // A kind refused whatever RBAC says would be denied in every namespace: refuse
+                // it now rather than accept a registration that can never deliver.
+                if let Some(r) = watched_resources(reg)
+                    .find(|r| self.authz.refused_outright(who, &r.group, &r.plural))
+                {
+                    return Err(denied(who, &r.group, &r.kind, ""));
+                }
+                match self.require(who, reg, &[String::new()]).await {
+                    Ok(()) => Ok(Grant::Full),
+                    Err(s) if s.code() == tonic::Code::PermissionDenied => Ok(Grant::PerNamespace),
+                    Err(s) => Err(s),
+                }
+            }
+        }
+    }
+
+    /// Re-authorize a live registration on the re-check interval: an error with
+    /// PERMISSION_DENIED means access it relies on is gone. For a gated selector scope that is
+    /// every namespace admitted so far (whoever's check admitted it: replicas share the scope).
+    async fn reauthorize(
+        &self,
+        who: &Identity,
+        reg: &Registration,
+        scope: Option<&AdmittedNamespaces>,
+    ) -> Result<(), Status> {
+        match (&reg.namespaces, scope) {
+            (NamespaceScope::Names(names), _) => self.require(who, reg, names).await,
+            (NamespaceScope::Selector(_), Some(scope)) if scope.is_gated() => {
+                self.require(who, reg, &scope.namespaces()).await
+            }
+            // All namespaces, or a selector scope filled without checks on a cluster-wide grant:
+            // losing that grant ends the registration, and reconnecting gets per-namespace checks.
+            _ => self.require(who, reg, &[String::new()]).await,
+        }
+    }
+
+    /// PERMISSION_DENIED unless `who` may list and watch every resource of `reg` in each of
+    /// `namespaces` ("" = all namespaces).
+    async fn require(
+        &self,
+        who: &Identity,
+        reg: &Registration,
+        namespaces: &[String],
+    ) -> Result<(), Status> {
+        for r in watched_resources(reg) {
+            for ns in namespaces {
                 let allowed = self
                     .authz
                     .allowed(who, Access::Watch, &r.group, &r.plural, ns)
@@ -414,6 +466,55 @@ impl ServiceState {
             })
             .collect();
         Ok(informers)
+    }
+}
+
+/// What registering was allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grant {
+    /// Everything the registration asks for, in every namespace it covers.
+    Full,
+    /// A namespace label selector without a cluster-wide grant: each namespace enters the scope
+    /// only after its own check, and admitted namespaces are what the re-check covers.
+    PerNamespace,
+}
+
+/// The resources a registration lists and watches: its primary, what it owns, what it watches.
+fn watched_resources(reg: &Registration) -> impl Iterator<Item = &ResourceRef> {
+    std::iter::once(&reg.primary)
+        .chain(reg.owns.iter().map(|o| &o.resource))
+        .chain(reg.watches.iter().map(|w| &w.resource))
+}
+
+/// Admits a namespace into a label-selector scope when the registering identity may list and
+/// watch every resource of the registration there: the same check a registration naming that
+/// namespace passes, made as the namespace enters the scope instead of up front.
+struct RbacNamespaceGate {
+    authz: Arc<dyn Authorizer>,
+    who: Identity,
+    /// (group, plural) of each watched resource.
+    resources: Vec<(String, String)>,
+}
+
+impl NamespaceGate for RbacNamespaceGate {
+    fn admit<'a>(&'a self, namespace: &'a str) -> SeamFuture<'a, Result<bool, AuthzError>> {
+        Box::pin(async move {
+            for (group, plural) in &self.resources {
+                if !self
+                    .authz
+                    .allowed(&self.who, Access::Watch, group, plural, namespace)
+                    .await?
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    fn retry_after(&self) -> Duration {
+        // A deny is cached this long: asking sooner would get the cached answer.
+        self.authz.deny_ttl()
     }
 }
 
@@ -825,7 +926,16 @@ impl Service {
             }
             Err(e) => return Err(Status::invalid_argument(e.to_string())),
         };
-        self.authorize(&identity, &registration).await?;
+        let grant = self.authorize(&identity, &registration).await?;
+        let gate: Option<Arc<dyn NamespaceGate>> = (grant == Grant::PerNamespace).then(|| {
+            Arc::new(RbacNamespaceGate {
+                authz: self.authz.clone(),
+                who: identity.clone(),
+                resources: watched_resources(&registration)
+                    .map(|r| (r.group.clone(), r.plural.clone()))
+                    .collect(),
+            }) as Arc<dyn NamespaceGate>
+        });
         let credits = match (register.max_in_flight, registration.max_concurrent) {
             (0, 0) => defaults::MAX_IN_FLIGHT,
             (0, max) => max,
@@ -833,7 +943,7 @@ impl Service {
         };
         let attached = self
             .registry
-            .attach(&identity.tenant, registration.clone(), credits)
+            .attach_gated(&identity.tenant, registration.clone(), credits, gate)
             .map_err(|e| match e {
                 RegisterError::Invalid(i) => Status::invalid_argument(i.to_string()),
                 RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
@@ -843,6 +953,7 @@ impl Service {
                 closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
             })?;
         let credits = attached.credits;
+        let scope = attached.scope.clone();
         let controller = attached.controller.clone();
         let session_num = attached.session;
         let session_id = format!("{}-{}", controller.id.name, uuid::Uuid::new_v4());
@@ -885,11 +996,12 @@ impl Service {
         };
 
         let recheck = self.recheck.map(|every| {
-            let (service, who, reg, controller) = (
+            let (service, who, reg, controller, scope) = (
                 self.clone(),
                 identity.clone(),
                 registration.clone(),
                 controller.clone(),
+                scope.clone(),
             );
             AbortOnDrop(
                 tokio::spawn(async move {
@@ -898,7 +1010,7 @@ impl Service {
                     tick.tick().await;
                     loop {
                         tick.tick().await;
-                        match service.authorize(&who, &reg).await {
+                        match service.reauthorize(&who, &reg, scope.as_ref()).await {
                             Err(denied) if denied.code() == tonic::Code::PermissionDenied => {
                                 tracing::warn!(controller = %controller.id, user = %who.username, "permission revoked; ending the registration's sessions");
                                 controller.revoke_all(RevokeReason::PermissionRevoked, denied.message());
@@ -925,6 +1037,13 @@ impl Service {
             let end: Option<Status> = loop {
                 tokio::select! {
                     out = outbound.recv() => match out {
+                        Some(Outbound::Reconcile(r)) if scope.as_ref().is_some_and(|s| !s.contains(&r.key.0)) => {
+                            // Resync and retries re-deliver keys the controller has cached, from
+                            // every namespace: one outside the admitted scope (never admitted, or
+                            // left it) must not leave the manager, so it is settled here unseen.
+                            tracing::debug!(controller = %controller.id, namespace = %r.key.0, "key outside the namespace scope withheld");
+                            controller.complete(session_num, &r.id, Outcome::Done, "");
+                        }
                         Some(Outbound::Reconcile(r)) => {
                             if tx.send(Ok(msg(pb::manager_message::Message::Reconcile(request_to_pb(&r))))).await.is_err() {
                                 break None;
@@ -941,6 +1060,10 @@ impl Service {
                             let revoked = pb::Revoked { reason: r as i32, code: status.code() as i32, message, leader_identity: String::new() };
                             let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
                             break Some(status);
+                        }
+                        Some(Outbound::Event { id, delivery, .. }) if scope.as_ref().is_some_and(|s| !s.contains(&delivery.key.0)) => {
+                            tracing::debug!(controller = %controller.id, namespace = %delivery.key.0, "event outside the namespace scope withheld");
+                            controller.ack(session_num, &id);
                         }
                         Some(Outbound::Event { id, delivery, deadline, trace }) => {
                             if tx.send(Ok(msg(pb::manager_message::Message::Event(event_to_pb(&id, &delivery, deadline, trace))))).await.is_err() {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 /// A boxed future, so the seams stay object-safe (`Arc<dyn Authenticator>`).
 pub type SeamFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -119,6 +120,30 @@ pub trait Authorizer: Send + Sync {
         plural: &'a str,
         namespace: &'a str,
     ) -> SeamFuture<'a, Result<bool, AuthzError>>;
+
+    /// Whether `group/plural` is refused to `who` whatever RBAC says (e.g. Secrets for a tenant
+    /// the configuration does not list). A namespace-selector registration for such a kind is
+    /// refused up front: admitting it and then denying every namespace would look like success.
+    fn refused_outright(&self, _who: &Identity, _group: &str, _plural: &str) -> bool {
+        false
+    }
+
+    /// How long a deny is trusted: a namespace refused entry into a label-selector scope is
+    /// asked about again after this long, so a RoleBinding created later admits it.
+    fn deny_ttl(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+}
+
+/// Decides whether one namespace may enter a namespace-label-selector scope. Under RBAC: whether
+/// the registering identity may list and watch everything the registration watches there.
+pub trait NamespaceGate: Send + Sync {
+    /// Whether `namespace` may enter the scope now.
+    fn admit<'a>(&'a self, namespace: &'a str) -> SeamFuture<'a, Result<bool, AuthzError>>;
+
+    /// How long to wait before asking again about a namespace that was denied (or could not be
+    /// decided).
+    fn retry_after(&self) -> Duration;
 }
 
 /// Allows everything (dev mode).

@@ -685,3 +685,186 @@ async fn a_rotated_token_is_accepted_on_a_long_lived_session() {
     let denied = list(other).await.expect_err("another identity");
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
 }
+
+/// ConfigMaps in every namespace labelled `label`.
+fn configmaps_labelled(name: &str, label: (&str, &str)) -> pb::Register {
+    let mut r = register_configmaps(name, 8);
+    r.namespaces = Some(pb::NamespaceScope {
+        scope: Some(pb::namespace_scope::Scope::LabelSelector(
+            pb::LabelSelector {
+                match_labels: [(label.0.to_string(), label.1.to_string())]
+                    .into_iter()
+                    .collect(),
+                match_expressions: vec![],
+            },
+        )),
+    });
+    r
+}
+
+/// Answer every request arriving within `window` and return their keys.
+async fn keys_within(replica: &mut Replica, window: Duration) -> Vec<String> {
+    let deadline = std::time::Instant::now() + window;
+    let mut keys = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match replica.next(left).await {
+            Some(r) => {
+                keys.push(key(&r));
+                replica.done(&r.id).await;
+            }
+            None => break,
+        }
+    }
+    keys
+}
+
+/// Answer requests until one for `wanted` arrives (failing after [`PATIENCE`]); returns every
+/// key seen, `wanted` last.
+async fn keys_until(replica: &mut Replica, wanted: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut keys = Vec::new();
+    loop {
+        let left = deadline
+            .checked_duration_since(std::time::Instant::now())
+            .unwrap_or_else(|| panic!("no request for {wanted} within {PATIENCE:?}; saw {keys:?}"));
+        let r = replica
+            .next(left)
+            .await
+            .unwrap_or_else(|| panic!("no request for {wanted} within {PATIENCE:?}; saw {keys:?}"));
+        keys.push(key(&r));
+        replica.done(&r.id).await;
+        if key(&r) == wanted {
+            return keys;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_selector_scope_admits_only_namespaces_the_tenant_may_watch() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-selector").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    namespace(&c.client, "sel-one", &[("team", "a")]).await;
+    namespace(&c.client, "sel-two", &[("team", "a")]).await;
+    grant_configmaps(&c, "team-a", "ctl", Some("sel-one")).await;
+    put_configmap(&c.client, "sel-two", "two", &[("k", "v")]).await;
+    put_configmap(&c.client, "sel-one", "one", &[("k", "v")]).await;
+    let mut register = configmaps_labelled("c", ("team", "a"));
+    // A resync re-offers every cached key of the kind, whatever its namespace: with one each
+    // second, a key of the denied namespace would have many chances to leak.
+    register.resync_period = Some(secs(1.0));
+    // No cluster-wide grant, and still accepted: each namespace is checked as it enters.
+    let mut replica = Replica::connect_with(&m.grpc, register, Some(&auth))
+        .await
+        .expect("a selector scope registers without a cluster-wide grant");
+    let mut seen = keys_until(&mut replica, "sel-one/one").await;
+    // A live change in the denied namespace, then several deny re-checks (1 s) and resyncs.
+    put_configmap(&c.client, "sel-two", "two", &[("k", "v2")]).await;
+    let later = keys_within(&mut replica, Duration::from_secs(4)).await;
+    assert!(
+        later.iter().any(|k| k == "sel-one/one"),
+        "resyncs ran in the window: {later:?}"
+    );
+    seen.extend(later);
+    assert!(
+        seen.iter().all(|k| k.starts_with("sel-one/")),
+        "only the namespace the tenant may watch delivers: {seen:?}"
+    );
+    // A RoleBinding created later admits the namespace on the next deny re-check.
+    grant_configmaps(&c, "team-a", "ctl", Some("sel-two")).await;
+    keys_until(&mut replica, "sel-two/two").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newly_labelled_namespace_delivers_only_if_the_tenant_may_watch_it() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-relabel").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    namespace(&c.client, "lab-denied", &[]).await;
+    namespace(&c.client, "lab-granted", &[]).await;
+    grant_configmaps(&c, "team-a", "ctl", Some("lab-granted")).await;
+    put_configmap(&c.client, "lab-denied", "app", &[("k", "v")]).await;
+    put_configmap(&c.client, "lab-granted", "app", &[("k", "v")]).await;
+    let mut replica = Replica::connect_with(
+        &m.grpc,
+        configmaps_labelled("c", ("team", "b")),
+        Some(&auth),
+    )
+    .await
+    .expect("registers while no namespace matches");
+    // Labelled in this order, the namespaces are checked in this order: by the time the granted
+    // one delivers, the denied one has been checked and kept out.
+    namespace(&c.client, "lab-denied", &[("team", "b")]).await;
+    namespace(&c.client, "lab-granted", &[("team", "b")]).await;
+    let mut seen = keys_until(&mut replica, "lab-granted/app").await;
+    put_configmap(&c.client, "lab-denied", "app", &[("k", "v2")]).await;
+    put_configmap(&c.client, "lab-granted", "app", &[("k", "v2")]).await;
+    let later = keys_within(&mut replica, Duration::from_secs(3)).await;
+    assert!(
+        later.iter().any(|k| k == "lab-granted/app"),
+        "the live change in the granted namespace arrived: {later:?}"
+    );
+    seen.extend(later);
+    assert!(
+        seen.iter().all(|k| k == "lab-granted/app"),
+        "the labelled namespace without a grant delivers nothing: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_access_to_an_admitted_namespace_ends_the_selector_registration() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-selector-revoke").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    namespace(&c.client, "sel-one", &[("team", "a")]).await;
+    grant_configmaps(&c, "team-a", "ctl", Some("sel-one")).await;
+    put_configmap(&c.client, "sel-one", "one", &[("k", "v")]).await;
+    let mut replica = Replica::connect_with(
+        &m.grpc,
+        configmaps_labelled("c", ("team", "a")),
+        Some(&auth),
+    )
+    .await
+    .expect("registers");
+    keys_until(&mut replica, "sel-one/one").await;
+    revoke_configmaps(&c, "team-a", "ctl", "sel-one").await;
+    // Admitted namespaces are re-checked every allow interval (2 s here).
+    let ended = replica.ended(PATIENCE).await.expect("the session ends");
+    assert_eq!(ended.code(), Code::PermissionDenied, "{ended:?}");
+    assert!(ended.message().contains("namespace sel-one"), "{ended:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_selector_scope_with_a_cluster_wide_grant_admits_every_matching_namespace() {
+    let c = cluster().await;
+    let m = rbac_manager(&c, "sec-selector-all").await;
+    let auth = tenant(&c, "team-a", "ctl").await;
+    namespace(&c.client, "sel-one", &[("team", "a")]).await;
+    namespace(&c.client, "sel-two", &[("team", "a")]).await;
+    namespace(&c.client, "unlabelled", &[]).await;
+    grant_configmaps(&c, "team-a", "ctl", None).await;
+    put_configmap(&c.client, "unlabelled", "zzz", &[("k", "v")]).await;
+    put_configmap(&c.client, "sel-one", "one", &[("k", "v")]).await;
+    put_configmap(&c.client, "sel-two", "two", &[("k", "v")]).await;
+    let mut replica = Replica::connect_with(
+        &m.grpc,
+        configmaps_labelled("c", ("team", "a")),
+        Some(&auth),
+    )
+    .await
+    .expect("registers");
+    let mut seen = Vec::new();
+    while !["sel-one/one", "sel-two/two"]
+        .iter()
+        .all(|k| seen.iter().any(|s| s == k))
+    {
+        let r = replica.expect().await;
+        seen.push(key(&r));
+        replica.done(&r.id).await;
+    }
+    seen.extend(keys_within(&mut replica, Duration::from_secs(1)).await);
+    assert!(
+        seen.iter().all(|k| k.starts_with("sel-")),
+        "only matching namespaces deliver: {seen:?}"
+    );
+}
