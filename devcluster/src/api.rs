@@ -311,7 +311,7 @@ async fn route(
     match (verb, target.name.as_deref(), target.sub.as_deref()) {
         ("watch", _, _) => watch_response(app, &target, query, format),
         ("list", None, None) => {
-            let (labels, fields) = selectors(query)?;
+            let (labels, fields) = selectors(info, query)?;
             let limit = query.get("limit").and_then(|l| l.parse::<usize>().ok());
             let result = app.store.lock().list(
                 info,
@@ -455,7 +455,7 @@ async fn route(
             })
         }
         ("deletecollection", None, None) => {
-            let (labels, fields) = selectors(query)?;
+            let (labels, fields) = selectors(info, query)?;
             let opts = delete_options(query, &body)?;
             let items = app
                 .store
@@ -563,7 +563,10 @@ fn parse_target(app: &App, segs: &[&str]) -> Option<Target> {
     })
 }
 
-fn selectors(query: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
+fn selectors(
+    info: &ResourceInfo,
+    query: &HashMap<String, String>,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let labels = LabelSelector::parse(
         query
             .get("labelSelector")
@@ -571,11 +574,13 @@ fn selectors(query: &HashMap<String, String>) -> Result<(LabelSelector, FieldSel
             .unwrap_or_default(),
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let fields = FieldSelector::parse(
+    let fields = FieldSelector::parse_for(
         query
             .get("fieldSelector")
             .map(String::as_str)
             .unwrap_or_default(),
+        &info.group,
+        &info.plural,
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok((labels, fields))
@@ -587,7 +592,7 @@ fn watch_response(
     query: &HashMap<String, String>,
     format: Format,
 ) -> Result<Response, ApiError> {
-    let (labels, mut fields) = selectors(query)?;
+    let (labels, mut fields) = selectors(&target.info, query)?;
     let mut namespace = target.namespace.clone();
     if let Some(name) = &target.name {
         // GET .../name?watch=true watches one object.

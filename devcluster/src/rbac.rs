@@ -117,7 +117,7 @@ impl Attributes {
             // `resourceNames` rules cover informers on a single object.
             if matches!(verb, "list" | "watch")
                 && let Some(sel) = query.get("fieldSelector")
-                && let Ok(sel) = FieldSelector::parse(sel)
+                && let Ok(sel) = FieldSelector::parse_for(sel, group, resource)
                 && let Some(pinned) = sel.pinned_name()
             {
                 name = pinned.to_string();

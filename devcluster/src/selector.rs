@@ -574,6 +574,60 @@ fn validate_label_value(key: &str, value: &str) -> Result<(), SelectorError> {
 enum Field {
     Name,
     Namespace,
+    /// A string field reached by these keys from the object's root.
+    Path(&'static [&'static str]),
+    /// An Event's `source`: `source.component`, or `reportingComponent` when
+    /// that is empty (kube-apiserver's `ToSelectableFields` for events).
+    EventSource,
+}
+
+/// The field labels of core/v1 Events beyond `metadata.*`, as kube-apiserver
+/// registers them (pkg/registry/core/event). `kubectl describe` lists an
+/// object's events with `involvedObject.name/namespace/kind/uid`, and
+/// `kubectl events --for` with the same; operators that post events on their
+/// objects (kopf, client-go's recorder) rely on those queries to be visible.
+const EVENT_FIELDS: &[(&str, Field)] = &[
+    (
+        "involvedObject.kind",
+        Field::Path(&["involvedObject", "kind"]),
+    ),
+    (
+        "involvedObject.namespace",
+        Field::Path(&["involvedObject", "namespace"]),
+    ),
+    (
+        "involvedObject.name",
+        Field::Path(&["involvedObject", "name"]),
+    ),
+    (
+        "involvedObject.uid",
+        Field::Path(&["involvedObject", "uid"]),
+    ),
+    (
+        "involvedObject.apiVersion",
+        Field::Path(&["involvedObject", "apiVersion"]),
+    ),
+    (
+        "involvedObject.resourceVersion",
+        Field::Path(&["involvedObject", "resourceVersion"]),
+    ),
+    (
+        "involvedObject.fieldPath",
+        Field::Path(&["involvedObject", "fieldPath"]),
+    ),
+    ("reason", Field::Path(&["reason"])),
+    ("reportingComponent", Field::Path(&["reportingComponent"])),
+    ("source", Field::EventSource),
+    ("type", Field::Path(&["type"])),
+];
+
+/// The field labels `resource` of `group` accepts besides `metadata.name` and
+/// `metadata.namespace`.
+fn resource_fields(group: &str, resource: &str) -> &'static [(&'static str, Field)] {
+    match (group, resource) {
+        ("", "events") => EVENT_FIELDS,
+        _ => &[],
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -583,7 +637,8 @@ struct FieldRequirement {
     value: String,
 }
 
-/// A parsed field selector over `metadata.name` / `metadata.namespace` with
+/// A parsed field selector over `metadata.name` / `metadata.namespace` (and
+/// the resource's own field labels, see [`FieldSelector::parse_for`]) with
 /// `=`, `==` and `!=`; every clause must hold.
 ///
 /// The default value is the empty selector, which matches every object.
@@ -600,6 +655,18 @@ impl FieldSelector {
     /// [`SelectorError::UnsupportedField`], matching the API server's
     /// "field label not supported" rejection.
     pub fn parse(s: &str) -> Result<Self, SelectorError> {
+        Self::parse_with(s, &[])
+    }
+
+    /// Like [`FieldSelector::parse`] for a request on `resource` of `group`:
+    /// also accepts the field labels kube-apiserver registers for that
+    /// resource (for core/v1 `events`: `involvedObject.*`, `reason`,
+    /// `reportingComponent`, `source`, `type`).
+    pub fn parse_for(s: &str, group: &str, resource: &str) -> Result<Self, SelectorError> {
+        Self::parse_with(s, resource_fields(group, resource))
+    }
+
+    fn parse_with(s: &str, extra: &[(&str, Field)]) -> Result<Self, SelectorError> {
         let mut requirements = Vec::new();
         for part in split_unescaped_commas(s) {
             let part = part.trim();
@@ -615,11 +682,14 @@ impl FieldSelector {
             let field = match lhs {
                 "metadata.name" => Field::Name,
                 "metadata.namespace" => Field::Namespace,
-                other => {
-                    return Err(SelectorError::UnsupportedField(format!(
-                        "field label not supported: {other}"
-                    )));
-                }
+                other => match extra.iter().find(|(label, _)| *label == other) {
+                    Some((_, field)) => *field,
+                    None => {
+                        return Err(SelectorError::UnsupportedField(format!(
+                            "field label not supported: {other}"
+                        )));
+                    }
+                },
             };
             let value = unescape_field_value(rhs.trim())?;
             requirements.push(FieldRequirement {
@@ -636,19 +706,26 @@ impl FieldSelector {
         self.requirements.is_empty()
     }
 
-    /// Tests an object; a missing name or namespace compares as `""`, which
-    /// is how cluster-scoped objects match `metadata.namespace=`.
+    /// Tests an object; a missing field compares as `""` (as in kube-apiserver,
+    /// whose field sets hold every label), which is how cluster-scoped objects
+    /// match `metadata.namespace=`.
     pub fn matches(&self, obj: &Value) -> bool {
-        let meta = obj.get("metadata");
-        self.requirements.iter().all(|r| {
-            let key = match r.field {
-                Field::Name => "name",
-                Field::Namespace => "namespace",
-            };
-            let actual = meta
-                .and_then(|m| m.get(key))
+        let text = |path: &[&str]| {
+            path.iter()
+                .try_fold(obj, |v, key| v.get(key))
                 .and_then(Value::as_str)
-                .unwrap_or("");
+                .unwrap_or("")
+        };
+        self.requirements.iter().all(|r| {
+            let actual = match r.field {
+                Field::Name => text(&["metadata", "name"]),
+                Field::Namespace => text(&["metadata", "namespace"]),
+                Field::Path(path) => text(path),
+                Field::EventSource => match text(&["source", "component"]) {
+                    "" => text(&["reportingComponent"]),
+                    component => component,
+                },
+            };
             (actual == r.value) != r.negate
         })
     }
