@@ -20,6 +20,10 @@ struct Cli {
     /// soak.json next to it).
     #[arg(long, global = true)]
     json: Option<PathBuf>,
+    /// Leave out the throughput scenario's kopf reference (it needs python3 and, on first use,
+    /// PyPI to install kopf into <target>/bench/kopf-venv).
+    #[arg(long, global = true)]
+    no_kopf: bool,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -28,7 +32,8 @@ struct Cli {
 enum Cmd {
     /// Every scenario except soak.
     All,
-    /// Objects reconciled per second, live and from a backlog.
+    /// Objects reconciled per second, live and from a backlog (ctrlhub, kube-rs, and kopf as a
+    /// reference).
     Throughput,
     /// Update-to-reconcile-start latency under steady updates.
     Latency,
@@ -66,9 +71,9 @@ impl Cmd {
     }
 }
 
-async fn scenario(cmd: &Cmd, sizes: Sizes) -> Result<Outcome> {
+async fn scenario(cmd: &Cmd, sizes: Sizes, kopf: bool) -> Result<Outcome> {
     match cmd {
-        Cmd::Throughput => scenarios::throughput::run(sizes.pick(10_000, 1_000)).await,
+        Cmd::Throughput => scenarios::throughput::run(sizes.pick(10_000, 1_000), kopf).await,
         Cmd::Latency => scenarios::latency::run(500, sizes.pick(60, 10)).await,
         Cmd::SharedCaches => scenarios::shared_caches::run(sizes.pick(10_000, 1_000), 10).await,
         Cmd::Memory => {
@@ -103,7 +108,7 @@ async fn main() -> Result<()> {
     for cmd in &cmds {
         let name = cmd.name();
         eprintln!("== {name}");
-        match scenario(cmd, sizes).await {
+        match scenario(cmd, sizes, !cli.no_kopf).await {
             Ok(o) => {
                 if cmds.len() > 1 {
                     eprintln!("\n{}", table(&o.rows));

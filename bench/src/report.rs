@@ -41,6 +41,9 @@ pub struct Row {
     pub ctrlhub: String,
     /// The peer's figure (kube-rs), formatted; empty when there is none.
     pub peer: String,
+    /// A reference implementation's figure (the throughput scenario's kopf operator),
+    /// formatted; empty when there is none. Not part of any goal.
+    pub reference: String,
     /// The goal, in words; empty when there is none.
     pub goal: String,
     /// Whether the goal is met.
@@ -62,6 +65,7 @@ impl Row {
             metric: metric.into(),
             ctrlhub: ctrlhub.into(),
             peer: peer.into(),
+            reference: String::new(),
             goal: goal.into(),
             verdict,
         }
@@ -75,6 +79,12 @@ impl Row {
         peer: impl Into<String>,
     ) -> Row {
         Row::new(scenario, metric, ctrlhub, peer, "", Verdict::Info)
+    }
+
+    /// This row with a reference figure (shown in the table's `reference (kopf)` column).
+    pub fn with_reference(mut self, reference: impl Into<String>) -> Row {
+        self.reference = reference.into();
+        self
     }
 }
 
@@ -90,29 +100,32 @@ pub struct Outcome {
 }
 
 /// Renders rows as a Markdown table (readable in a terminal and pasteable into BENCHMARKS.md).
+/// The `reference (kopf)` column appears only when some row has a reference figure, so the
+/// tables of the other scenarios keep their shape.
 pub fn table(rows: &[Row]) -> String {
-    let headers = [
-        "scenario",
-        "metric",
-        "ctrlhub",
-        "peer (kube-rs)",
-        "goal",
-        "verdict",
-    ];
-    let cells: Vec<[String; 6]> = rows
+    let with_reference = rows.iter().any(|r| !r.reference.is_empty());
+    let mut headers = vec!["scenario", "metric", "ctrlhub", "peer (kube-rs)"];
+    if with_reference {
+        headers.push("reference (kopf)");
+    }
+    headers.extend(["goal", "verdict"]);
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            [
+            let mut row = vec![
                 r.scenario.clone(),
                 r.metric.clone(),
                 r.ctrlhub.clone(),
                 r.peer.clone(),
-                r.goal.clone(),
-                r.verdict.text().to_string(),
-            ]
+            ];
+            if with_reference {
+                row.push(r.reference.clone());
+            }
+            row.extend([r.goal.clone(), r.verdict.text().to_string()]);
+            row
         })
         .collect();
-    let mut width = headers.map(str::len);
+    let mut width: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &cells {
         for (w, c) in width.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
@@ -121,13 +134,15 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let line = |out: &mut String, row: &[String]| {
         out.push('|');
-        for (c, w) in row.iter().zip(width) {
+        for (c, &w) in row.iter().zip(&width) {
             let _ = write!(out, " {c:<w$} |");
         }
         out.push('\n');
     };
-    line(&mut out, &headers.map(String::from));
-    line(&mut out, &width.map(|w| "-".repeat(w)));
+    let header_cells: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    line(&mut out, &header_cells);
+    let rule: Vec<String> = width.iter().map(|w| "-".repeat(*w)).collect();
+    line(&mut out, &rule);
     for row in &cells {
         line(&mut out, row);
     }

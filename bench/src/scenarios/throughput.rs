@@ -1,14 +1,21 @@
 //! Throughput: N new Widgets, a no-op reconciler, time until every object was reconciled once.
 //! (a) ctrlhub, one controller of 3 replicas (separate `bench-sdk-controller` processes) over
 //! gRPC; (b) an in-process `kube::runtime::Controller` with concurrency 16 on the same
-//! devcluster. "live": the controller runs while the objects are created (timed from the first
-//! create); "backlog": the objects exist before the controller starts (timed from its start).
+//! devcluster; (c) a kopf operator (PyPI, `bench/kopf/operator.py`) as a reference, with the
+//! no-op `@kopf.on.event` handler and with kopf's usual `@kopf.on.create` (which writes an
+//! annotation back per object). "live": the controller runs while the objects are created
+//! (timed from the first create); "backlog": the objects exist before the controller starts
+//! (timed from its start — for kopf, from starting the Python process).
 
 use super::PATIENCE;
-use crate::env::{Cluster, Collector, Manager, sdk_controllers};
+use crate::env::{
+    Cluster, Collector, Kopf, KopfMode, Manager, Proc, kopf_operator, sdk_controllers, widget,
+};
 use crate::kubert;
 use crate::report::{Outcome, Row, Verdict};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use kube::api::PostParams;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Concurrent creates of the load generator.
@@ -133,7 +140,79 @@ async fn backlog(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Re
     })
 }
 
-/// Figures of the whole scenario.
+/// Name of the object the kopf live run creates before the clock starts: its report shows that
+/// kopf has listed the namespace and is watching (kopf offers no other readiness signal).
+const KOPF_SENTINEL: &str = "kopf-ready";
+
+/// How long kopf may take to start (a cold Python import of kopf and aiohttp is about 1 s).
+const KOPF_STARTUP: Duration = Duration::from_secs(120);
+
+/// Wait until `n` distinct keys were reported, failing early (with the log) when kopf exits.
+async fn wait_kopf(
+    col: &Collector,
+    proc: &mut Proc,
+    log: &Path,
+    n: usize,
+    timeout: Duration,
+) -> Result<Instant> {
+    let start = Instant::now();
+    loop {
+        let (count, last) = col.with(|t| (t.distinct.len(), t.last_new));
+        if count >= n {
+            return Ok(last.unwrap_or_else(Instant::now));
+        }
+        if let Some(status) = proc.child.try_wait()? {
+            bail!(
+                "kopf exited with {status} after {count} of {n} objects (log: {})",
+                log.display()
+            );
+        }
+        if start.elapsed() > timeout {
+            bail!(
+                "kopf reconciled only {count} of {n} objects after {timeout:?} (log: {})",
+                log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn kopf_live(c: &Cluster, k: &Kopf, mode: KopfMode, ns: &str, n: usize) -> Result<Run> {
+    c.namespace(ns).await?;
+    let sentinel = serde_json::from_value(widget(ns, KOPF_SENTINEL))?;
+    c.widgets(ns)
+        .create(&PostParams::default(), &sentinel)
+        .await
+        .context("creating the kopf readiness object")?;
+    let (col, tx) = Collector::new();
+    let (mut proc, log) = kopf_operator(k, c, ns, mode, &tx)?;
+    wait_kopf(&col, &mut proc, &log, 1, KOPF_STARTUP).await?;
+    let start = Instant::now();
+    let create = c.create_widgets(ns, n, CREATE_CONCURRENCY).await?;
+    let last = wait_kopf(&col, &mut proc, &log, n + 1, PATIENCE).await?;
+    proc.stop().await;
+    Ok(Run {
+        objects: n,
+        elapsed: last.duration_since(start),
+        create,
+    })
+}
+
+async fn kopf_backlog(c: &Cluster, k: &Kopf, mode: KopfMode, ns: &str, n: usize) -> Result<Run> {
+    let create = c.create_widgets(ns, n, CREATE_CONCURRENCY).await?;
+    let (col, tx) = Collector::new();
+    let start = Instant::now();
+    let (mut proc, log) = kopf_operator(k, c, ns, mode, &tx)?;
+    let last = wait_kopf(&col, &mut proc, &log, n, PATIENCE).await?;
+    proc.stop().await;
+    Ok(Run {
+        objects: n,
+        elapsed: last.duration_since(start),
+        create,
+    })
+}
+
+/// Figures of ctrlhub and kube-rs.
 #[derive(Debug, Clone, Copy)]
 pub struct Figures {
     /// ctrlhub, live.
@@ -146,19 +225,41 @@ pub struct Figures {
     pub kube_backlog: Run,
 }
 
-/// Measure with `n` objects per run.
+/// Figures of the kopf operator in one mode.
+#[derive(Debug, Clone, Copy)]
+pub struct KopfFigures {
+    /// Which handler ran.
+    pub mode: KopfMode,
+    /// Live.
+    pub live: Run,
+    /// Backlog.
+    pub backlog: Run,
+}
+
+impl KopfFigures {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({"handler": self.mode.decorator(), "live": self.live.json(),
+            "backlog": self.backlog.json()})
+    }
+}
+
+/// Measure ctrlhub and kube-rs with `n` objects per run, on a devcluster of their own.
 pub async fn measure(n: usize) -> Result<Figures> {
     let c = Cluster::start().await?;
-    let m = Manager::start(&c, "throughput", &[]).await?;
+    measure_on(&c, n).await
+}
+
+async fn measure_on(c: &Cluster, n: usize) -> Result<Figures> {
+    let m = Manager::start(c, "throughput", &[]).await?;
     m.wait_leading().await?;
     eprintln!("throughput: {n} objects per run");
-    let ctrlhub_live = live(Side::Ctrlhub, &c, &m, "tp-ctrlhub-live", n).await?;
+    let ctrlhub_live = live(Side::Ctrlhub, c, &m, "tp-ctrlhub-live", n).await?;
     eprintln!("  ctrlhub live  {:>8.0} obj/s", ctrlhub_live.rate());
-    let kube_live = live(Side::Kube, &c, &m, "tp-kube-live", n).await?;
+    let kube_live = live(Side::Kube, c, &m, "tp-kube-live", n).await?;
     eprintln!("  kube-rs live  {:>8.0} obj/s", kube_live.rate());
-    let ctrlhub_backlog = backlog(Side::Ctrlhub, &c, &m, "tp-ctrlhub-backlog", n).await?;
+    let ctrlhub_backlog = backlog(Side::Ctrlhub, c, &m, "tp-ctrlhub-backlog", n).await?;
     eprintln!("  ctrlhub backlog {:>6.0} obj/s", ctrlhub_backlog.rate());
-    let kube_backlog = backlog(Side::Kube, &c, &m, "tp-kube-backlog", n).await?;
+    let kube_backlog = backlog(Side::Kube, c, &m, "tp-kube-backlog", n).await?;
     eprintln!("  kube-rs backlog {:>6.0} obj/s", kube_backlog.rate());
     Ok(Figures {
         ctrlhub_live,
@@ -168,18 +269,63 @@ pub async fn measure(n: usize) -> Result<Figures> {
     })
 }
 
-/// The scenario: measure and tabulate.
-pub async fn run(n: usize) -> Result<Outcome> {
-    let f = measure(n).await?;
+/// Measure the kopf operator in `mode` with `n` objects per run, on a devcluster of its own;
+/// installs kopf first if needed (see [`crate::env::kopf`]).
+pub async fn measure_kopf(n: usize, mode: KopfMode) -> Result<KopfFigures> {
+    let k = crate::env::kopf().await?;
+    let c = Cluster::start().await?;
+    measure_kopf_on(&c, &k, n, mode).await
+}
+
+async fn measure_kopf_on(c: &Cluster, k: &Kopf, n: usize, mode: KopfMode) -> Result<KopfFigures> {
+    let name = mode.name();
+    let live = kopf_live(c, k, mode, &format!("tp-kopf-{name}-live"), n).await?;
+    eprintln!("  kopf {name:<6} live    {:>6.0} obj/s", live.rate());
+    let backlog = kopf_backlog(c, k, mode, &format!("tp-kopf-{name}-backlog"), n).await?;
+    eprintln!("  kopf {name:<6} backlog {:>6.0} obj/s", backlog.rate());
+    Ok(KopfFigures {
+        mode,
+        live,
+        backlog,
+    })
+}
+
+/// "1234 (8.10 s)": objects per second and the seconds they took.
+fn cell(run: &Run) -> String {
+    format!("{:.0} ({:.2} s)", run.rate(), run.elapsed.as_secs_f64())
+}
+
+/// The scenario: measure and tabulate. `with_kopf` adds the kopf reference (both handlers),
+/// installing kopf into `<target>/bench/kopf-venv` on first use.
+pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
+    // Install before anything is timed, so pip's work cannot overlap a measurement.
+    let k = if with_kopf {
+        Some(crate::env::kopf().await?)
+    } else {
+        None
+    };
+    let c = Cluster::start().await?;
+    let f = measure_on(&c, n).await?;
+    let mut kopf = Vec::new();
+    if let Some(k) = &k {
+        eprintln!("throughput: kopf {} (reference)", k.version);
+        for mode in [KopfMode::Event, KopfMode::Create] {
+            kopf.push(measure_kopf_on(&c, k, n, mode).await?);
+        }
+    }
     let live_ratio = f.ctrlhub_live.rate() / f.kube_live.rate();
     let backlog_ratio = f.ctrlhub_backlog.rate() / f.kube_backlog.rate();
-    let rows = vec![
+    let event = kopf.iter().find(|k| k.mode == KopfMode::Event);
+    let reference =
+        |pick: fn(&KopfFigures) -> &Run| event.map(|k| cell(pick(k))).unwrap_or_default();
+    let mut rows = vec![
         Row::info(
             "throughput",
-            &format!("live, {n} objects (obj/s)"),
-            format!("{:.0}", f.ctrlhub_live.rate()),
-            format!("{:.0}", f.kube_live.rate()),
-        ),
+            &format!("live, {n} objects: obj/s (s)"),
+            cell(&f.ctrlhub_live),
+            cell(&f.kube_live),
+        )
+        .with_reference(reference(|k| &k.live)),
         Row::new(
             "throughput",
             "live ratio a/b",
@@ -190,10 +336,11 @@ pub async fn run(n: usize) -> Result<Outcome> {
         ),
         Row::info(
             "throughput",
-            &format!("backlog, {n} objects (obj/s)"),
-            format!("{:.0}", f.ctrlhub_backlog.rate()),
-            format!("{:.0}", f.kube_backlog.rate()),
-        ),
+            &format!("backlog, {n} objects: obj/s (s)"),
+            cell(&f.ctrlhub_backlog),
+            cell(&f.kube_backlog),
+        )
+        .with_reference(reference(|k| &k.backlog)),
         Row::new(
             "throughput",
             "backlog ratio a/b",
@@ -203,14 +350,50 @@ pub async fn run(n: usize) -> Result<Outcome> {
             Verdict::of(backlog_ratio >= 1.0),
         ),
     ];
+    if let Some(e) = event {
+        rows.push(Row::info(
+            "throughput",
+            "live ratio a/c (c: kopf.on.event)",
+            format!("{:.2}", f.ctrlhub_live.rate() / e.live.rate()),
+            "",
+        ));
+        rows.push(Row::info(
+            "throughput",
+            "backlog ratio a/c (c: kopf.on.event)",
+            format!("{:.2}", f.ctrlhub_backlog.rate() / e.backlog.rate()),
+            "",
+        ));
+    }
+    for k in kopf.iter().filter(|k| k.mode == KopfMode::Create) {
+        rows.push(
+            Row::info("throughput", "live, kopf.on.create: obj/s (s)", "", "")
+                .with_reference(cell(&k.live)),
+        );
+        rows.push(
+            Row::info("throughput", "backlog, kopf.on.create: obj/s (s)", "", "")
+                .with_reference(cell(&k.backlog)),
+        );
+    }
+    let mut json = serde_json::json!({
+        "objects": n,
+        "ctrlhub": {"replicas": 3, "concurrencyPerReplica": 16, "live": f.ctrlhub_live.json(), "backlog": f.ctrlhub_backlog.json()},
+        "kubeRs": {"concurrency": 16, "live": f.kube_live.json(), "backlog": f.kube_backlog.json()},
+        "liveRatio": live_ratio, "backlogRatio": backlog_ratio,
+    });
+    if let (Some(k), Some(e)) = (&k, event) {
+        let mut handlers = serde_json::Map::new();
+        for kf in &kopf {
+            handlers.insert(kf.mode.name().into(), kf.json());
+        }
+        json["kopf"] = serde_json::json!({"version": k.version, "standalone": true,
+            "handlers": handlers});
+        json["liveRatioKopfEvent"] = serde_json::json!(f.ctrlhub_live.rate() / e.live.rate());
+        json["backlogRatioKopfEvent"] =
+            serde_json::json!(f.ctrlhub_backlog.rate() / e.backlog.rate());
+    }
     Ok(Outcome {
         scenario: "throughput".into(),
         rows,
-        json: serde_json::json!({
-            "objects": n,
-            "ctrlhub": {"replicas": 3, "concurrencyPerReplica": 16, "live": f.ctrlhub_live.json(), "backlog": f.ctrlhub_backlog.json()},
-            "kubeRs": {"concurrency": 16, "live": f.kube_live.json(), "backlog": f.kube_backlog.json()},
-            "liveRatio": live_ratio, "backlogRatio": backlog_ratio,
-        }),
+        json,
     })
 }
