@@ -288,6 +288,10 @@ pub struct Counters {
     pub redelivered: AtomicU64,
 }
 
+/// The namespaces a namespace-label-selector scope admits now, shared with the registry, which
+/// keeps it current as namespaces match, pass their checks, or leave.
+pub type NamespaceSet = Arc<std::sync::RwLock<std::collections::HashSet<String>>>;
+
 /// A registered controller.
 pub struct Controller {
     /// Tenant and name.
@@ -303,6 +307,9 @@ pub struct Controller {
     /// Informers holding primaries, by namespace ("" = all namespaces).
     primaries: Mutex<Vec<Arc<Informer>>>,
     subscriptions: Mutex<Vec<Subscription>>,
+    /// Set for a namespace-label-selector scope: the primary informers watch every namespace,
+    /// so keys read back from them (resync) are kept to the admitted ones.
+    scope: std::sync::OnceLock<NamespaceSet>,
     /// Counters for status and metrics.
     pub counters: Counters,
     metrics: Arc<Metrics>,
@@ -372,6 +379,7 @@ impl Controller {
             next_request: AtomicU64::new(1),
             primaries: Mutex::new(Vec::new()),
             subscriptions: Mutex::new(Vec::new()),
+            scope: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics,
             recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
@@ -528,6 +536,28 @@ impl Controller {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         informers.iter().flat_map(|i| i.keys()).collect()
+    }
+
+    /// Keep this controller's own re-reads of its primaries (resync) to `namespaces`.
+    pub fn limit_to_namespaces(&self, namespaces: NamespaceSet) {
+        // Set once, when the registry wires the scope; a second call would be a wiring bug and
+        // keeps the first set, which the registry keeps current.
+        let _ = self.scope.set(namespaces);
+    }
+
+    /// The primary keys within this controller's scope: every cached one, less those of
+    /// namespaces a selector scope has not admitted.
+    pub fn scoped_primary_keys(&self) -> Vec<ObjectKey> {
+        let keys = self.primary_keys();
+        match self.scope.get() {
+            None => keys,
+            Some(set) => {
+                let set = set.read().unwrap_or_else(|p| p.into_inner());
+                keys.into_iter()
+                    .filter(|(ns, _)| set.contains(ns))
+                    .collect()
+            }
+        }
     }
 
     fn primary_object(&self, key: &ObjectKey) -> Option<CachedObject> {
@@ -1108,7 +1138,7 @@ impl Controller {
             if let Some(at) = next_resync
                 && Instant::now() >= at
             {
-                let keys = self.primary_keys();
+                let keys = self.scoped_primary_keys();
                 tracing::debug!(controller = %self.id, keys = keys.len(), "resync");
                 self.enqueue(keys, true);
                 next_resync = resync.map(|r| Instant::now() + r);

@@ -179,7 +179,7 @@ fn namespaces_informer_key() -> InformerKey {
 }
 
 /// Namespaces currently in scope for a namespace-label-selector registration.
-type ScopeSet = Arc<RwLock<HashSet<String>>>;
+type ScopeSet = crate::controller::NamespaceSet;
 
 fn in_scope(scope: &Option<ScopeSet>, obj: &Value) -> bool {
     key_in_scope(
@@ -694,6 +694,7 @@ impl Registry {
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> ScopeSet {
         let set: ScopeSet = Arc::new(RwLock::new(HashSet::new()));
+        controller.limit_to_namespaces(set.clone());
         let stop = self.stop.child_token();
         let gated = gate.as_ref().map(|gate| {
             let scope = Arc::new(GatedScope::new(set.clone()));
