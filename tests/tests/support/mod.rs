@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod rbac;
+
 use ctrlhub_proto::v1 as pb;
 use ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient;
 use std::path::PathBuf;
