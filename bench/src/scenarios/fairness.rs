@@ -1,7 +1,9 @@
-//! Fair dispatch between tenants (ported from `tests/examples/fairness.rs`): tenant A floods N
-//! keys while tenant B changes one object; B's latency from update to delivery (median and 99th
-//! percentile) with and without A's flood. Two real tenants: ServiceAccounts authenticated by
-//! TokenReview and authorized by RBAC (`--auth kubernetes`).
+//! Fair dispatch between tenants: tenant A floods N keys while tenant B changes one object; B's
+//! latency from update to delivery (median and 99th percentile) with and without A's flood. Two
+//! real tenants: ServiceAccounts authenticated by TokenReview and authorized by RBAC
+//! (`--auth kubernetes`). The manager runs with fewer dispatch seats than A's replicas have
+//! credits, so A's backlog keeps every seat taken and each seat B gets is one the weighted fair
+//! queue gave it ahead of A.
 
 use super::PATIENCE;
 use crate::env::{Cluster, Manager};
@@ -95,10 +97,38 @@ async fn b_latencies(c: &Cluster, b: &mut Replica, updates: usize) -> Result<Vec
     Ok(out)
 }
 
+/// Dispatch seats of the manager under test: well under A's 3 × 64 credits.
+const SEATS: usize = 32;
+
+/// `ctrlhub_dispatch_seat_waits_total` and `_grants_total` of `tenant`, from `/metrics`.
+async fn seat_counts(m: &Manager, tenant: &str) -> (u64, u64) {
+    let text = match reqwest::get(format!("{}/metrics", m.http)).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let read = |name: &str| {
+        let prefix = format!("{name}{{tenant=\"{tenant}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    (
+        read("ctrlhub_dispatch_seat_waits_total"),
+        read("ctrlhub_dispatch_seat_grants_total"),
+    )
+}
+
 /// Run with A flooding `keys` keys; B measures `updates` updates without the flood.
 pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
     let c = Cluster::start().await?;
-    let m = Manager::start(&c, "fairness", &["--auth", "kubernetes"]).await?;
+    let seats = SEATS.to_string();
+    let m = Manager::start(
+        &c,
+        "fairness",
+        &["--auth", "kubernetes", "--max-dispatch-seats", &seats],
+    )
+    .await?;
     m.wait_leading().await?;
     let a_auth = tenant(&c, "tenant-a").await?;
     let b_auth = tenant(&c, "tenant-b").await?;
@@ -197,6 +227,10 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
         }
     }
     let measured_during = flood_start.elapsed();
+    let tenant_a = "system:serviceaccount:tenant-a:ctl";
+    let tenant_b = "system:serviceaccount:tenant-b:ctl";
+    let (a_waits, a_grants) = seat_counts(&m, tenant_a).await;
+    let (b_waits, b_grants) = seat_counts(&m, tenant_b).await;
     for r in a_replicas {
         r.await?;
     }
@@ -204,7 +238,8 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
     let (q50, q99, qmax) = percentiles(&mut quiet.clone());
     let (f50, f99, fmax) = percentiles(&mut flooded.clone());
     eprintln!(
-        "  B quiet median {} p99 {}; during A's flood median {} p99 {} (n={}); A reconciled {a_done}",
+        "  B quiet median {} p99 {}; during A's flood median {} p99 {} (n={}); A reconciled {a_done}; \
+         seats {SEATS}: A waited for {a_waits} of {a_grants} grants, B for {b_waits} of {b_grants}",
         ms(q50),
         ms(q99),
         ms(f50),
@@ -225,6 +260,12 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
             format!("{}/{}", ms(f50), ms(f99)),
             "",
         ),
+        Row::info(
+            "fairness",
+            &format!("seat grants that waited ({SEATS} seats), A / B"),
+            format!("{a_waits} of {a_grants} / {b_waits} of {b_grants}"),
+            "",
+        ),
     ];
     Ok(Outcome {
         scenario: "fairness".into(),
@@ -232,6 +273,7 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
         json: serde_json::json!({"keys": keys, "updates": updates,
             "quiet": {"medianMs": q50.as_secs_f64() * 1e3, "p99Ms": q99.as_secs_f64() * 1e3, "maxMs": qmax.as_secs_f64() * 1e3, "samples": quiet.len()},
             "flooded": {"medianMs": f50.as_secs_f64() * 1e3, "p99Ms": f99.as_secs_f64() * 1e3, "maxMs": fmax.as_secs_f64() * 1e3, "samples": flooded.len()},
-            "aReconciled": a_done, "measuredDuringFloodSeconds": measured_during.as_secs_f64()}),
+            "aReconciled": a_done, "measuredDuringFloodSeconds": measured_during.as_secs_f64(),
+            "seats": SEATS, "seatWaits": {"a": a_waits, "b": b_waits}, "seatGrants": {"a": a_grants, "b": b_grants}}),
     })
 }
