@@ -88,6 +88,17 @@ pub struct RunArgs {
     /// 1000; every other tenant weighs 1).
     #[arg(long = "tenant-weight")]
     pub tenant_weights: Vec<String>,
+    /// PEM certificate (chain) the gRPC server presents: serve TLS instead of plaintext HTTP/2.
+    #[arg(long, env = "CTRLHUB_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--grpc-tls-cert`.
+    #[arg(long, env = "CTRLHUB_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// PEM CA bundle for mutual TLS: every controller must present a client certificate signed
+    /// by it, or its connection fails in the handshake before any gRPC call (the bearer token
+    /// still names the tenant). Needs `--grpc-tls-cert`.
+    #[arg(long, env = "CTRLHUB_GRPC_CLIENT_CA", requires = "grpc_tls_cert")]
+    pub grpc_client_ca: Option<PathBuf>,
     /// Largest gRPC message the manager accepts from a controller, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_message_bytes: usize,
@@ -171,6 +182,29 @@ impl RunArgs {
             .map(str::to_string)
             .collect();
         (!list.is_empty()).then_some(list)
+    }
+
+    /// The gRPC server's TLS settings from the PEM files (None: plaintext).
+    fn grpc_tls(&self) -> anyhow::Result<Option<tonic::transport::ServerTlsConfig>> {
+        let (Some(cert), Some(key)) = (&self.grpc_tls_cert, &self.grpc_tls_key) else {
+            return Ok(None);
+        };
+        let read = |what: &str, path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("reading {what} {}", path.display()))
+        };
+        let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(
+                read("--grpc-tls-cert", cert)?,
+                read("--grpc-tls-key", key)?,
+            ),
+        );
+        if let Some(ca) = &self.grpc_client_ca {
+            tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(
+                "--grpc-client-ca",
+                ca,
+            )?));
+        }
+        Ok(Some(tls))
     }
 
     async fn client(&self) -> anyhow::Result<kube::Client> {
@@ -323,12 +357,18 @@ impl RunArgs {
             .with_context(|| format!("binding HTTP {}", self.http_addr))?;
         tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
 
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = self.grpc_tls()? {
+            server = server
+                .tls_config(tls)
+                .context("configuring TLS for the gRPC server")?;
+        }
         let grpc_stop = CancellationToken::new();
         let grpc = {
             let stop = grpc_stop.clone();
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
             tokio::spawn(
-                tonic::transport::Server::builder()
+                server
                     .http2_keepalive_interval(Some(Duration::from_secs(20)))
                     .add_service(
                         ControllerManagerServer::new(service)

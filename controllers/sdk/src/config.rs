@@ -14,7 +14,7 @@ pub const DEFAULT_TOKEN: &str = "dev";
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Manager endpoint, e.g. `http://127.0.0.1:9090` (env `CTRLHUB_ADDR`);
-    /// plaintext HTTP/2 (`http://`) only in this build.
+    /// `https://` needs [`Config::tls`].
     pub addr: String,
     /// Bearer token sent as `authorization: Bearer <token>` (env
     /// `CTRLHUB_TOKEN`, default `dev`).
@@ -33,6 +33,26 @@ pub struct Config {
     /// How long to wait for the manager to close a draining session after
     /// every in-flight reconcile has answered.
     pub drain_grace: Duration,
+    /// TLS to the manager (an `https://` address), with a client certificate
+    /// when the manager requires mutual TLS.
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for TLS to the manager, read anew on every (re)connect so that
+/// rotated certificates (cert-manager, a projected Secret) take effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA that signed the manager's serving certificate (env
+    /// `CTRLHUB_TLS_CA_FILE`).
+    pub ca: PathBuf,
+    /// This controller's client certificate, for a manager started with
+    /// `--grpc-client-ca` (env `CTRLHUB_TLS_CERT_FILE`).
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (env `CTRLHUB_TLS_KEY_FILE`).
+    pub key: Option<PathBuf>,
+    /// The name to verify in the manager's certificate, when it differs from
+    /// the address's host (env `CTRLHUB_TLS_SERVER_NAME`).
+    pub server_name: Option<String>,
 }
 
 /// Invalid connection settings.
@@ -49,6 +69,9 @@ pub enum ConfigError {
     /// The token cannot be sent as gRPC metadata or read from its file.
     #[error("invalid token: {0}")]
     InvalidToken(String),
+    /// The TLS settings are incomplete or a PEM file cannot be read.
+    #[error("invalid TLS settings: {0}")]
+    InvalidTls(String),
 }
 
 impl Default for Config {
@@ -68,11 +91,12 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(30),
             drain_grace: Duration::from_secs(5),
+            tls: None,
         }
     }
 
-    /// Settings from `CTRLHUB_ADDR`, `CTRLHUB_TOKEN` and `CTRLHUB_TOKEN_FILE`,
-    /// with the defaults above.
+    /// Settings from `CTRLHUB_ADDR`, `CTRLHUB_TOKEN`, `CTRLHUB_TOKEN_FILE` and
+    /// the `CTRLHUB_TLS_*` files, with the defaults above.
     pub fn from_env() -> Result<Self, ConfigError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mut config = Self::new(
@@ -80,6 +104,25 @@ impl Config {
             var("CTRLHUB_TOKEN").unwrap_or_else(|| DEFAULT_TOKEN.into()),
         );
         config.token_file = var("CTRLHUB_TOKEN_FILE").map(PathBuf::from);
+        let cert = var("CTRLHUB_TLS_CERT_FILE").map(PathBuf::from);
+        let key = var("CTRLHUB_TLS_KEY_FILE").map(PathBuf::from);
+        let server_name = var("CTRLHUB_TLS_SERVER_NAME");
+        config.tls = match var("CTRLHUB_TLS_CA_FILE") {
+            Some(ca) => Some(TlsFiles {
+                ca: PathBuf::from(ca),
+                cert,
+                key,
+                server_name,
+            }),
+            None if cert.is_some() || key.is_some() || server_name.is_some() => {
+                return Err(ConfigError::InvalidTls(
+                    "CTRLHUB_TLS_CERT_FILE, CTRLHUB_TLS_KEY_FILE and CTRLHUB_TLS_SERVER_NAME \
+                     need CTRLHUB_TLS_CA_FILE (the CA of the manager's certificate)"
+                        .into(),
+                ));
+            }
+            None => None,
+        };
         config.validate()?;
         Ok(config)
     }
@@ -93,27 +136,66 @@ impl Config {
                     addr: self.addr.clone(),
                     reason: e.to_string(),
                 })?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(ConfigError::InvalidAddr {
-                    addr: self.addr.clone(),
-                    reason: "TLS is not compiled into this build (tonic's TLS feature is off); \
-                             use http:// (e.g. through a TLS-terminating sidecar)"
-                        .into(),
-                });
+        match (uri.scheme_str(), &self.tls) {
+            (Some("http"), None) | (Some("https"), Some(_)) => {}
+            (Some("http"), Some(_)) => {
+                return Err(ConfigError::InvalidTls(format!(
+                    "TLS files are set but the address {} is http://; use https://",
+                    self.addr
+                )));
+            }
+            (Some("https"), None) => {
+                return Err(ConfigError::InvalidTls(format!(
+                    "{} is https:// but no CA is set: set CTRLHUB_TLS_CA_FILE (Config::tls) \
+                     to the CA of the manager's certificate",
+                    self.addr
+                )));
             }
             _ => {
                 return Err(ConfigError::InvalidAddr {
                     addr: self.addr.clone(),
-                    reason: "expected an http:// URL".into(),
+                    reason: "expected an http:// or https:// URL".into(),
                 });
             }
+        }
+        if let Some(tls) = &self.tls
+            && tls.cert.is_some() != tls.key.is_some()
+        {
+            return Err(ConfigError::InvalidTls(
+                "a client certificate needs its key and a key its certificate: set both \
+                 CTRLHUB_TLS_CERT_FILE and CTRLHUB_TLS_KEY_FILE, or neither"
+                    .into(),
+            ));
         }
         if self.token_file.is_none() {
             bearer(&self.token)?;
         }
         Ok(())
+    }
+
+    /// The TLS settings with the PEM files as they are now (None: plaintext).
+    pub(crate) fn client_tls(
+        &self,
+    ) -> Result<Option<tonic::transport::ClientTlsConfig>, ConfigError> {
+        let Some(files) = &self.tls else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| ConfigError::InvalidTls(format!("reading {}: {e}", path.display())))
+        };
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(&files.ca)?));
+        if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                read(cert)?,
+                read(key)?,
+            ));
+        }
+        if let Some(name) = &files.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(Some(tls))
     }
 
     /// The current `authorization` metadata value.
@@ -158,9 +240,33 @@ mod tests {
                 .is_ok()
         );
         assert!(
-            Config::new("https://ctrlhub.svc:443", "t")
-                .validate()
-                .is_err()
+            matches!(
+                Config::new("https://ctrlhub.svc:443", "t").validate(),
+                Err(ConfigError::InvalidTls(_))
+            ),
+            "https without a CA"
+        );
+        let tls = TlsFiles {
+            ca: "ca.pem".into(),
+            cert: Some("tls.crt".into()),
+            key: None,
+            server_name: None,
+        };
+        let mut c = Config::new("https://ctrlhub.svc:443", "t");
+        c.tls = Some(tls.clone());
+        assert!(
+            matches!(c.validate(), Err(ConfigError::InvalidTls(_))),
+            "a certificate without its key"
+        );
+        c.tls = Some(TlsFiles {
+            key: Some("tls.key".into()),
+            ..tls.clone()
+        });
+        assert!(c.validate().is_ok());
+        c.addr = "http://ctrlhub.svc:9090".into();
+        assert!(
+            matches!(c.validate(), Err(ConfigError::InvalidTls(_))),
+            "TLS files with an http:// address"
         );
         assert!(Config::new("127.0.0.1:9090", "dev").validate().is_err());
         assert!(Config::new("http://[::1", "dev").validate().is_err());

@@ -139,7 +139,7 @@ mod selector;
 
 pub use action::{Action, ReconcileError};
 pub use backoff::Backoff;
-pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN};
+pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN, TlsFiles};
 pub use controller::{Controller, Mapping, Scope, dynamic_resource_type, resource_type};
 pub use predicate::Predicate;
 pub use reader::{CachedReader, RawObject, ReadError};

@@ -153,8 +153,18 @@ where
             // A new connection for every session: a Kubernetes Service picks the backend per TCP
             // connection, so re-opening the stream on the old one would keep asking a manager
             // that stepped down (and answers UNAVAILABLE) instead of reaching the new leader.
-            let client = ControllerManagerClient::new(endpoint.connect_lazy());
-            match session::<K, C, F, Fut>(&shared, client, &shutdown).await {
+            let end = match dial(&endpoint, &shared.config) {
+                Ok(channel) => {
+                    let client = ControllerManagerClient::new(channel);
+                    session::<K, C, F, Fut>(&shared, client, &shutdown).await
+                }
+                // Certificates may not be mounted yet, or be mid-rotation: retry with backoff.
+                Err(e) => SessionEnd::Retry {
+                    reason: e.to_string(),
+                    registered: false,
+                },
+            };
+            match end {
                 SessionEnd::Stopped => {
                     info!(controller = %shared.name, "controller stopped");
                     return Ok(());
@@ -187,6 +197,18 @@ where
             }
         }
     }
+}
+
+/// A lazily connecting channel to the manager, with TLS read from its files now.
+fn dial(endpoint: &Endpoint, config: &Config) -> Result<tonic::transport::Channel, Error> {
+    let endpoint = match config.client_tls()? {
+        Some(tls) => endpoint
+            .clone()
+            .tls_config(tls)
+            .map_err(|e| ConfigError::InvalidTls(e.to_string()))?,
+        None => endpoint.clone(),
+    };
+    Ok(endpoint.connect_lazy())
 }
 
 fn round_ms(d: Duration) -> Duration {

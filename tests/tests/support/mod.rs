@@ -299,6 +299,16 @@ impl Replica {
             .connect()
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        Self::connect_over(channel, register, authorization, extra).await
+    }
+
+    /// Register over an already connected `channel` (e.g. one speaking TLS).
+    pub async fn connect_over(
+        channel: tonic::transport::Channel,
+        register: pb::Register,
+        authorization: Option<&str>,
+        extra: &[(&'static str, &str)],
+    ) -> Result<Replica, ConnectError> {
         let mut client = ControllerManagerClient::new(channel);
         let (tx, rx) = mpsc::channel(1024);
         tx.send(pb::ControllerMessage {
