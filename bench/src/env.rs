@@ -96,6 +96,24 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The summed resident memory of `pids` once it has settled: sampled every 250 ms until three
+/// readings in a row agree within 1% (a burst's buffers freed, the manager's post-burst
+/// `malloc_trim` run), or after 15 s, the last reading. Replaces a fixed pause before a reading.
+pub async fn settled_rss(pids: &[u32]) -> u64 {
+    let read = || pids.iter().filter_map(|p| rss_bytes(*p)).sum::<u64>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut last = read();
+    let mut steady = 0;
+    while steady < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = read();
+        let close = now.abs_diff(last) <= last / 100;
+        steady = if close { steady + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
 /// A free loopback port (bound and released).
 pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?

@@ -37,15 +37,20 @@ async fn measure(
     for col in cols {
         col.wait_distinct(n, PATIENCE).await?;
     }
-    // Allocators settle and late watch re-opens show up.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Resident memory once the initial lists' buffers are freed; the settling also leaves time
+    // for a late watch re-open to show in the counts.
+    let rss_manager = match manager {
+        Some(m) => crate::env::settled_rss(&[m.proc.pid]).await,
+        None => 0,
+    };
+    let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+    let rss_procs = crate::env::settled_rss(&pids).await;
     let stats = c.dc.stats();
-    let rss_manager = manager.map(|m| m.rss()).unwrap_or(0);
     Ok(Side {
         lists: stats.request_count("list", PLURAL) - before.0,
         watches: stats.request_count("watch", PLURAL) - before.1,
         watches_open: stats.watches_open(),
-        rss: rss_manager + procs.iter().map(|p| p.rss()).sum::<u64>(),
+        rss: rss_manager + rss_procs,
         rss_manager,
     })
 }

@@ -20,8 +20,7 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
     let (col, tx) = Collector::new();
     let mut ctls = sdk_controllers(&m, "soak", ns, 3, 16, &tx)?;
     col.wait_distinct(objects, PATIENCE).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_start = m.rss();
+    let rss_start = crate::env::settled_rss(&[m.proc.pid]).await;
     let ctl_rss_start: u64 = ctls.iter().map(|p| p.rss()).sum();
     col.with(|t| t.recording = true);
 
@@ -85,8 +84,7 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
     stop.store(true, Ordering::Relaxed);
     let _ = loader.await;
     let elapsed = start.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_end = m.rss();
+    let rss_end = crate::env::settled_rss(&[m.proc.pid]).await;
     let ctl_rss_end: u64 = ctls.iter().map(|p| p.rss()).sum();
     let reconciles = col.with(|t| t.total) - reconciles_at_start;
     all_latencies.extend(col.with(|t| std::mem::take(&mut t.latencies)));
