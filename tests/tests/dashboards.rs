@@ -322,9 +322,13 @@ fn check_filters(dash: &str, title: &str, expr: &str) {
     if expr.contains("controller_runtime_")
         || expr.contains("ctrlhub_sessions")
         || expr.contains("ctrlhub_deadline")
-        || expr.contains("ctrlhub_dispatch")
+        || expr.contains("ctrlhub_dispatch_latency")
     {
         need.extend([r#"tenant=~"$tenant""#, r#"controller=~"$controller""#]);
+    }
+    // Dispatch seats are shared by a tenant's controllers: per tenant only.
+    if expr.contains("ctrlhub_dispatch_seat") {
+        need.push(r#"tenant=~"$tenant""#);
     }
     if expr.contains("workqueue_") {
         need.extend([r#"tenant=~"$tenant""#, r#"name=~"$controller""#]);
