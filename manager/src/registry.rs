@@ -235,37 +235,19 @@ impl Registry {
         stop: CancellationToken,
         metrics: Arc<crate::telemetry::Metrics>,
     ) -> Arc<Self> {
-        Self::with_limits(
-            cache,
-            ceiling,
-            leading,
-            stop,
-            metrics,
-            TenantLimits::default(),
-        )
-    }
-
-    /// A registry enforcing `limits` (instead of the defaults).
-    pub fn with_limits(
-        cache: Arc<Cache>,
-        ceiling: Option<Vec<String>>,
-        leading: watch::Receiver<bool>,
-        stop: CancellationToken,
-        metrics: Arc<crate::telemetry::Metrics>,
-        limits: TenantLimits,
-    ) -> Arc<Self> {
         Self::with_scheduler(
             cache,
             ceiling,
             leading,
             stop,
             metrics,
-            limits,
+            TenantLimits::default(),
             Scheduler::unlimited(),
         )
     }
 
-    /// A registry enforcing `limits` whose controllers share the dispatch seats of `scheduler`.
+    /// A registry enforcing `limits` (instead of the defaults) whose controllers share the
+    /// dispatch seats of `scheduler`.
     pub fn with_scheduler(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,

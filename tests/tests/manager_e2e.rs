@@ -541,19 +541,8 @@ async fn failed_watches_are_counted_as_restarts_and_recovered_from() {
     let first = r.expect().await;
     assert_eq!(key(&first), "default/before");
     r.done(&first.id).await;
-    let series = r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"} "#;
-    let restarts = || async {
-        let text = reqwest::get(format!("{}/metrics", m.http))
-            .await
-            .expect("metrics reachable")
-            .text()
-            .await
-            .expect("text");
-        text.lines()
-            .find_map(|l| l.strip_prefix(series))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let series = r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"}"#;
+    let restarts = || async { m.metric(series).await as u64 };
     wait_until("both failed watches counted", || async {
         restarts().await >= 2
     })

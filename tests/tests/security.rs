@@ -321,17 +321,10 @@ async fn limited_manager(c: &Cluster, identity: &str, extra: &[&str]) -> Manager
 }
 
 async fn limit_hits(m: &Manager, limit: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", m.http))
-        .await
-        .expect("metrics reachable")
-        .text()
-        .await
-        .expect("metrics text");
-    let wanted = format!(r#"ctrlhub_tenant_limit_hits_total{{limit="{limit}",tenant="dev"}} "#);
-    text.lines()
-        .find_map(|l| l.strip_prefix(&wanted))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    m.metric(&format!(
+        r#"ctrlhub_tenant_limit_hits_total{{limit="{limit}",tenant="dev"}}"#
+    ))
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

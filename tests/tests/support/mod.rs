@@ -170,6 +170,22 @@ impl Manager {
             .expect("status is JSON")
     }
 
+    /// The value of one series of `/metrics`, named with its labels as the exposition writes
+    /// them (sorted), e.g. `ctrlhub_sessions{controller="c",tenant="dev"}`; 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.http))
+            .await
+            .expect("metrics reachable")
+            .text()
+            .await
+            .expect("metrics text");
+        let prefix = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Wait until this manager leads.
     pub async fn wait_leading(&self) {
         wait_until("manager leads", || async {
