@@ -913,7 +913,7 @@ impl Controller {
                     let has_work = if self.registration.mode == Mode::Events {
                         !st.events.is_empty()
                     } else {
-                        !st.queue.is_empty()
+                        st.queue.has_ready(now)
                     };
                     if !has_work {
                         break;
@@ -1285,6 +1285,30 @@ mod tests {
         assert!(recv_all(&mut rx1).is_empty());
         c.dispatch_once(true);
         assert_eq!(recv_all(&mut rx1).len(), 1);
+    }
+
+    #[test]
+    fn a_key_requeued_after_a_delay_is_dispatched_once_due() {
+        let c = controller(10);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        c.add_session(1, 5, tx);
+        c.enqueue([("ns".to_string(), "later".to_string())], false);
+        c.dispatch_once(true);
+        let first = recv_all(&mut rx);
+        assert_eq!(first.len(), 1);
+        let delay = Duration::from_millis(20);
+        assert_eq!(
+            c.complete(1, &first[0].id, Outcome::RequeueAfter(delay), ""),
+            Completion::Accepted
+        );
+        c.dispatch_once(true);
+        assert!(recv_all(&mut rx).is_empty(), "dispatched before it was due");
+        // Only a due timer holds the key: nothing is in the ready lanes until pop fires it.
+        std::thread::sleep(delay + Duration::from_millis(5));
+        c.dispatch_once(true);
+        let again = recv_all(&mut rx);
+        assert_eq!(again.len(), 1, "a due requeue was never dispatched");
+        assert_eq!(again[0].key.1, "later");
     }
 
     #[test]

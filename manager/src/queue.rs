@@ -685,6 +685,12 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.len() == 0
     }
 
+    /// Whether [`WorkQueue::pop`] at `now` may hand out a key: one is ready, or a timer is due
+    /// (pop fires due timers first, which [`WorkQueue::len`] does not count yet).
+    pub fn has_ready(&self, now: Instant) -> bool {
+        !self.is_empty() || self.next_ready_at().is_some_and(|at| at <= now)
+    }
+
     /// Ready keys in one lane.
     pub fn depth(&self, priority: Priority) -> usize {
         match priority {
