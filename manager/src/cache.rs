@@ -11,6 +11,7 @@
 //! carry the parsed state subscribers filter and map on, and only transiently.
 
 use crate::object::CachedObject;
+use crate::watched::WatchedObject;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
@@ -372,26 +373,10 @@ fn api_version(key: &InformerKey) -> String {
     }
 }
 
-/// A full object as a JSON tree. kube has already parsed the body into a DynamicObject whose
-/// `data` holds every field but apiVersion, kind and metadata: move that map instead of
-/// serializing the whole object again, and drop managedFields before serializing the metadata
-/// rather than after (they can be larger than the rest of the object). Per watch event this
-/// saves a deep copy of the object, which is what the allocator was busy with under load.
-fn object_to_value(mut obj: DynamicObject, key: &InformerKey) -> Option<Value> {
-    obj.metadata.managed_fields = None;
-    let metadata = serde_json::to_value(&obj.metadata).ok()?;
-    let mut map = serde_json::Map::new();
-    map.insert("apiVersion".into(), Value::String(api_version(key)));
-    map.insert("kind".into(), Value::String(key.kind.clone()));
-    map.insert("metadata".into(), metadata);
-    if let Value::Object(data) = obj.data {
-        for (k, v) in data {
-            if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
-                map.insert(k, v);
-            }
-        }
-    }
-    Some(Value::Object(map))
+/// A full object as the tree the caches keep: parsed once by [`WatchedObject`], managedFields
+/// removed, apiVersion and kind first.
+fn object_to_value(obj: WatchedObject, key: &InformerKey) -> Option<Value> {
+    Some(obj.into_tree(&api_version(key), &key.kind)).filter(|v| !v.is_null())
 }
 
 /// Metadata-only objects (PartialObjectMetadata) through their Serialize impl.
@@ -549,7 +534,7 @@ impl Cache {
             task: Mutex::new(None),
         });
         let ar = key.api_resource();
-        let api: Api<DynamicObject> = match (&key.namespace, key.namespaced) {
+        let api: Api<WatchedObject> = match (&key.namespace, key.namespaced) {
             (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &ar),
             _ => Api::all_with(self.client.clone(), &ar),
         };
@@ -595,13 +580,7 @@ fn as_values<K>(
     convert: fn(K, &InformerKey) -> Option<Value>,
 ) -> futures::stream::BoxStream<'static, Event<Value>>
 where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + 'static,
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher::watcher(api, config)
         .default_backoff()
@@ -653,7 +632,7 @@ mod tests {
             "spec": {"size": 3, "tags": ["x", "y"]},
             "status": {"ready": true}
         });
-        let obj: DynamicObject = serde_json::from_value(body).expect("a DynamicObject");
+        let obj: WatchedObject = serde_json::from_value(body).expect("a WatchedObject");
         let v = object_to_value(obj, &key()).expect("converted");
         assert_eq!(
             v,

@@ -28,3 +28,4 @@ pub mod tenant;
 pub mod tokenreview;
 pub mod traces;
 pub mod ttlcache;
+pub mod watched;
