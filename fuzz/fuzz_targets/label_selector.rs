@@ -4,7 +4,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ctrlhub::predicate::{LabelSelector, LabelSelectorRequirement, SelectorOperator};
+use ctrlhub::registration::predicate::{LabelSelector, LabelSelectorRequirement, SelectorOperator};
 use devcluster::selector::LabelSelector as ServerSelector;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

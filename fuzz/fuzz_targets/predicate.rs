@@ -4,7 +4,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ctrlhub::predicate::{LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator};
+use ctrlhub::registration::predicate::{LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use ctrlhub::predicate::{
+use ctrlhub::registration::predicate::{
     EventKind, LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator,
 };
 use ctrlhub::registration;
@@ -50,7 +50,7 @@ pub fn selector_from_pb(sel: &pb::LabelSelector) -> Option<LabelSelector> {
 /// structurally (unset oneof, bad operator, nesting beyond `MAX_DEPTH`).
 pub fn predicate_from_pb(p: &pb::Predicate, depth: usize) -> Option<Predicate> {
     use pb::predicate::Predicate as P;
-    if depth > ctrlhub::predicate::MAX_DEPTH {
+    if depth > ctrlhub::registration::predicate::MAX_DEPTH {
         return None;
     }
     let list = |ps: &[pb::Predicate]| -> Option<Vec<Predicate>> {

@@ -1,31 +1,26 @@
 //! The ctrlhub manager: shared caches, one work queue per controller, gRPC registration and
 //! dispatch to out-of-process controllers, and Lease-based leader election.
 //!
-//! The data path, one module per step:
-//! `cache` (informers) → `registry` (scope, predicates) → `mapper` (keys) → `queue` (per
-//! controller) → `controller` (dispatch to sessions) → `session` (gRPC) → back into `queue`.
+//! One folder per stage of the data path and per cross-cutting concern; dependencies point
+//! down this list, never up (see `docs/architecture.md`):
+//!
+//! - `run`: command-line arguments, wiring and shutdown (and `ctrlhub dev` behind the `dev`
+//!   feature).
+//! - `grpc`, `http`: the two edges — the `ctrlhub.v1` service, and probes, metrics and the
+//!   status page.
+//! - `dispatch`: per-controller queues, fair dispatch seats, the dispatcher, the controller table.
+//! - `tenancy`: identities, authentication, authorization and limits.
+//! - `leader`: Lease-based leader election.
+//! - `informer`: the shared caches and the objects they hold.
+//! - `registration`: what a controller registered, as domain types (scope, predicates, mapping).
+//! - `metrics`, `key`: Prometheus series and object keys, used by every stage.
 
-pub mod accessreview;
-pub mod cache;
-pub mod config;
-pub mod controller;
-pub mod dev;
-pub mod events;
+pub mod dispatch;
+pub mod grpc;
 pub mod http;
+pub mod informer;
 pub mod leader;
-pub mod mapper;
-pub mod memory;
-pub mod object;
-pub mod predicate;
-pub mod queue;
+pub mod metrics;
 pub mod registration;
-pub mod registry;
-pub mod scheduler;
-pub mod session;
-pub mod status_page;
-pub mod telemetry;
-pub mod tenant;
-pub mod tokenreview;
-pub mod traces;
-pub mod ttlcache;
-pub mod watched;
+pub mod run;
+pub mod tenancy;

@@ -15,10 +15,10 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the manager against a cluster.
-    Run(Box<ctrlhub::config::RunArgs>),
+    Run(Box<ctrlhub::run::RunArgs>),
     /// Start devcluster, the manager and the memcached demo controller, apply a sample and show
     /// the reconciles.
-    Dev(ctrlhub::dev::DevArgs),
+    Dev(ctrlhub::run::dev::DevArgs),
 }
 
 fn shutdown_on_signal() -> CancellationToken {

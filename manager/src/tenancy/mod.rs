@@ -2,6 +2,10 @@
 //! much it may use (limits). `ctrlhub dev` uses a static token and allows everything; the
 //! multi-tenancy issue plugs TokenReview and SubjectAccessReview in behind the same traits.
 
+pub mod accessreview;
+pub mod decision_cache;
+pub mod tokenreview;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;

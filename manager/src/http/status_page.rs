@@ -6,12 +6,12 @@
 //! through `kubectl port-forward`. Everything that comes from outside the process (object names,
 //! controller messages, identities, tenant names) goes through [`Esc`].
 
-use crate::cache::{Cache, ObjectKey};
-use crate::controller::{InFlightView, RecentError, SessionView};
+use crate::dispatch::controllers::Registry;
+use crate::dispatch::dispatcher::{InFlightView, RecentError, SessionView};
+use crate::dispatch::queue::QueuedAs;
+use crate::informer::{Cache, ObjectKey};
 use crate::leader::LeaderState;
-use crate::queue::QueuedAs;
 use crate::registration::Mode;
-use crate::registry::Registry;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};

@@ -5,15 +5,15 @@
 //! from re-queueing everything a session held when it ends and every request whose deadline
 //! passes; a late result carries a stale lease id and is ignored.
 
-use crate::cache::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
-use crate::events::{Delivery, EventQueue, EventType};
-use crate::object::CachedObject;
-use crate::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
+use crate::dispatch::event_queue::{Delivery, EventQueue, EventType};
+use crate::dispatch::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
+use crate::dispatch::seats::{Flow, Scheduler, Seat};
+use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind, LinkKind, PendingLinks};
+use crate::informer::object::CachedObject;
+use crate::informer::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
+use crate::metrics::{Metrics, ResultLabel};
 use crate::registration::Mode;
 use crate::registration::Registration;
-use crate::scheduler::{Flow, Scheduler, Seat};
-use crate::telemetry::{Metrics, ResultLabel};
-use crate::traces::{self, Attempt, AttemptInfo, AttemptKind, LinkKind, PendingLinks};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -440,12 +440,12 @@ impl Controller {
         } else {
             Priority::Live
         };
-        if traces::enabled() {
+        if spans::enabled() {
             let keys: Vec<ObjectKey> = keys.into_iter().collect();
             if keys.is_empty() {
                 return;
             }
-            let span = traces::enqueue(&self.id, &keys, initial);
+            let span = spans::enqueue(&self.id, &keys, initial);
             let mut st = self.lock();
             for key in keys {
                 st.links.add(&key, span.clone(), LinkKind::Enqueue);
@@ -518,12 +518,13 @@ impl Controller {
                 final_state_unknown,
             } => {
                 st.tombstones.insert(
-                    crate::mapper::own_key(object),
+                    crate::registration::mapping::own_key(object),
                     (object.clone(), *final_state_unknown),
                 );
             }
             CacheEvent::Added { object, .. } | CacheEvent::Modified { new: object, .. } => {
-                st.tombstones.remove(&crate::mapper::own_key(object));
+                st.tombstones
+                    .remove(&crate::registration::mapping::own_key(object));
             }
         }
     }
@@ -747,9 +748,9 @@ impl Controller {
 
     /// EVENTS mode: append a change of a primary.
     pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
-        let key = crate::mapper::own_key(&object);
-        let span = traces::enabled().then(|| {
-            traces::enqueue(
+        let key = crate::registration::mapping::own_key(&object);
+        let span = spans::enabled().then(|| {
+            spans::enqueue(
                 &self.id,
                 std::slice::from_ref(&key),
                 kind == EventType::Sync,
@@ -816,7 +817,7 @@ impl Controller {
         st.queue.done_lease(&f.key, f.lease, outcome, now);
         // The last key of a backlog: the queue's and the dispatch's transient memory is free now.
         let drained = st.queue.is_empty() && st.queue.in_flight_count() == 0;
-        let (label, again) = traces::outcome(outcome);
+        let (label, again) = spans::outcome(outcome);
         let failed = matches!(outcome, Outcome::Error { .. } | Outcome::Terminal);
         st.end_trace(&mut f, label, again, failed.then_some(message));
         if let Some(s) = st.sessions.get_mut(&f.session) {
@@ -827,7 +828,7 @@ impl Controller {
         }
         drop(st);
         if drained {
-            crate::memory::release_after_burst();
+            crate::informer::heap::release_after_burst();
         }
         let (label, terminal) = match outcome {
             Outcome::Done => (ResultLabel::Success, false),
@@ -1108,7 +1109,7 @@ impl Controller {
         request_id: &str,
         session: u64,
     ) -> Option<Attempt> {
-        if !traces::enabled() {
+        if !spans::enabled() {
             return None;
         }
         let links = st.links.take(key);
@@ -1181,7 +1182,7 @@ fn pick_session(st: &mut State) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::Backoff;
+    use crate::dispatch::queue::Backoff;
     use crate::registration::{Mode, NamespaceScope, ResourceRef};
 
     fn registration(max_concurrent: u32) -> Registration {
@@ -1325,7 +1326,7 @@ mod tests {
 
     #[test]
     fn another_tenants_backlog_does_not_hold_the_next_free_seat() {
-        let seats = Scheduler::new(2, crate::scheduler::Weights::default());
+        let seats = Scheduler::new(2, crate::dispatch::seats::Weights::default());
         let tenant = |t: &str| {
             Controller::with_scheduler(
                 ControllerId {

@@ -4,7 +4,7 @@
 //! over HTTPS with a kubeconfig, and the controller reaches the manager over real gRPC on
 //! loopback and writes to devcluster with its own client.
 
-use crate::config::RunArgs;
+use crate::run::RunArgs;
 use anyhow::Context;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -81,20 +81,20 @@ impl DevArgs {
             grpc_addr: self.grpc_addr,
             http_addr: self.http_addr,
             watch_namespace: String::new(),
-            auth: crate::config::AuthMode::Static,
+            auth: crate::run::AuthMode::Static,
             token: "dev".into(),
             audience: "ctrlhub".into(),
             token_cache_ttl: Duration::from_secs(120),
             authz_allow_ttl: Duration::from_secs(300),
             authz_deny_ttl: Duration::from_secs(30),
             secrets_tenants: String::new(),
-            max_sessions_per_tenant: crate::tenant::Limits::default().sessions,
-            max_controllers_per_tenant: crate::tenant::Limits::default().controllers,
-            max_informers_per_tenant: crate::tenant::Limits::default().informers,
-            max_queued_keys: crate::tenant::Limits::default().queued_keys,
-            max_in_flight_per_tenant: crate::tenant::Limits::default().in_flight,
+            max_sessions_per_tenant: crate::tenancy::Limits::default().sessions,
+            max_controllers_per_tenant: crate::tenancy::Limits::default().controllers,
+            max_informers_per_tenant: crate::tenancy::Limits::default().informers,
+            max_queued_keys: crate::tenancy::Limits::default().queued_keys,
+            max_in_flight_per_tenant: crate::tenancy::Limits::default().in_flight,
             tenant_limits: Vec::new(),
-            max_dispatch_seats: crate::scheduler::DEFAULT_SEATS,
+            max_dispatch_seats: crate::dispatch::seats::DEFAULT_SEATS,
             tenant_weights: Vec::new(),
             grpc_tls_cert: None,
             grpc_tls_key: None,

@@ -1,13 +1,13 @@
 //! Who registered what: controllers by (tenant, name), their sessions, and the informer
 //! subscriptions that feed their queues through scope, predicates and mapping.
 
-use crate::cache::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
-use crate::controller::{Controller, ControllerId, Outbound, RevokeReason};
-use crate::mapper;
-use crate::predicate::{EventKind, LabelSelector, Predicate};
+use crate::dispatch::dispatcher::{Controller, ControllerId, Outbound, RevokeReason};
+use crate::dispatch::seats::Scheduler;
+use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
+use crate::registration::mapping;
+use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
-use crate::scheduler::Scheduler;
-use crate::tenant::{NamespaceGate, TenantLimits};
+use crate::tenancy::{NamespaceGate, TenantLimits};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,7 +113,7 @@ pub struct Registry {
     closed: std::sync::atomic::AtomicBool,
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
-    metrics: Arc<crate::telemetry::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
     limits: TenantLimits,
     /// The namespace-selector scope of each controller that has one.
     selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
@@ -137,8 +137,8 @@ fn passes(predicate: &Option<Predicate>, event: &CacheEvent) -> bool {
 }
 
 /// EVENTS mode: a list-time Added is a SYNC (it may have changed while nobody watched).
-fn event_type(event: &CacheEvent) -> crate::events::EventType {
-    use crate::events::EventType as T;
+fn event_type(event: &CacheEvent) -> crate::dispatch::event_queue::EventType {
+    use crate::dispatch::event_queue::EventType as T;
     match event {
         CacheEvent::Added { initial: true, .. } => T::Sync,
         CacheEvent::Added { .. } => T::Added,
@@ -179,7 +179,7 @@ fn namespaces_informer_key() -> InformerKey {
 }
 
 /// Namespaces currently in scope for a namespace-label-selector registration.
-type ScopeSet = crate::controller::NamespaceSet;
+type ScopeSet = crate::dispatch::dispatcher::NamespaceSet;
 
 fn in_scope(scope: &Option<ScopeSet>, obj: &Value) -> bool {
     key_in_scope(
@@ -233,7 +233,7 @@ impl Registry {
         ceiling: Option<Vec<String>>,
         leading: watch::Receiver<bool>,
         stop: CancellationToken,
-        metrics: Arc<crate::telemetry::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Arc<Self> {
         Self::with_scheduler(
             cache,
@@ -253,7 +253,7 @@ impl Registry {
         ceiling: Option<Vec<String>>,
         leading: watch::Receiver<bool>,
         stop: CancellationToken,
-        metrics: Arc<crate::telemetry::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
         limits: TenantLimits,
         scheduler: Arc<Scheduler>,
     ) -> Arc<Self> {
@@ -625,7 +625,7 @@ impl Registry {
                 if !in_scope(&scope, obj) || !passes(&predicate, event) {
                     return;
                 }
-                c.enqueue([mapper::own_key(obj)], is_initial(event));
+                c.enqueue([mapping::own_key(obj)], is_initial(event));
             });
             let subscription = self.cache.subscribe(key, sub);
             controller.hold(subscription, true);
@@ -633,7 +633,7 @@ impl Registry {
         for owned in &reg.owns {
             let primary = reg.primary.clone();
             let controller_only = owned.controller_only;
-            let map = move |obj: &Value| mapper::owner_keys(obj, &primary, controller_only);
+            let map = move |obj: &Value| mapping::owner_keys(obj, &primary, controller_only);
             for key in self.informer_keys(&owned.resource, namespaces, None, true) {
                 let sub = related_subscriber(
                     controller,
@@ -649,7 +649,7 @@ impl Registry {
             let mapping = watched.mapping.clone();
             let primary_namespaced = reg.primary.namespaced;
             let map = move |obj: &Value| {
-                mapper::mapped_key(obj, &mapping, primary_namespaced)
+                mapping::mapped_key(obj, &mapping, primary_namespaced)
                     .into_iter()
                     .collect::<Vec<_>>()
             };

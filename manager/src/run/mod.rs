@@ -1,17 +1,19 @@
 //! `ctrlhub run`: command-line options and all the wiring in one place — client, caches,
 //! leader election, registry, gRPC and HTTP servers, and one shutdown token passed to all.
 
-use crate::accessreview::{AccessReviewAuthorizer, DecisionTtl};
-use crate::cache::Cache;
-use crate::controller::RevokeReason;
+pub mod dev;
+
+use crate::dispatch::controllers::Registry;
+use crate::dispatch::dispatcher::RevokeReason;
+use crate::dispatch::seats::{Scheduler, Weights};
+use crate::grpc::{Service, ServiceState};
 use crate::http::{self, HttpState};
+use crate::informer::Cache;
 use crate::leader::{Elector, LeaderConfig};
-use crate::registry::Registry;
-use crate::scheduler::{Scheduler, Weights};
-use crate::session::{Service, ServiceState};
-use crate::telemetry::Metrics;
-use crate::tenant::{AllowAll, Limits, StaticTokens, TenantLimits};
-use crate::tokenreview::TokenReviewAuthenticator;
+use crate::metrics::Metrics;
+use crate::tenancy::accessreview::{AccessReviewAuthorizer, DecisionTtl};
+use crate::tenancy::tokenreview::TokenReviewAuthenticator;
+use crate::tenancy::{AllowAll, Limits, StaticTokens, TenantLimits};
 use anyhow::Context;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManagerServer;
 use std::net::SocketAddr;
@@ -82,7 +84,7 @@ pub struct RunArgs {
     /// Requests the manager keeps in flight across all tenants (dispatch seats); when all are
     /// taken, freed seats go to tenants by weighted fair queueing. 0 = unlimited (no fairness
     /// between tenants).
-    #[arg(long, default_value_t = crate::scheduler::DEFAULT_SEATS)]
+    #[arg(long, default_value_t = crate::dispatch::seats::DEFAULT_SEATS)]
     pub max_dispatch_seats: usize,
     /// A tenant's weight in the fair sharing of dispatch seats, repeatable: TENANT=N (1 to
     /// 1000; every other tenant weighs 1).

@@ -10,8 +10,12 @@
 //! The store keeps each object as JSON bytes ([`CachedObject`]), not as a parsed tree: events
 //! carry the parsed state subscribers filter and map on, and only transiently.
 
-use crate::object::CachedObject;
-use crate::watched::WatchedObject;
+pub mod heap;
+pub mod object;
+pub mod watched;
+
+use crate::informer::object::CachedObject;
+use crate::informer::watched::WatchedObject;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
@@ -336,7 +340,7 @@ impl Informer {
                     store.upsert(key, obj, |o| Arc::new(o.value()), true);
                 }
                 drop(store);
-                crate::memory::release_after_burst();
+                crate::informer::heap::release_after_burst();
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {

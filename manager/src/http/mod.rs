@@ -1,16 +1,18 @@
 //! The manager's HTTP port: `/` (the status page for people), `/healthz`, `/readyz` (leader
 //! election running and caches synced), `/metrics`, and `/status` (the same facts as JSON).
 
-use crate::cache::Cache;
+pub mod status_page;
+
+use crate::dispatch::controllers::Registry;
+use crate::informer::Cache;
 use crate::leader::LeaderState;
-use crate::registry::Registry;
-use crate::status_page::{self, Snapshot};
-use crate::telemetry::Metrics;
+use crate::metrics::Metrics;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use status_page::Snapshot;
 use std::sync::Arc;
 use tokio::sync::watch;
 

@@ -9,8 +9,8 @@
 //! tenant must also be listed in the manager's configuration, because a shared cache of Secrets
 //! is a bigger exposure than a tenant's own API access.
 
-use crate::tenant::{Access, Authorizer, AuthzError, Identity, SeamFuture};
-use crate::ttlcache::TtlCache;
+use crate::tenancy::decision_cache::TtlCache;
+use crate::tenancy::{Access, Authorizer, AuthzError, Identity, SeamFuture};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };

@@ -2,7 +2,7 @@
 //! order, one at a time per key (the next only after the previous is acknowledged), and
 //! re-delivered when its worker is lost. Different keys proceed independently.
 
-use crate::cache::ObjectKey;
+use crate::informer::ObjectKey;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

@@ -2,22 +2,22 @@
 //! translated into domain types (with errors naming the offending field), and domain requests
 //! and outcomes are translated back.
 
-use crate::cache::{InformerKey, ObjectKey};
-use crate::controller::{
+use crate::dispatch::controllers::{AdmittedNamespaces, RegisterError, Registry};
+use crate::dispatch::dispatcher::{
     Completion, Controller, Outbound, Payload, Request, RevokeReason, TraceContext,
 };
+use crate::dispatch::queue::{Backoff, Outcome, Reason};
+use crate::informer::object::CachedObject;
+use crate::informer::{InformerKey, ObjectKey};
 use crate::leader::LeaderState;
-use crate::object::CachedObject;
-use crate::predicate::{
+use crate::registration::predicate::{
     self, LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator,
 };
-use crate::queue::{Backoff, Outcome, Reason};
 use crate::registration::{
     self, Invalid, Mapping, Mode, NamespaceScope, Owned, Registration, ResourceRef, Watched,
     defaults,
 };
-use crate::registry::{AdmittedNamespaces, RegisterError, Registry};
-use crate::tenant::{
+use crate::tenancy::{
     Access, AuthError, Authenticator, Authorizer, AuthzError, Identity, NamespaceGate, SeamFuture,
 };
 use ctrlhub_proto::v1 as pb;
@@ -42,7 +42,7 @@ pub struct ServiceState {
     leader: watch::Receiver<LeaderState>,
     discovered: Mutex<HashMap<(String, String, String), ResourceRef>>,
     sessions: Mutex<HashMap<String, (Identity, Arc<Controller>)>>,
-    metrics: Arc<crate::telemetry::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
     /// Answer a registration naming an unserved kind like a denied one (set under RBAC).
     conceal_unserved: bool,
     /// How often live registrations are re-authorized (under RBAC).
@@ -66,7 +66,7 @@ impl ServiceState {
         authn: Arc<dyn Authenticator>,
         authz: Arc<dyn Authorizer>,
         leader: watch::Receiver<LeaderState>,
-        metrics: Arc<crate::telemetry::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
         ServiceState {
             registry,
@@ -405,7 +405,7 @@ impl ServiceState {
         session_id: &str,
         rt: Option<&pb::ResourceType>,
         namespace: &str,
-    ) -> Result<Vec<Arc<crate::cache::Informer>>, Status> {
+    ) -> Result<Vec<Arc<crate::informer::Informer>>, Status> {
         let (owner, controller) = self.session(session_id)?;
         if &owner != identity {
             return Err(Status::permission_denied(
@@ -438,7 +438,7 @@ impl ServiceState {
         &self,
         controller: &Controller,
         rt: Option<&pb::ResourceType>,
-    ) -> Result<Vec<Arc<crate::cache::Informer>>, Status> {
+    ) -> Result<Vec<Arc<crate::informer::Informer>>, Status> {
         let rt = rt.ok_or_else(|| Status::invalid_argument("resource: is required"))?;
         let reg = &controller.registration;
         let registered = std::iter::once(&reg.primary)
@@ -724,11 +724,11 @@ fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
 
 fn event_to_pb(
     id: &str,
-    d: &crate::events::Delivery,
+    d: &crate::dispatch::event_queue::Delivery,
     deadline: SystemTime,
     trace: TraceContext,
 ) -> pb::Event {
-    use crate::events::EventType as T;
+    use crate::dispatch::event_queue::EventType as T;
     let kind = match d.event.kind {
         T::Added => pb::event::Type::Added,
         T::Modified => pb::event::Type::Modified,

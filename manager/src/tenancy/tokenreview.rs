@@ -6,8 +6,8 @@
 //! briefly (reference: 2 minutes) so a reconnect storm does not become a TokenReview storm; a
 //! rotated token is simply a new cache key, so long-lived sessions keep working.
 
-use crate::tenant::{AuthError, Authenticator, Identity, SeamFuture};
-use crate::ttlcache::TtlCache;
+use crate::tenancy::decision_cache::TtlCache;
+use crate::tenancy::{AuthError, Authenticator, Identity, SeamFuture};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use std::sync::Mutex;

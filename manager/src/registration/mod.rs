@@ -2,8 +2,11 @@
 //! The gRPC edge translates `ctrlhub.v1.Register` into a [`Registration`] and reports problems
 //! as [`Invalid`] naming the offending field.
 
-use crate::predicate::{LabelSelector, Predicate, SelectorOperator};
-use crate::queue::Backoff;
+pub mod mapping;
+pub mod predicate;
+
+use crate::dispatch::queue::Backoff;
+use crate::registration::predicate::{LabelSelector, Predicate, SelectorOperator};
 use std::time::Duration;
 
 /// A Kubernetes resource type, resolved through discovery.
@@ -199,7 +202,7 @@ pub fn selector_query(sel: &LabelSelector) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::predicate::LabelSelectorRequirement;
+    use crate::registration::predicate::LabelSelectorRequirement;
 
     #[test]
     fn selector_query_matches_kubernetes_syntax() {
