@@ -4,10 +4,11 @@
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
@@ -340,7 +341,7 @@ impl Collector {
         let tally = c.tally.clone();
         tokio::spawn(async move {
             while let Some(r) = rx.recv().await {
-                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+                let mut t = tally.lock();
                 t.total += 1;
                 if t.recording && r.latency_us >= 0 {
                     t.latencies.push(Duration::from_micros(r.latency_us as u64));
@@ -356,7 +357,7 @@ impl Collector {
 
     /// Run `f` on the tally.
     pub fn with<T>(&self, f: impl FnOnce(&mut Tally) -> T) -> T {
-        f(&mut self.tally.lock().unwrap_or_else(|p| p.into_inner()))
+        f(&mut self.tally.lock())
     }
 
     /// Wait until `n` distinct keys were reconciled (keys whose name starts with `prefix`, i.e.
@@ -889,7 +890,7 @@ fn run_logged(cmd: &mut std::process::Command, tag: &str) -> Result<()> {
                 .map_while(|l| l.ok())
             {
                 eprintln!("  {tag}: {line}");
-                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                let mut t = tail.lock();
                 if t.len() == 20 {
                     t.pop_front();
                 }
@@ -909,7 +910,7 @@ fn run_logged(cmd: &mut std::process::Command, tag: &str) -> Result<()> {
         let _ = t.join();
     }
     if !status.success() {
-        let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+        let t = tail.lock();
         bail!(
             "{tag} exited with {status}; its last lines:\n{}",
             t.iter().cloned().collect::<Vec<_>>().join("\n")

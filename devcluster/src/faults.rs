@@ -4,9 +4,10 @@
 //! out-of-process tests inject identical faults.
 
 use crate::store::Store;
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -69,8 +70,8 @@ impl Faults {
         }
     }
 
-    fn rules(&self) -> std::sync::MutexGuard<'_, Rules> {
-        self.shared.rules.lock().unwrap_or_else(|p| p.into_inner())
+    fn rules(&self) -> parking_lot::MutexGuard<'_, Rules> {
+        self.shared.rules.lock()
     }
 
     /// End every open watch stream now; clients see the connection close and must resume.
@@ -202,7 +203,7 @@ impl Drop for WatchGuard {
 impl Stats {
     /// How many requests of `verb` on `resource` were served (`*` sums over that position).
     pub fn request_count(&self, verb: &str, resource: &str) -> u64 {
-        let rules = self.shared.rules.lock().unwrap_or_else(|p| p.into_inner());
+        let rules = self.shared.rules.lock();
         rules
             .requests
             .iter()
@@ -223,7 +224,7 @@ impl Stats {
 
     /// All counters as JSON, for the admin endpoint.
     pub fn to_json(&self) -> serde_json::Value {
-        let rules = self.shared.rules.lock().unwrap_or_else(|p| p.into_inner());
+        let rules = self.shared.rules.lock();
         let requests: serde_json::Map<String, serde_json::Value> = rules
             .requests
             .iter()

@@ -12,9 +12,10 @@ use crate::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
 use crate::schema;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, Cause};
+use parking_lot::{Mutex, MutexGuard};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
@@ -231,10 +232,10 @@ impl Store {
         store
     }
 
-    /// Take the lock. A poisoned lock means a panic mid-write; the state is still structurally
-    /// valid (every write commits atomically at its end), so keep serving.
+    /// Take the lock. parking_lot locks do not poison: every write commits atomically at its
+    /// end, so a panic mid-request leaves the state structurally valid and serving goes on.
     pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 }
 

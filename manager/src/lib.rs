@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod grpc;
 pub mod http;
 pub mod informer;
+pub mod key;
 pub mod leader;
 pub mod metrics;
 pub mod registration;

@@ -3,9 +3,10 @@
 //! Each test starts its own devcluster and drives it only through kube-rs, the way a
 //! ctrlhub controller would, plus devcluster's fault injection.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ctrlhub_tests::{
@@ -498,7 +499,7 @@ async fn kube_finalizer_completes() {
             match event {
                 FinalizerEvent::Apply(_) => Ok(Action::await_change()),
                 FinalizerEvent::Cleanup(w) => {
-                    ctx.cleaned.lock().expect("lock").push(w.name_any());
+                    ctx.cleaned.lock().push(w.name_any());
                     Ok::<_, ReconcileError>(Action::await_change())
                 }
             }
@@ -532,10 +533,7 @@ async fn kube_finalizer_completes() {
         }
     })
     .await;
-    assert!(
-        ctx.cleaned.lock().expect("lock").is_empty(),
-        "no cleanup before delete"
-    );
+    assert!(ctx.cleaned.lock().is_empty(), "no cleanup before delete");
 
     widgets
         .delete("fin", &DeleteParams::default())
@@ -553,7 +551,7 @@ async fn kube_finalizer_completes() {
         }
     })
     .await;
-    let cleaned = ctx.cleaned.lock().expect("lock").clone();
+    let cleaned = ctx.cleaned.lock().clone();
     assert!(
         cleaned.iter().any(|n| n == "fin"),
         "cleanup must have run before the object disappeared: {cleaned:?}"

@@ -411,7 +411,7 @@ fn now_micros() -> u64 {
 struct Proxy {
     port: u16,
     cut: watch::Sender<u64>,
-    managers: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    managers: Arc<parking_lot::Mutex<Vec<(String, String)>>>,
 }
 
 impl Proxy {
@@ -423,14 +423,14 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let (cut, _) = watch::channel(0u64);
         let cut_tx = cut.clone();
-        let managers = Arc::new(std::sync::Mutex::new(managers));
+        let managers = Arc::new(parking_lot::Mutex::new(managers));
         let shared = managers.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     return;
                 };
-                let managers = shared.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let managers = shared.lock().clone();
                 let mut cut_rx = cut_tx.subscribe();
                 tokio::spawn(async move {
                     let Some(addr) = target(&managers).await else {
@@ -465,10 +465,7 @@ impl Proxy {
 
     /// Route to `m` too (a new manager replica behind the same "Service").
     fn add(&self, m: &Manager) {
-        self.managers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((m.http.clone(), m.grpc.clone()));
+        self.managers.lock().push((m.http.clone(), m.grpc.clone()));
     }
 }
 

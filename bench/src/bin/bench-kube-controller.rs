@@ -3,8 +3,9 @@
 //! reconcile start on stdout as `R <ns>/<name> <latency-µs>`. Uses `KUBECONFIG`.
 
 use clap::Parser;
+use parking_lot::Mutex;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[derive(Parser)]
 struct Args {
@@ -42,9 +43,7 @@ async fn main() -> anyhow::Result<()> {
         &args.namespace,
         args.concurrency,
         Arc::new(move |r| {
-            let _ = tx
-                .lock()
-                .map(|tx| tx.send(format!("R {} {}", r.key, r.latency_us)));
+            let _ = tx.lock().send(format!("R {} {}", r.key, r.latency_us));
         }),
     )
     .await;

@@ -9,9 +9,10 @@ use crate::env::{Cluster, FAST_LEASE, Manager, load, widget_type};
 use crate::replica::{Replica, done_message, key, register};
 use crate::report::{Outcome, Row, Verdict};
 use anyhow::{Result, bail};
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const OBJECTS: usize = 200;
@@ -33,8 +34,8 @@ struct Shared {
 
 type State = Arc<Mutex<Shared>>;
 
-fn lock(s: &State) -> std::sync::MutexGuard<'_, Shared> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
+fn lock(s: &State) -> parking_lot::MutexGuard<'_, Shared> {
+    s.lock()
 }
 
 /// One replica: connect to whichever endpoint accepts, serve until the session ends, repeat.

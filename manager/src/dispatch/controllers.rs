@@ -2,16 +2,17 @@
 //! subscriptions that feed their queues through scope, predicates and mapping.
 
 use crate::dispatch::dispatcher::{Controller, ControllerId, Outbound, RevokeReason};
-use crate::dispatch::seats::Scheduler;
+use crate::dispatch::seats::SeatPool;
 use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
 use crate::registration::mapping;
 use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
 use crate::tenancy::{NamespaceGate, TenantLimits};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -71,21 +72,12 @@ pub struct AdmittedNamespaces {
 impl AdmittedNamespaces {
     /// Whether `namespace` is in the scope now.
     pub fn contains(&self, namespace: &str) -> bool {
-        self.set
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(namespace)
+        self.set.read().contains(namespace)
     }
 
     /// Every namespace in the scope now, sorted.
     pub fn namespaces(&self) -> Vec<String> {
-        let mut all: Vec<String> = self
-            .set
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        let mut all: Vec<String> = self.set.read().iter().cloned().collect();
         all.sort();
         all
     }
@@ -104,12 +96,12 @@ struct SelectorScope {
 }
 
 /// Every registered controller of this manager.
-pub struct Registry {
+pub struct ControllerTable {
     cache: Arc<Cache>,
     ceiling: Option<Vec<String>>,
     controllers: Mutex<BTreeMap<ControllerId, Arc<Controller>>>,
     next_session: AtomicU64,
-    /// Set by [`Registry::close`]: no session may attach any more.
+    /// Set by [`ControllerTable::close`]: no session may attach any more.
     closed: std::sync::atomic::AtomicBool,
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
@@ -118,7 +110,7 @@ pub struct Registry {
     /// The namespace-selector scope of each controller that has one.
     selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
     /// Dispatch seats shared by every tenant's controllers.
-    scheduler: Arc<Scheduler>,
+    seat_pool: Arc<SeatPool>,
 }
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
@@ -191,11 +183,9 @@ fn in_scope(scope: &Option<ScopeSet>, obj: &Value) -> bool {
 }
 
 fn key_in_scope(scope: &Option<ScopeSet>, namespace: &str) -> bool {
-    scope.as_ref().is_none_or(|set| {
-        set.read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(namespace)
-    })
+    scope
+        .as_ref()
+        .is_none_or(|set| set.read().contains(namespace))
 }
 
 /// A subscriber for an owned or watched kind: filter by its predicate, map old and new states
@@ -219,15 +209,15 @@ fn related_subscriber(
         }
         let (_, _, obj) = event_kind(event);
         keys.extend(map(obj));
-        keys.retain(|(ns, _)| key_in_scope(&scope, ns));
+        keys.retain(|k| key_in_scope(&scope, &k.namespace));
         keys.sort();
         keys.dedup();
         c.enqueue(keys, is_initial(event));
     })
 }
 
-impl Registry {
-    /// A registry over `cache`; `ceiling` is WATCH_NAMESPACE (None = all namespaces).
+impl ControllerTable {
+    /// A controllers over `cache`; `ceiling` is WATCH_NAMESPACE (None = all namespaces).
     pub fn new(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,
@@ -235,29 +225,29 @@ impl Registry {
         stop: CancellationToken,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Arc<Self> {
-        Self::with_scheduler(
+        Self::with_seat_pool(
             cache,
             ceiling,
             leading,
             stop,
             metrics,
             TenantLimits::default(),
-            Scheduler::unlimited(),
+            SeatPool::unlimited(),
         )
     }
 
-    /// A registry enforcing `limits` (instead of the defaults) whose controllers share the
-    /// dispatch seats of `scheduler`.
-    pub fn with_scheduler(
+    /// A controllers enforcing `limits` (instead of the defaults) whose controllers share the
+    /// dispatch seats of `seat_pool`.
+    pub fn with_seat_pool(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,
         leading: watch::Receiver<bool>,
         stop: CancellationToken,
         metrics: Arc<crate::metrics::Metrics>,
         limits: TenantLimits,
-        scheduler: Arc<Scheduler>,
+        seat_pool: Arc<SeatPool>,
     ) -> Arc<Self> {
-        Arc::new(Registry {
+        Arc::new(ControllerTable {
             cache,
             ceiling,
             controllers: Mutex::new(BTreeMap::new()),
@@ -268,14 +258,12 @@ impl Registry {
             metrics,
             limits,
             selector_scopes: Mutex::new(HashMap::new()),
-            scheduler,
+            seat_pool,
         })
     }
 
     fn selector_scopes(&self) -> MutexGuard<'_, HashMap<ControllerId, SelectorScope>> {
-        self.selector_scopes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.selector_scopes.lock()
     }
 
     /// The selector scope of exactly this controller (not of one that superseded it).
@@ -299,7 +287,7 @@ impl Registry {
     }
 
     fn controllers(&self) -> MutexGuard<'_, BTreeMap<ControllerId, Arc<Controller>>> {
-        self.controllers.lock().unwrap_or_else(|p| p.into_inner())
+        self.controllers.lock()
     }
 
     /// Every controller, for status and metrics.
@@ -307,9 +295,9 @@ impl Registry {
         self.controllers().values().cloned().collect()
     }
 
-    /// The dispatch seats every controller of this registry shares.
-    pub fn scheduler(&self) -> &Arc<Scheduler> {
-        &self.scheduler
+    /// The dispatch seats every controller of this controllers shares.
+    pub fn seat_pool(&self) -> &Arc<SeatPool> {
+        &self.seat_pool
     }
 
     /// The shared cache.
@@ -333,7 +321,7 @@ impl Registry {
         self.attach_gated(tenant, registration, credits, None)
     }
 
-    /// [`Registry::attach`], where a namespace-label-selector scope admits each matching
+    /// [`ControllerTable::attach`], where a namespace-label-selector scope admits each matching
     /// namespace only once `gate` allows it (None: every matching namespace enters at once, for
     /// an identity allowed cluster-wide). A gated registration never joins an ungated controller
     /// of the same name: that one delivers from namespaces nobody checked for this session, so
@@ -430,11 +418,11 @@ impl Registry {
                         old.release_informers();
                         self.forget_scope(old);
                     }
-                    let controller = Controller::with_scheduler(
+                    let controller = Controller::with_seat_pool(
                         id.clone(),
                         registration.clone(),
                         self.metrics.clone(),
-                        &self.scheduler,
+                        &self.seat_pool,
                     );
                     controller.set_queue_limit(limits.queued_keys);
                     self.wire(&controller, &namespaces, gate.clone());
@@ -561,7 +549,7 @@ impl Registry {
         }
     }
 
-    /// Every informer `reg` would subscribe to (the same keys [`Registry::wire`] uses).
+    /// Every informer `reg` would subscribe to (the same keys [`ControllerTable::wire`] uses).
     fn needed_informers(
         &self,
         reg: &Registration,
@@ -728,7 +716,7 @@ impl Registry {
                 return;
             }
             let entered = {
-                let mut s = scope.write().unwrap_or_else(|p| p.into_inner());
+                let mut s = scope.write();
                 if matches {
                     s.insert(name.clone())
                 } else {
@@ -751,7 +739,7 @@ fn enqueue_namespace(c: &Controller, namespace: &str, initial: bool) {
     let keys: Vec<ObjectKey> = c
         .primary_keys()
         .into_iter()
-        .filter(|(n, _)| n == namespace)
+        .filter(|k| k.namespace == namespace)
         .collect();
     c.enqueue(keys, initial);
 }
@@ -773,7 +761,7 @@ impl GatedScope {
     }
 
     fn matching(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.matching.lock().unwrap_or_else(|p| p.into_inner())
+        self.matching.lock()
     }
 
     /// `namespace` matches the selector; true if it just started to (it needs a check).
@@ -785,10 +773,7 @@ impl GatedScope {
     fn unmatched(&self, namespace: &str) {
         let mut matching = self.matching();
         matching.remove(namespace);
-        self.admitted
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(namespace);
+        self.admitted.write().remove(namespace);
     }
 
     fn is_matching(&self, namespace: &str) -> bool {
@@ -799,12 +784,7 @@ impl GatedScope {
     /// not in already), so its objects are enqueued exactly once.
     fn admit(&self, namespace: &str) -> bool {
         let matching = self.matching();
-        matching.contains(namespace)
-            && self
-                .admitted
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(namespace.to_string())
+        matching.contains(namespace) && self.admitted.write().insert(namespace.to_string())
     }
 }
 
@@ -921,9 +901,9 @@ mod tests {
         );
         assert!(scope.admit("a"));
         assert!(!scope.admit("a"), "entering twice would enqueue twice");
-        assert!(scope.admitted.read().expect("lock").contains("a"));
+        assert!(scope.admitted.read().contains("a"));
         scope.unmatched("a");
-        assert!(!scope.admitted.read().expect("lock").contains("a"));
+        assert!(!scope.admitted.read().contains("a"));
         assert!(
             !scope.admit("a"),
             "an answer arriving after the label was removed does not admit it"

@@ -3,21 +3,22 @@
 //!
 //! Exclusivity comes from the queue (a key in processing is never popped again); at-least-once
 //! from re-queueing everything a session held when it ends and every request whose deadline
-//! passes; a late result carries a stale lease id and is ignored.
+//! passes; a late result carries a stale handout id and is ignored.
 
 use crate::dispatch::event_queue::{Delivery, EventQueue, EventType};
-use crate::dispatch::queue::{Lease, Outcome, Priority, QueuedAs, Reason, WorkQueue};
-use crate::dispatch::seats::{Flow, Scheduler, Seat};
+use crate::dispatch::queue::{Handout, Outcome, Priority, QueuedAs, Reason, WorkQueue};
+use crate::dispatch::seats::{Flow, Seat, SeatPool};
 use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind, LinkKind, PendingLinks};
 use crate::informer::object::CachedObject;
 use crate::informer::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
 use crate::metrics::{Metrics, ResultLabel};
 use crate::registration::Mode;
 use crate::registration::Registration;
+use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc, watch};
 
@@ -146,11 +147,11 @@ struct SessionSlot {
     tx: mpsc::UnboundedSender<Outbound>,
 }
 
-/// A slot taken under the lock: session, lease, request id, the tombstone known then and the
+/// A slot taken under the lock: session, handout, request id, the tombstone known then and the
 /// dispatch span's trace context.
 type Reserved = (
     u64,
-    Lease<ObjectKey>,
+    Handout<ObjectKey>,
     String,
     Option<(Arc<Value>, bool)>,
     TraceContext,
@@ -159,7 +160,7 @@ type Reserved = (
 struct InFlight {
     key: ObjectKey,
     session: u64,
-    lease: u64,
+    handout: u64,
     deadline: Instant,
     started: Instant,
     /// 1-based attempt, for status pages and error records.
@@ -247,7 +248,8 @@ impl State {
         if f.event {
             self.events.lost(&f.key);
         } else {
-            self.queue.done_lease(&f.key, f.lease, Outcome::Lost, now);
+            self.queue
+                .done_handout(&f.key, f.handout, Outcome::Lost, now);
         }
     }
 
@@ -288,9 +290,9 @@ pub struct Counters {
     pub redelivered: AtomicU64,
 }
 
-/// The namespaces a namespace-label-selector scope admits now, shared with the registry, which
+/// The namespaces a namespace-label-selector scope admits now, shared with the controllers, which
 /// keeps it current as namespaces match, pass their checks, or leave.
-pub type NamespaceSet = Arc<std::sync::RwLock<std::collections::HashSet<String>>>;
+pub type NamespaceSet = Arc<parking_lot::RwLock<std::collections::HashSet<String>>>;
 
 /// A registered controller.
 pub struct Controller {
@@ -349,19 +351,19 @@ pub enum Completion {
 impl Controller {
     /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
     pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::with_scheduler(id, registration, metrics, &Scheduler::unlimited())
+        Self::with_seat_pool(id, registration, metrics, &SeatPool::unlimited())
     }
 
-    /// A controller whose requests take seats from `scheduler`, shared with other tenants.
-    pub fn with_scheduler(
+    /// A controller whose requests take seats from `seat_pool`, shared with other tenants.
+    pub fn with_seat_pool(
         id: ControllerId,
         registration: Registration,
         metrics: Arc<Metrics>,
-        scheduler: &Arc<Scheduler>,
+        seat_pool: &Arc<SeatPool>,
     ) -> Arc<Self> {
         let queue = WorkQueue::new(registration.backoff);
         let wake = Arc::new(Notify::new());
-        let flow = scheduler.flow(&id.tenant, wake.clone());
+        let flow = seat_pool.flow(&id.tenant, wake.clone());
         Arc::new(Controller {
             id,
             registration,
@@ -389,14 +391,13 @@ impl Controller {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// What every informer this controller holds watches.
     pub fn informer_keys(&self) -> Vec<InformerKey> {
         self.subscriptions
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .map(|s| s.informer().key().clone())
             .collect()
@@ -405,27 +406,15 @@ impl Controller {
     /// Keep the informer subscriptions alive as long as the controller.
     pub fn hold(&self, subscription: Subscription, primary: bool) {
         if primary {
-            self.primaries
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(subscription.informer().clone());
+            self.primaries.lock().push(subscription.informer().clone());
         }
-        self.subscriptions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(subscription);
+        self.subscriptions.lock().push(subscription);
     }
 
     /// Drop every informer subscription (the controller is going away).
     pub fn release_informers(&self) {
-        self.subscriptions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        self.primaries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.subscriptions.lock().clear();
+        self.primaries.lock().clear();
     }
 
     /// Enqueue keys; `initial` events are background work.
@@ -531,18 +520,14 @@ impl Controller {
 
     /// Every primary key currently cached (for resync).
     pub fn primary_keys(&self) -> Vec<ObjectKey> {
-        let informers = self
-            .primaries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let informers = self.primaries.lock().clone();
         informers.iter().flat_map(|i| i.keys()).collect()
     }
 
     /// Keep this controller's own re-reads of its primaries (resync) to `namespaces`.
     pub fn limit_to_namespaces(&self, namespaces: NamespaceSet) {
-        // Set once, when the registry wires the scope; a second call would be a wiring bug and
-        // keeps the first set, which the registry keeps current.
+        // Set once, when the controllers wires the scope; a second call would be a wiring bug and
+        // keeps the first set, which the controllers keeps current.
         let _ = self.scope.set(namespaces);
     }
 
@@ -553,21 +538,19 @@ impl Controller {
         match self.scope.get() {
             None => keys,
             Some(set) => {
-                let set = set.read().unwrap_or_else(|p| p.into_inner());
+                let set = set.read();
                 keys.into_iter()
-                    .filter(|(ns, _)| set.contains(ns))
+                    .filter(|k| set.contains(&k.namespace))
                     .collect()
             }
         }
     }
 
     fn primary_object(&self, key: &ObjectKey) -> Option<CachedObject> {
-        let informers = self
-            .primaries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        informers.iter().find_map(|i| i.get(&key.0, &key.1))
+        let informers = self.primaries.lock().clone();
+        informers
+            .iter()
+            .find_map(|i| i.get(&key.namespace, &key.name))
     }
 
     /// Attach a replica's session; returns its id.
@@ -718,7 +701,6 @@ impl Controller {
         let recent_errors = self
             .recent_errors
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .rev()
             .take(limit)
@@ -733,7 +715,7 @@ impl Controller {
     }
 
     fn record_error(&self, key: &ObjectKey, attempt: u32, kind: &'static str, message: &str) {
-        let mut ring = self.recent_errors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ring = self.recent_errors.lock();
         if ring.len() == RECENT_ERRORS {
             ring.pop_front();
         }
@@ -814,7 +796,7 @@ impl Controller {
         let Some(mut f) = st.in_flight.remove(id) else {
             return Completion::Discarded;
         };
-        st.queue.done_lease(&f.key, f.lease, outcome, now);
+        st.queue.done_handout(&f.key, f.handout, outcome, now);
         // The last key of a backlog: the queue's and the dispatch's transient memory is free now.
         let drained = st.queue.is_empty() && st.queue.in_flight_count() == 0;
         let (label, again) = spans::outcome(outcome);
@@ -857,7 +839,7 @@ impl Controller {
             Outcome::Terminal => self.record_error(&f.key, f.attempt, "terminal", message),
             _ => {}
         }
-        tracing::debug!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), ?outcome, took = ?f.started.elapsed(), "result");
+        tracing::debug!(controller = %self.id, key = %f.key, ?outcome, took = ?f.started.elapsed(), "result");
         self.wake.notify_one();
         Completion::Accepted
     }
@@ -884,7 +866,7 @@ impl Controller {
                 .collect();
             for id in expired {
                 if let Some(mut f) = st.in_flight.remove(&id) {
-                    tracing::warn!(controller = %self.id, key = %format!("{}/{}", f.key.0, f.key.1), "request missed its deadline; re-queued");
+                    tracing::warn!(controller = %self.id, key = %f.key, "request missed its deadline; re-queued");
                     st.end_trace(
                         &mut f,
                         "deadline",
@@ -972,7 +954,7 @@ impl Controller {
                             InFlight {
                                 key,
                                 session,
-                                lease: 0,
+                                handout: 0,
                                 deadline: now + self.registration.deadline,
                                 started: now,
                                 attempt,
@@ -984,7 +966,7 @@ impl Controller {
                         self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    let Some(lease) = st.queue.pop(now) else {
+                    let Some(handout) = st.queue.pop(now) else {
                         break;
                     };
                     let id = format!(
@@ -992,15 +974,15 @@ impl Controller {
                         self.id.name,
                         self.next_request.fetch_add(1, Ordering::Relaxed)
                     );
-                    let tombstone = st.tombstones.get(&lease.key).cloned();
+                    let tombstone = st.tombstones.get(&handout.key).cloned();
                     if let Some(slot) = st.sessions.get_mut(&session) {
                         slot.in_flight += 1;
                     }
                     let trace = self.start_attempt(
                         &mut st,
                         AttemptKind::Reconcile,
-                        &lease.key,
-                        lease.attempt,
+                        &handout.key,
+                        handout.attempt,
                         &id,
                         session,
                     );
@@ -1008,18 +990,18 @@ impl Controller {
                     st.in_flight.insert(
                         id.clone(),
                         InFlight {
-                            key: lease.key.clone(),
+                            key: handout.key.clone(),
                             session,
-                            lease: lease.id,
+                            handout: handout.id,
                             deadline: now + self.registration.deadline,
                             started: now,
-                            attempt: lease.attempt,
+                            attempt: handout.attempt,
                             event: false,
                             trace,
                             _seat: seat,
                         },
                     );
-                    reserved.push((session, lease, id, tombstone, trace_context));
+                    reserved.push((session, handout, id, tombstone, trace_context));
                 }
             }
             if !waiting_for_seat {
@@ -1030,14 +1012,14 @@ impl Controller {
         if !reserved.is_empty() {
             let requests: Vec<(u64, Request)> = reserved
                 .into_iter()
-                .map(|(session, lease, id, tombstone, trace)| {
+                .map(|(session, handout, id, tombstone, trace)| {
                     self.metrics.dispatched(
                         &self.id.name,
                         &self.id.tenant,
-                        lease.enqueued_at.elapsed(),
+                        handout.enqueued_at.elapsed(),
                     );
                     let payload = if self.registration.include_object {
-                        match self.primary_object(&lease.key) {
+                        match self.primary_object(&handout.key) {
                             Some(obj) => Payload::Object(obj),
                             None => match tombstone {
                                 Some((last, unknown)) => Payload::Tombstone {
@@ -1055,10 +1037,10 @@ impl Controller {
                     };
                     let request = Request {
                         id,
-                        key: lease.key.clone(),
-                        attempt: lease.attempt,
-                        reasons: lease.reasons.iter().collect(),
-                        background: lease.priority == Priority::Background,
+                        key: handout.key.clone(),
+                        attempt: handout.attempt,
+                        reasons: handout.reasons.iter().collect(),
+                        background: handout.priority == Priority::Background,
                         payload,
                         deadline: SystemTime::now() + self.registration.deadline,
                         trace,
@@ -1077,7 +1059,7 @@ impl Controller {
                 } else if let Some(mut f) = st.in_flight.remove(&request.id) {
                     // The session went away between reservation and sending.
                     st.queue
-                        .done_lease(&f.key, f.lease, Outcome::Lost, Instant::now());
+                        .done_handout(&f.key, f.handout, Outcome::Lost, Instant::now());
                     st.end_trace(
                         &mut f,
                         "lost",
@@ -1237,14 +1219,18 @@ mod tests {
         let (tx2, mut rx2) = mpsc::unbounded_channel();
         c.add_session(1, 2, tx1);
         c.add_session(2, 2, tx2);
-        c.enqueue((0..6).map(|i| ("ns".to_string(), format!("k{i}"))), false);
-        c.enqueue([("ns".to_string(), "k0".to_string())], false);
+        c.enqueue((0..6).map(|i| ObjectKey::new("ns", format!("k{i}"))), false);
+        c.enqueue([ObjectKey::new("ns", "k0")], false);
         c.dispatch_once(true);
         let a = recv_all(&mut rx1);
         let b = recv_all(&mut rx2);
         assert_eq!(a.len(), 2, "credits bound each session");
         assert_eq!(b.len(), 2);
-        let mut keys: Vec<_> = a.iter().chain(b.iter()).map(|r| r.key.1.clone()).collect();
+        let mut keys: Vec<_> = a
+            .iter()
+            .chain(b.iter())
+            .map(|r| r.key.name.clone())
+            .collect();
         keys.sort();
         keys.dedup();
         assert_eq!(keys.len(), 4, "no key handed out twice");
@@ -1255,7 +1241,7 @@ mod tests {
         let c = controller(10);
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         c.add_session(1, 5, tx1);
-        c.enqueue([("ns".to_string(), "a".to_string())], false);
+        c.enqueue([ObjectKey::new("ns", "a")], false);
         c.dispatch_once(true);
         let first = recv_all(&mut rx1);
         assert_eq!(first.len(), 1);
@@ -1281,7 +1267,7 @@ mod tests {
         let c = controller(10);
         let (tx1, mut rx1) = mpsc::unbounded_channel();
         c.add_session(1, 5, tx1);
-        c.enqueue([("ns".to_string(), "a".to_string())], false);
+        c.enqueue([ObjectKey::new("ns", "a")], false);
         c.dispatch_once(false);
         assert!(recv_all(&mut rx1).is_empty());
         c.dispatch_once(true);
@@ -1293,7 +1279,7 @@ mod tests {
         let c = controller(10);
         let (tx, mut rx) = mpsc::unbounded_channel();
         c.add_session(1, 5, tx);
-        c.enqueue([("ns".to_string(), "later".to_string())], false);
+        c.enqueue([ObjectKey::new("ns", "later")], false);
         c.dispatch_once(true);
         let first = recv_all(&mut rx);
         assert_eq!(first.len(), 1);
@@ -1309,7 +1295,7 @@ mod tests {
         c.dispatch_once(true);
         let again = recv_all(&mut rx);
         assert_eq!(again.len(), 1, "a due requeue was never dispatched");
-        assert_eq!(again[0].key.1, "later");
+        assert_eq!(again[0].key.name, "later");
     }
 
     #[test]
@@ -1319,16 +1305,19 @@ mod tests {
         let (tx2, mut rx2) = mpsc::unbounded_channel();
         c.add_session(1, 10, tx1);
         c.add_session(2, 10, tx2);
-        c.enqueue((0..10).map(|i| ("ns".to_string(), format!("k{i}"))), false);
+        c.enqueue(
+            (0..10).map(|i| ObjectKey::new("ns", format!("k{i}"))),
+            false,
+        );
         c.dispatch_once(true);
         assert_eq!(recv_all(&mut rx1).len() + recv_all(&mut rx2).len(), 3);
     }
 
     #[test]
     fn another_tenants_backlog_does_not_hold_the_next_free_seat() {
-        let seats = Scheduler::new(2, crate::dispatch::seats::Weights::default());
+        let seats = SeatPool::new(2, crate::dispatch::seats::Weights::default());
         let tenant = |t: &str| {
-            Controller::with_scheduler(
+            Controller::with_seat_pool(
                 ControllerId {
                     tenant: t.into(),
                     name: "c".into(),
@@ -1343,11 +1332,14 @@ mod tests {
         let (txb, mut rxb) = mpsc::unbounded_channel();
         a.add_session(1, 50, txa);
         b.add_session(2, 50, txb);
-        a.enqueue((0..100).map(|i| ("ns".to_string(), format!("k{i}"))), false);
+        a.enqueue(
+            (0..100).map(|i| ObjectKey::new("ns", format!("k{i}"))),
+            false,
+        );
         a.dispatch_once(true);
         let first = recv_all(&mut rxa);
         assert_eq!(first.len(), 2, "A takes every free seat, and no more");
-        b.enqueue([("ns".to_string(), "live".to_string())], false);
+        b.enqueue([ObjectKey::new("ns", "live")], false);
         b.dispatch_once(true);
         assert!(recv_all(&mut rxb).is_empty(), "no seat is free yet");
         // A's backlog waits too, but the seat A frees goes to B, whose tag is behind.
@@ -1364,7 +1356,7 @@ mod tests {
         b.dispatch_once(true);
         let got = recv_all(&mut rxb);
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].key.1, "live");
+        assert_eq!(got[0].key.name, "live");
         // B's result frees its seat, and A's backlog goes on.
         assert_eq!(
             b.complete(2, &got[0].id, Outcome::Done, ""),

@@ -130,7 +130,7 @@ mod tests {
     use serde_json::json;
 
     fn k(n: &str) -> ObjectKey {
-        ("ns".into(), n.into())
+        ObjectKey::new("ns", n)
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl Backoff {
 
 /// `now + d`, saturating far in the future instead of panicking: delays come from controllers
 /// (`requeue_after`, `retry_after`, backoff settings) and `Instant + Duration` panics on
-/// overflow — in [`WorkQueue::done_lease`] after the entry was taken out, losing the key.
+/// overflow — in [`WorkQueue::done_handout`] after the entry was taken out, losing the key.
 fn later(now: Instant, d: Duration) -> Instant {
     /// About a century: "never" for any manager process.
     const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -203,15 +203,15 @@ impl Reasons {
 
 /// Identifies one hand-out of a key, so a late result for an earlier hand-out can be told apart
 /// from the result of the current one.
-pub type LeaseId = u64;
+pub type HandoutId = u64;
 
 /// A key handed to a worker by [`WorkQueue::pop`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease<K> {
+pub struct Handout<K> {
     /// The key to reconcile.
     pub key: K,
-    /// Unique per hand-out; pass it to [`WorkQueue::done_lease`] to ignore stale results.
-    pub id: LeaseId,
+    /// Unique per hand-out; pass it to [`WorkQueue::done_handout`] to ignore stale results.
+    pub id: HandoutId,
     /// 1-based attempt number: 1 plus the errors and redeliveries since the last success.
     pub attempt: u32,
     /// The lane it was popped from.
@@ -238,7 +238,7 @@ enum State {
         priority: Priority,
     },
     Processing {
-        lease_id: LeaseId,
+        handout_id: HandoutId,
         priority: Priority,
         started_at: Instant,
         /// Set by an add during processing: deliver again right after `done`.
@@ -303,7 +303,7 @@ pub struct WorkQueue<K: Clone + Eq + Hash + Ord> {
     background: BTreeMap<u64, K>,
     timers: BTreeMap<(Instant, u64), K>,
     next_seq: u64,
-    next_lease: LeaseId,
+    next_handout: HandoutId,
     in_flight: usize,
     live_streak: u32,
     adds_total: u64,
@@ -321,7 +321,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             background: BTreeMap::new(),
             timers: BTreeMap::new(),
             next_seq: 0,
-            next_lease: 1,
+            next_handout: 1,
             in_flight: 0,
             live_streak: 0,
             adds_total: 0,
@@ -463,7 +463,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     ///
     /// Due timers are moved to the ready queues first; the lane is chosen by the priority rule in
     /// the module docs. The key stays exclusive until [`WorkQueue::done`].
-    pub fn pop(&mut self, now: Instant) -> Option<Lease<K>> {
+    pub fn pop(&mut self, now: Instant) -> Option<Handout<K>> {
         self.fire_timers(now);
         let take_background = !self.background.is_empty()
             && (self.live.is_empty() || self.live_streak >= self.live_burst);
@@ -480,15 +480,15 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             }
             (Priority::Live, key)
         };
-        let lease_id = self.next_lease;
-        self.next_lease += 1;
+        let handout_id = self.next_handout;
+        self.next_handout += 1;
         let entry = self.entries.get_mut(&key)?;
         let enqueued_at = match entry.state {
             State::Ready { enqueued_at, .. } => enqueued_at,
             _ => now,
         };
         entry.state = State::Processing {
-            lease_id,
+            handout_id,
             priority,
             started_at: now,
             dirty: None,
@@ -496,11 +496,11 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             forgotten: false,
         };
         self.in_flight += 1;
-        Some(Lease {
+        Some(Handout {
             attempt: entry.retries.saturating_add(1),
             reasons: std::mem::take(&mut entry.reasons),
             key,
-            id: lease_id,
+            id: handout_id,
             priority,
             enqueued_at,
         })
@@ -509,7 +509,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// Finishes the current hand-out of `key`, whichever it is.
     ///
     /// Returns false (and changes nothing) if `key` is not being processed. Callers that can
-    /// receive results late should prefer [`WorkQueue::done_lease`].
+    /// receive results late should prefer [`WorkQueue::done_handout`].
     ///
     /// If the key was dirtied while processing it becomes ready at once, at the priority of the
     /// adds that dirtied it, whatever the outcome: the object changed after the worker started,
@@ -521,20 +521,20 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         let Some(entry) = self.entries.get(key) else {
             return false;
         };
-        let State::Processing { lease_id, .. } = entry.state else {
+        let State::Processing { handout_id, .. } = entry.state else {
             return false;
         };
-        self.done_lease(key, lease_id, outcome, now)
+        self.done_handout(key, handout_id, outcome, now)
     }
 
     /// Finishes hand-out `id` of `key`; a result for any other hand-out is ignored (returns
     /// false), which is how a late result after a deadline is discarded.
-    pub fn done_lease(&mut self, key: &K, id: LeaseId, outcome: Outcome, now: Instant) -> bool {
+    pub fn done_handout(&mut self, key: &K, id: HandoutId, outcome: Outcome, now: Instant) -> bool {
         let Some(mut entry) = self.entries.remove(key) else {
             return false;
         };
         let State::Processing {
-            lease_id,
+            handout_id,
             priority,
             dirty,
             timer,
@@ -545,7 +545,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             self.entries.insert(key.clone(), entry);
             return false;
         };
-        if lease_id != id {
+        if handout_id != id {
             self.entries.insert(key.clone(), entry);
             return false;
         }
@@ -649,14 +649,14 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 self.timers.remove(&(at, seq));
             }
             State::Processing {
-                lease_id,
+                handout_id,
                 priority,
                 started_at,
                 ..
             } => {
                 entry = Entry::new();
                 entry.state = State::Processing {
-                    lease_id,
+                    handout_id,
                     priority,
                     started_at,
                     dirty: None,
@@ -743,10 +743,10 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     }
 
     /// The current hand-out of `key`, so a deadline timer can report [`Outcome::Lost`] for
-    /// exactly the lease it was armed for.
-    pub fn current_lease(&self, key: &K) -> Option<LeaseId> {
+    /// exactly the handout it was armed for.
+    pub fn current_handout(&self, key: &K) -> Option<HandoutId> {
         match self.entries.get(key).map(|e| &e.state) {
-            Some(State::Processing { lease_id, .. }) => Some(*lease_id),
+            Some(State::Processing { handout_id, .. }) => Some(*handout_id),
             _ => None,
         }
     }
@@ -909,9 +909,9 @@ mod tests {
     }
 
     fn pop_key(q: &mut WorkQueue<&'static str>, now: Instant) -> Option<&'static str> {
-        let lease = q.pop(now);
+        let handout = q.pop(now);
         q.check_invariants();
-        lease.map(|l| l.key)
+        handout.map(|l| l.key)
     }
 
     #[test]
@@ -923,8 +923,8 @@ mod tests {
         }
         let peak = q.entries.capacity();
         assert!(peak >= 50_000);
-        while let Some(lease) = q.pop(c.now()) {
-            assert!(q.done(&lease.key, Outcome::Done, c.now()));
+        while let Some(handout) = q.pop(c.now()) {
+            assert!(q.done(&handout.key, Outcome::Done, c.now()));
         }
         assert!(q.entries.is_empty());
         assert!(
@@ -967,12 +967,12 @@ mod tests {
         q.add("a", Priority::Background, c.now());
         assert_eq!(q.len(), 1);
         assert_eq!(q.adds_total(), 1);
-        let lease = q.pop(c.now()).expect("a is ready");
-        assert_eq!(lease.key, "a");
-        assert_eq!(lease.attempt, 1);
-        assert_eq!(lease.priority, Priority::Live);
-        assert!(lease.reasons.contains(Reason::Event));
-        assert!(lease.reasons.contains(Reason::Resync));
+        let handout = q.pop(c.now()).expect("a is ready");
+        assert_eq!(handout.key, "a");
+        assert_eq!(handout.attempt, 1);
+        assert_eq!(handout.priority, Priority::Live);
+        assert!(handout.reasons.contains(Reason::Event));
+        assert!(handout.reasons.contains(Reason::Resync));
         assert!(q.pop(c.now()).is_none());
     }
 
@@ -1013,9 +1013,9 @@ mod tests {
         c.advance(99 * MS);
         assert_eq!(pop_key(&mut q, c.now()), None);
         c.advance(MS);
-        let lease = q.pop(c.now()).expect("due");
-        assert!(lease.reasons.contains(Reason::RequeueAfter));
-        assert_eq!(lease.attempt, 1);
+        let handout = q.pop(c.now()).expect("due");
+        assert!(handout.reasons.contains(Reason::RequeueAfter));
+        assert_eq!(handout.attempt, 1);
         assert_eq!(q.next_ready_at(), None);
     }
 
@@ -1037,8 +1037,8 @@ mod tests {
             None,
             "timer dropped once the key is ready"
         );
-        let lease = q.pop(c.now()).expect("ready now");
-        assert!(lease.reasons.contains(Reason::Event));
+        let handout = q.pop(c.now()).expect("ready now");
+        assert!(handout.reasons.contains(Reason::Event));
         q.done(&"a", Outcome::Done, c.now());
         c.advance(Duration::from_secs(120));
         assert_eq!(pop_key(&mut q, c.now()), None, "no leftover timer");
@@ -1057,9 +1057,9 @@ mod tests {
         c.advance(19 * MS);
         assert_eq!(pop_key(&mut q, c.now()), None);
         c.advance(MS);
-        let lease = q.pop(c.now()).expect("due");
-        assert!(lease.reasons.contains(Reason::Scheduled));
-        assert_eq!(lease.enqueued_at, c.now());
+        let handout = q.pop(c.now()).expect("due");
+        assert!(handout.reasons.contains(Reason::Scheduled));
+        assert_eq!(handout.enqueued_at, c.now());
     }
 
     #[test]
@@ -1083,8 +1083,8 @@ mod tests {
         q.add("a", Priority::Live, c.now());
         let expected = [5, 10, 20, 40, 80, 100, 100];
         for (i, want) in expected.iter().enumerate() {
-            let lease = q.pop(c.now()).expect("ready");
-            assert_eq!(lease.attempt, i as u32 + 1);
+            let handout = q.pop(c.now()).expect("ready");
+            assert_eq!(handout.attempt, i as u32 + 1);
             q.done(&"a", Outcome::Error { retry_after: None }, c.now());
             let due = q.next_ready_at().expect("backoff timer");
             assert_eq!(due - c.now(), *want * MS, "attempt {}", i + 1);
@@ -1093,13 +1093,13 @@ mod tests {
             c.advance(MS);
         }
         assert_eq!(q.retries_total(), expected.len() as u64);
-        let lease = q.pop(c.now()).expect("ready");
-        assert!(lease.reasons.contains(Reason::Backoff));
+        let handout = q.pop(c.now()).expect("ready");
+        assert!(handout.reasons.contains(Reason::Backoff));
         q.done(&"a", Outcome::Done, c.now());
         assert_eq!(q.failures(&"a"), 0);
         q.add("a", Priority::Live, c.now());
-        let lease = q.pop(c.now()).expect("ready");
-        assert_eq!(lease.attempt, 1, "attempts reset by success");
+        let handout = q.pop(c.now()).expect("ready");
+        assert_eq!(handout.attempt, 1, "attempts reset by success");
         q.done(&"a", Outcome::Error { retry_after: None }, c.now());
         assert_eq!(q.next_ready_at(), Some(c.now() + 5 * MS), "backoff reset");
     }
@@ -1143,8 +1143,8 @@ mod tests {
         q.done(&"a", Outcome::Error { retry_after: None }, c.now());
         c.advance(MS);
         q.add("a", Priority::Live, c.now());
-        let lease = q.pop(c.now()).expect("ready now");
-        assert_eq!(lease.attempt, 2);
+        let handout = q.pop(c.now()).expect("ready now");
+        assert_eq!(handout.attempt, 2);
         q.done(&"a", Outcome::Error { retry_after: None }, c.now());
         assert_eq!(q.next_ready_at(), Some(c.now() + 10 * MS));
     }
@@ -1164,8 +1164,8 @@ mod tests {
         assert_eq!(pop_key(&mut q, c.now()), None);
         q.add("a", Priority::Live, c.now());
         assert!(!q.is_terminal(&"a"));
-        let lease = q.pop(c.now()).expect("revived");
-        assert_eq!(lease.attempt, 1);
+        let handout = q.pop(c.now()).expect("revived");
+        assert_eq!(handout.attempt, 1);
     }
 
     #[test]
@@ -1189,13 +1189,13 @@ mod tests {
         q.add("a", Priority::Background, c.now());
         q.done(&"a", Outcome::Error { retry_after: None }, c.now());
         assert_eq!(q.next_ready_at(), None);
-        let lease = q.pop(c.now()).expect("dirty key ready now");
+        let handout = q.pop(c.now()).expect("dirty key ready now");
         assert_eq!(
-            lease.priority,
+            handout.priority,
             Priority::Background,
             "lane of the dirtying add"
         );
-        assert_eq!(lease.attempt, 2);
+        assert_eq!(handout.attempt, 2);
         assert_eq!(q.failures(&"a"), 1);
     }
 
@@ -1221,14 +1221,14 @@ mod tests {
         let mut q = queue();
         q.add("a", Priority::Live, c.now());
         let old = q.pop(c.now()).expect("ready");
-        // The deadline passes: dispatch reports the lease lost.
-        assert!(q.done_lease(&"a", old.id, Outcome::Lost, c.now()));
+        // The deadline passes: dispatch reports the handout lost.
+        assert!(q.done_handout(&"a", old.id, Outcome::Lost, c.now()));
         let new = q.pop(c.now()).expect("redelivered");
-        assert_eq!(q.current_lease(&"a"), Some(new.id));
-        // The slow worker answers after all: discarded, the new lease is untouched.
-        assert!(!q.done_lease(&"a", old.id, Outcome::Done, c.now()));
+        assert_eq!(q.current_handout(&"a"), Some(new.id));
+        // The slow worker answers after all: discarded, the new handout is untouched.
+        assert!(!q.done_handout(&"a", old.id, Outcome::Done, c.now()));
         assert!(q.is_processing(&"a"));
-        assert!(q.done_lease(&"a", new.id, Outcome::Done, c.now()));
+        assert!(q.done_handout(&"a", new.id, Outcome::Done, c.now()));
         assert!(!q.done(&"a", Outcome::Done, c.now()), "nothing in flight");
     }
 
@@ -1255,8 +1255,8 @@ mod tests {
         q.add("a", Priority::Live, c.now());
         assert_eq!(q.depth(Priority::Background), 0);
         assert_eq!(pop_key(&mut q, c.now()), Some("x"));
-        let lease = q.pop(c.now()).expect("ready");
-        assert_eq!(lease.priority, Priority::Live);
+        let handout = q.pop(c.now()).expect("ready");
+        assert_eq!(handout.priority, Priority::Live);
     }
 
     #[test]
@@ -1271,9 +1271,9 @@ mod tests {
             // Two fresh live keys per pop: the live lane never runs dry.
             q.add(format!("live{}", 2 * i), Priority::Live, c.now());
             q.add(format!("live{}", 2 * i + 1), Priority::Live, c.now());
-            let lease = q.pop(c.now()).expect("ready");
-            order.push(lease.priority);
-            q.done(&lease.key, Outcome::Done, c.now());
+            let handout = q.pop(c.now()).expect("ready");
+            order.push(handout.priority);
+            q.done(&handout.key, Outcome::Done, c.now());
         }
         use Priority::{Background as B, Live as L};
         assert_eq!(
@@ -1400,8 +1400,8 @@ mod tests {
         q.add("a", Priority::Live, t0);
         c.advance(7 * MS);
         q.add("a", Priority::Live, c.now());
-        let lease = q.pop(c.now()).expect("ready");
-        assert_eq!(lease.enqueued_at, t0);
+        let handout = q.pop(c.now()).expect("ready");
+        assert_eq!(handout.enqueued_at, t0);
     }
 
     /// xorshift64*: enough randomness for operation mixes, reproducible from the seed.
@@ -1434,10 +1434,10 @@ mod tests {
             max: 64 * MS,
         })
         .with_live_burst(1 + rng.below(4));
-        // Model: leases the test holds, keys owed a delivery since their last add, and the
+        // Model: handouts the test holds, keys owed a delivery since their last add, and the
         // earliest instant a key may be delivered after a requeue-after/error (unless an event
         // intervenes).
-        let mut held: HashMap<u8, Lease<u8>> = HashMap::new();
+        let mut held: HashMap<u8, Handout<u8>> = HashMap::new();
         let mut owed: HashSet<u8> = HashSet::new();
         let mut dirtied: HashSet<u8> = HashSet::new();
         let mut not_before: HashMap<u8, Instant> = HashMap::new();
@@ -1467,25 +1467,25 @@ mod tests {
                     }
                 }
                 4..=5 => {
-                    if let Some(lease) = q.pop(c.now()) {
+                    if let Some(handout) = q.pop(c.now()) {
                         assert!(
-                            !held.contains_key(&lease.key),
+                            !held.contains_key(&handout.key),
                             "double pop of {}",
-                            lease.key
+                            handout.key
                         );
-                        if let Some(t) = not_before.remove(&lease.key) {
+                        if let Some(t) = not_before.remove(&handout.key) {
                             assert!(c.now() >= t, "delivered before requeue-after/backoff");
                         }
-                        owed.remove(&lease.key);
-                        assert!(lease.attempt >= 1);
-                        held.insert(lease.key, lease);
+                        owed.remove(&handout.key);
+                        assert!(handout.attempt >= 1);
+                        held.insert(handout.key, handout);
                     }
                 }
                 6..=7 => {
                     let Some(&k) = held.keys().min_by_key(|k| (**k).wrapping_sub(key)) else {
                         continue;
                     };
-                    let lease = held.remove(&k).expect("held");
+                    let handout = held.remove(&k).expect("held");
                     let outcome = match rng.below(5) {
                         0 => Outcome::Done,
                         1 => Outcome::RequeueAfter(rng.below(30) * MS),
@@ -1497,9 +1497,11 @@ mod tests {
                     };
                     let was_dirty = dirtied.remove(&k);
                     let was_forgotten = forgotten.contains(&k);
-                    let applied = q.done_lease(&k, lease.id, outcome, c.now());
+                    let applied = q.done_handout(&k, handout.id, outcome, c.now());
                     assert!(
-                        applied || !q.is_processing(&k) || q.current_lease(&k) != Some(lease.id)
+                        applied
+                            || !q.is_processing(&k)
+                            || q.current_handout(&k) != Some(handout.id)
                     );
                     if !was_dirty && !was_forgotten {
                         match outcome {
@@ -1539,12 +1541,12 @@ mod tests {
         }
         // Liveness: finish everything and drain; every key owed a delivery must show up.
         for _ in 0..200 {
-            for (k, lease) in held.drain() {
-                q.done_lease(&k, lease.id, Outcome::Done, c.now());
+            for (k, handout) in held.drain() {
+                q.done_handout(&k, handout.id, Outcome::Done, c.now());
             }
-            while let Some(lease) = q.pop(c.now()) {
-                owed.remove(&lease.key);
-                held.insert(lease.key, lease);
+            while let Some(handout) = q.pop(c.now()) {
+                owed.remove(&handout.key);
+                held.insert(handout.key, handout);
             }
             q.check_invariants();
             c.advance(16 * MS);
@@ -1555,7 +1557,7 @@ mod tests {
     #[test]
     fn huge_delays_from_a_controller_neither_panic_nor_lose_the_key() {
         // A controller may send requeue_after / retry_after of i64::MAX seconds; adding that to
-        // an Instant used to panic inside done_lease after the entry was removed.
+        // an Instant used to panic inside done_handout after the entry was removed.
         let c = Clock::new();
         let huge = Duration::from_secs(i64::MAX as u64);
         for outcome in [
@@ -1566,8 +1568,8 @@ mod tests {
         ] {
             let mut q = queue();
             q.add("a", Priority::Live, c.now());
-            let lease = q.pop(c.now()).expect("ready");
-            assert!(q.done_lease(&"a", lease.id, outcome, c.now()));
+            let handout = q.pop(c.now()).expect("ready");
+            assert!(q.done_handout(&"a", handout.id, outcome, c.now()));
             q.check_invariants();
             assert_eq!(pop_key(&mut q, c.now()), None, "not due for a long time");
             // The key is still tracked: a change makes it ready again.

@@ -17,9 +17,10 @@
 //! that was idle gets no credit for the time it did not use, and one that was served alone
 //! while nobody competed is ahead by at most the seats it holds.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::Notify;
@@ -117,7 +118,7 @@ pub struct TenantSeats {
 }
 
 /// The manager's dispatch seats.
-pub struct Scheduler {
+pub struct SeatPool {
     /// 0 = unlimited: every request gets a seat at once and nobody ever waits.
     capacity: usize,
     weights: Weights,
@@ -265,10 +266,10 @@ impl Inner {
     }
 }
 
-impl Scheduler {
+impl SeatPool {
     /// `capacity` seats (0 = unlimited) shared by `weights`.
     pub fn new(capacity: usize, weights: Weights) -> Arc<Self> {
-        Arc::new(Scheduler {
+        Arc::new(SeatPool {
             capacity,
             weights,
             inner: Mutex::new(Inner::default()),
@@ -287,7 +288,7 @@ impl Scheduler {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// A flow of requests for `tenant`: one per controller. `wake` is notified when a seat it
@@ -296,7 +297,7 @@ impl Scheduler {
         Flow {
             id: self.next_flow.fetch_add(1, Ordering::Relaxed),
             tenant: Arc::from(tenant),
-            scheduler: self.clone(),
+            seat_pool: self.clone(),
             wake,
         }
     }
@@ -336,7 +337,7 @@ impl Scheduler {
 pub struct Flow {
     id: u64,
     tenant: Arc<str>,
-    scheduler: Arc<Scheduler>,
+    seat_pool: Arc<SeatPool>,
     wake: Arc<Notify>,
 }
 
@@ -350,7 +351,7 @@ impl Flow {
 
     /// [`Flow::acquire`] with the clock given.
     pub fn acquire_at(&self, now: Instant) -> Option<Seat> {
-        let s = &self.scheduler;
+        let s = &self.seat_pool;
         let mut inner = s.lock();
         let grant = match inner.grants.get_mut(&self.id).and_then(Vec::pop) {
             Some(g) => g,
@@ -373,7 +374,7 @@ impl Flow {
         }
         Some(Seat {
             tenant: self.tenant.clone(),
-            scheduler: s.clone(),
+            seat_pool: s.clone(),
             grant: Some(grant),
         })
     }
@@ -386,7 +387,7 @@ impl Flow {
 
     /// [`Flow::withdraw`] with the clock given.
     pub fn withdraw_at(&self, now: Instant) {
-        let s = &self.scheduler;
+        let s = &self.seat_pool;
         let mut inner = s.lock();
         if let Some(t) = inner.tenants.get_mut(&self.tenant) {
             t.waiting.retain(|w| w.flow != self.id);
@@ -403,7 +404,7 @@ impl Flow {
 
     /// Seats granted to this flow and not yet taken.
     pub fn pending(&self) -> usize {
-        self.scheduler
+        self.seat_pool
             .lock()
             .grants
             .get(&self.id)
@@ -420,7 +421,7 @@ impl Drop for Flow {
 /// One request's seat: freed, and its tenant charged for the time held, when dropped.
 pub struct Seat {
     tenant: Arc<str>,
-    scheduler: Arc<Scheduler>,
+    seat_pool: Arc<SeatPool>,
     /// Taken when the seat is freed, so it is freed once.
     grant: Option<Grant>,
 }
@@ -434,7 +435,7 @@ impl Seat {
     fn free(&mut self, now: Instant) {
         if let Some(grant) = self.grant.take() {
             let held = now.saturating_duration_since(grant.at).as_secs_f64();
-            self.scheduler.release(&self.tenant, grant, Some(held), now);
+            self.seat_pool.release(&self.tenant, grant, Some(held), now);
         }
     }
 }
@@ -466,11 +467,11 @@ mod tests {
     }
 
     impl Sim {
-        fn new(scheduler: &Arc<Scheduler>, flows: &[(&str, Duration)]) -> Sim {
+        fn new(seat_pool: &Arc<SeatPool>, flows: &[(&str, Duration)]) -> Sim {
             Sim {
                 flows: flows
                     .iter()
-                    .map(|(t, d)| (scheduler.flow(t, Arc::new(Notify::new())), *d))
+                    .map(|(t, d)| (seat_pool.flow(t, Arc::new(Notify::new())), *d))
                     .collect(),
                 now: Instant::now(),
                 ends: BinaryHeap::new(),
@@ -519,7 +520,7 @@ mod tests {
 
     #[test]
     fn unlimited_seats_never_wait() {
-        let s = Scheduler::unlimited();
+        let s = SeatPool::unlimited();
         let f = s.flow("a", Arc::new(Notify::new()));
         let seats: Vec<Seat> = (0..10_000).map_while(|_| f.acquire()).collect();
         assert_eq!(seats.len(), 10_000);
@@ -530,7 +531,7 @@ mod tests {
 
     #[test]
     fn the_budget_is_never_exceeded_and_freed_seats_are_reused() {
-        let s = Scheduler::new(3, Weights::default());
+        let s = SeatPool::new(3, Weights::default());
         let f = s.flow("a", Arc::new(Notify::new()));
         let mut seats: Vec<Seat> = (0..5).map_while(|_| f.acquire()).collect();
         assert_eq!(seats.len(), 3);
@@ -544,7 +545,7 @@ mod tests {
 
     #[test]
     fn a_waiting_tenant_gets_the_next_freed_seat_ahead_of_a_backlogged_one() {
-        let s = Scheduler::new(4, Weights::default());
+        let s = SeatPool::new(4, Weights::default());
         let wake_b = Arc::new(Notify::new());
         let a = s.flow("tenant-a", Arc::new(Notify::new()));
         let b = s.flow("tenant-b", wake_b.clone());
@@ -576,7 +577,7 @@ mod tests {
     #[test]
     fn weights_share_seats_in_proportion() {
         let weights = Weights::parse(1, ["tenant-b=3"]).expect("weights");
-        let s = Scheduler::new(4, weights);
+        let s = SeatPool::new(4, weights);
         let mut sim = Sim::new(&s, &[("tenant-a", ms(10)), ("tenant-b", ms(10))]);
         sim.run(&[0, 1], 4_000);
         let (a, b) = (sim.grants[0] as f64, sim.grants[1] as f64);
@@ -590,7 +591,7 @@ mod tests {
 
     #[test]
     fn slow_requests_are_charged_for_the_seat_time_they_hold() {
-        let s = Scheduler::new(4, Weights::default());
+        let s = SeatPool::new(4, Weights::default());
         // A's reconciles hold a seat 50x longer than B's.
         let mut sim = Sim::new(&s, &[("tenant-a", ms(100)), ("tenant-b", ms(2))]);
         sim.run(&[0, 1], 20_000);
@@ -610,7 +611,7 @@ mod tests {
 
     #[test]
     fn an_idle_tenant_gets_no_credit_for_the_time_it_did_not_use() {
-        let s = Scheduler::new(4, Weights::default());
+        let s = SeatPool::new(4, Weights::default());
         let mut sim = Sim::new(&s, &[("tenant-a", ms(10)), ("tenant-b", ms(10))]);
         // A alone for a long while, then both are backlogged.
         sim.run(&[0], 2_000);
@@ -633,7 +634,7 @@ mod tests {
 
     #[test]
     fn a_withdrawn_grant_goes_to_the_next_waiter() {
-        let s = Scheduler::new(1, Weights::default());
+        let s = SeatPool::new(1, Weights::default());
         let a = s.flow("tenant-a", Arc::new(Notify::new()));
         let b = s.flow("tenant-b", Arc::new(Notify::new()));
         let c = s.flow("tenant-c", Arc::new(Notify::new()));
@@ -653,7 +654,7 @@ mod tests {
 
     #[test]
     fn a_dropped_flow_returns_its_grants() {
-        let s = Scheduler::new(1, Weights::default());
+        let s = SeatPool::new(1, Weights::default());
         let a = s.flow("tenant-a", Arc::new(Notify::new()));
         let b = s.flow("tenant-b", Arc::new(Notify::new()));
         let seat = a.acquire().expect("free seat");

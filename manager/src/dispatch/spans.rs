@@ -123,7 +123,7 @@ pub fn enqueue(controller: &ControllerId, keys: &[ObjectKey], background: bool) 
         "ctrlhub.keys",
         i64::try_from(keys.len()).unwrap_or(i64::MAX),
     ));
-    if let [(namespace, name)] = keys {
+    if let [ObjectKey { namespace, name }] = keys {
         attributes.extend(key_attributes(namespace, name));
     }
     let span = tracer
@@ -177,7 +177,7 @@ impl Attempt {
         let (links, dropped) = links;
         let mut attributes = Vec::with_capacity(8);
         attributes.extend(controller_attributes(info.controller));
-        attributes.extend(key_attributes(&info.key.0, &info.key.1));
+        attributes.extend(key_attributes(&info.key.namespace, &info.key.name));
         attributes.push(KeyValue::new("ctrlhub.attempt", i64::from(info.attempt)));
         if dropped > 0 {
             attributes.push(KeyValue::new("ctrlhub.links.dropped", i64::from(dropped)));
@@ -265,12 +265,12 @@ mod tests {
     #[test]
     fn links_per_key_are_bounded_newest_kept_and_taken_once() {
         let mut p = PendingLinks::default();
-        let key = ("ns".to_string(), "a".to_string());
+        let key = ObjectKey::new("ns", "a");
         for n in 0..20 {
             p.add(&key, sc(n), LinkKind::Enqueue);
         }
         p.add(
-            &("ns".into(), "b".into()),
+            &ObjectKey::new("ns", "b"),
             sc(99),
             LinkKind::PreviousAttempt,
         );

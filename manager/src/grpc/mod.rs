@@ -2,7 +2,7 @@
 //! translated into domain types (with errors naming the offending field), and domain requests
 //! and outcomes are translated back.
 
-use crate::dispatch::controllers::{AdmittedNamespaces, RegisterError, Registry};
+use crate::dispatch::controllers::{AdmittedNamespaces, ControllerTable, RegisterError};
 use crate::dispatch::dispatcher::{
     Completion, Controller, Outbound, Payload, Request, RevokeReason, TraceContext,
 };
@@ -18,14 +18,15 @@ use crate::registration::{
     defaults,
 };
 use crate::tenancy::{
-    Access, AuthError, Authenticator, Authorizer, AuthzError, Identity, NamespaceGate, SeamFuture,
+    Access, AuthError, Authenticator, Authorizer, AuthzError, BoxFuture, Identity, NamespaceGate,
 };
 use ctrlhub_proto::v1 as pb;
 use ctrlhub_proto::v1::controller_manager_server::ControllerManager;
 use futures::Stream;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
@@ -35,7 +36,7 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Shared state behind the gRPC service.
 pub struct ServiceState {
-    registry: Arc<Registry>,
+    controllers: Arc<ControllerTable>,
     client: kube::Client,
     authn: Arc<dyn Authenticator>,
     authz: Arc<dyn Authorizer>,
@@ -59,9 +60,9 @@ impl ServiceState {
         self
     }
 
-    /// A service over `registry`.
+    /// A service over `controllers`.
     pub fn new(
-        registry: Arc<Registry>,
+        controllers: Arc<ControllerTable>,
         client: kube::Client,
         authn: Arc<dyn Authenticator>,
         authz: Arc<dyn Authorizer>,
@@ -69,7 +70,7 @@ impl ServiceState {
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
         ServiceState {
-            registry,
+            controllers,
             client,
             authn,
             authz,
@@ -128,12 +129,7 @@ impl ServiceState {
             ));
         }
         let cache_key = (rt.group.clone(), rt.version.clone(), rt.kind.clone());
-        if let Some(found) = self
-            .discovered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&cache_key)
-        {
+        if let Some(found) = self.discovered.lock().get(&cache_key) {
             return Ok(found.clone());
         }
         let gvk = kube::api::GroupVersionKind::gvk(&rt.group, &rt.version, &rt.kind);
@@ -158,10 +154,7 @@ impl ServiceState {
             plural: ar.plural,
             namespaced: caps.scope == kube::discovery::Scope::Namespaced,
         };
-        self.discovered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(cache_key, resolved.clone());
+        self.discovered.lock().insert(cache_key, resolved.clone());
         Ok(resolved)
     }
 
@@ -391,7 +384,6 @@ impl ServiceState {
     fn session(&self, id: &str) -> Result<(Identity, Arc<Controller>), Status> {
         self.sessions
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .cloned()
             .ok_or_else(|| Status::failed_precondition(format!("unknown session_id {id:?}: use the session_id from Registered of a live Connect stream")))
@@ -456,7 +448,7 @@ impl ServiceState {
             )));
         }
         let informers: Vec<_> = self
-            .registry
+            .controllers
             .cache()
             .all()
             .into_iter()
@@ -497,7 +489,7 @@ struct RbacNamespaceGate {
 }
 
 impl NamespaceGate for RbacNamespaceGate {
-    fn admit<'a>(&'a self, namespace: &'a str) -> SeamFuture<'a, Result<bool, AuthzError>> {
+    fn admit<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<bool, AuthzError>> {
         Box::pin(async move {
             for (group, plural) in &self.resources {
                 if !self
@@ -710,8 +702,8 @@ fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
     pb::ReconcileRequest {
         id: r.id.clone(),
         key: Some(pb::ObjectKey {
-            namespace: r.key.0.clone(),
-            name: r.key.1.clone(),
+            namespace: r.key.namespace.clone(),
+            name: r.key.name.clone(),
         }),
         attempt: r.attempt,
         reasons,
@@ -738,8 +730,8 @@ fn event_to_pb(
     pb::Event {
         id: id.to_string(),
         key: Some(pb::ObjectKey {
-            namespace: d.key.0.clone(),
-            name: d.key.1.clone(),
+            namespace: d.key.namespace.clone(),
+            name: d.key.name.clone(),
         }),
         r#type: kind as i32,
         object_json: serde_json::to_vec(d.event.object.as_ref()).unwrap_or_default(),
@@ -942,7 +934,7 @@ impl Service {
             (credits, _) => credits,
         };
         let attached = self
-            .registry
+            .controllers
             .attach_gated(&identity.tenant, registration.clone(), credits, gate)
             .map_err(|e| match e {
                 RegisterError::Invalid(i) => Status::invalid_argument(i.to_string()),
@@ -959,7 +951,6 @@ impl Service {
         let session_id = format!("{}-{}", controller.id.name, uuid::Uuid::new_v4());
         self.sessions
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .insert(session_id.clone(), (identity.clone(), controller.clone()));
         tracing::info!(controller = %controller.id, session = %session_id, credits, "session attached");
 
@@ -1037,11 +1028,11 @@ impl Service {
             let end: Option<Status> = loop {
                 tokio::select! {
                     out = outbound.recv() => match out {
-                        Some(Outbound::Reconcile(r)) if scope.as_ref().is_some_and(|s| !s.contains(&r.key.0)) => {
+                        Some(Outbound::Reconcile(r)) if scope.as_ref().is_some_and(|s| !s.contains(&r.key.namespace)) => {
                             // Resync and retries re-deliver keys the controller has cached, from
                             // every namespace: one outside the admitted scope (never admitted, or
                             // left it) must not leave the manager, so it is settled here unseen.
-                            tracing::debug!(controller = %controller.id, namespace = %r.key.0, "key outside the namespace scope withheld");
+                            tracing::debug!(controller = %controller.id, namespace = %r.key.namespace, "key outside the namespace scope withheld");
                             controller.complete(session_num, &r.id, Outcome::Done, "");
                         }
                         Some(Outbound::Reconcile(r)) => {
@@ -1061,8 +1052,8 @@ impl Service {
                             let _ = tx.send(Ok(msg(pb::manager_message::Message::Revoked(revoked)))).await;
                             break Some(status);
                         }
-                        Some(Outbound::Event { id, delivery, .. }) if scope.as_ref().is_some_and(|s| !s.contains(&delivery.key.0)) => {
-                            tracing::debug!(controller = %controller.id, namespace = %delivery.key.0, "event outside the namespace scope withheld");
+                        Some(Outbound::Event { id, delivery, .. }) if scope.as_ref().is_some_and(|s| !s.contains(&delivery.key.namespace)) => {
+                            tracing::debug!(controller = %controller.id, namespace = %delivery.key.namespace, "event outside the namespace scope withheld");
                             controller.ack(session_num, &id);
                         }
                         Some(Outbound::Event { id, delivery, deadline, trace }) => {
@@ -1112,12 +1103,8 @@ impl Service {
                     },
                 }
             };
-            service.registry.detach(&controller, session_num);
-            service
-                .sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&session_id);
+            service.controllers.detach(&controller, session_num);
+            service.sessions.lock().remove(&session_id);
             tracing::info!(controller = %controller.id, session = %session_id, "session ended");
             if let Some(status) = end
                 && status.code() != tonic::Code::Ok

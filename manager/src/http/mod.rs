@@ -3,7 +3,7 @@
 
 pub mod status_page;
 
-use crate::dispatch::controllers::Registry;
+use crate::dispatch::controllers::ControllerTable;
 use crate::informer::Cache;
 use crate::leader::LeaderState;
 use crate::metrics::Metrics;
@@ -19,14 +19,14 @@ use tokio::sync::watch;
 /// What the HTTP handlers read.
 pub struct HttpState {
     /// Controllers.
-    pub registry: Arc<Registry>,
+    pub controllers: Arc<ControllerTable>,
     /// Caches.
     pub cache: Arc<Cache>,
     /// Leadership.
     pub leader: watch::Receiver<LeaderState>,
     /// This manager's identity.
     pub identity: String,
-    /// The metrics registry.
+    /// The Prometheus registry.
     pub metrics: Arc<Metrics>,
     /// The Lease name (the `name` label of leader_election_master_status).
     pub lease_name: String,
@@ -75,7 +75,13 @@ async fn page(State(s): State<Arc<HttpState>>, Query(p): Query<PageParams>) -> i
 
 fn snapshot(s: &HttpState) -> Snapshot {
     let leader = s.leader.borrow().clone();
-    Snapshot::collect(&s.registry, &s.cache, &leader, &s.identity, &s.lease_name)
+    Snapshot::collect(
+        &s.controllers,
+        &s.cache,
+        &leader,
+        &s.identity,
+        &s.lease_name,
+    )
 }
 
 async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
@@ -94,7 +100,7 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
     m.informer_objects.reset();
     m.informer_relists.reset();
     m.informer_watch_restarts.reset();
-    for c in s.registry.all() {
+    for c in s.controllers.all() {
         let (name, tenant) = (c.id.name.as_str(), c.id.tenant.as_str());
         let q = c.queue_stats();
         let labels = [name, tenant];
@@ -115,11 +121,11 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
         Metrics::advance(&m.adds, &labels, q.adds);
         Metrics::advance(&m.retries, &labels, q.retries);
     }
-    let scheduler = s.registry.scheduler();
-    m.dispatch_seats.set(scheduler.capacity() as f64);
+    let seat_pool = s.controllers.seat_pool();
+    m.dispatch_seats.set(seat_pool.capacity() as f64);
     m.seats_in_use.reset();
     m.seats_waiting.reset();
-    for t in scheduler.tenants() {
+    for t in seat_pool.tenants() {
         let weight = t.weight.to_string();
         let labels = [t.tenant.as_str(), weight.as_str()];
         m.seats_in_use

@@ -6,7 +6,7 @@
 //! through `kubectl port-forward`. Everything that comes from outside the process (object names,
 //! controller messages, identities, tenant names) goes through [`Esc`].
 
-use crate::dispatch::controllers::Registry;
+use crate::dispatch::controllers::ControllerTable;
 use crate::dispatch::dispatcher::{InFlightView, RecentError, SessionView};
 use crate::dispatch::queue::QueuedAs;
 use crate::informer::{Cache, ObjectKey};
@@ -163,16 +163,16 @@ pub struct TenantStatus {
 }
 
 impl Snapshot {
-    /// Read the registry, the caches and the leadership state once.
+    /// Read the controllers, the caches and the leadership state once.
     pub fn collect(
-        registry: &Registry,
+        controllers: &ControllerTable,
         cache: &Cache,
         leader: &LeaderState,
         identity: &str,
         lease_name: &str,
     ) -> Snapshot {
         let now = Instant::now();
-        let mut controllers: Vec<ControllerStatus> = registry
+        let mut controllers: Vec<ControllerStatus> = controllers
             .all()
             .iter()
             .map(|c| {
@@ -270,11 +270,11 @@ impl Snapshot {
                         "inFlight": s.in_flight, "draining": s.draining,
                     })).collect::<Vec<_>>(),
                     "inFlightKeys": c.in_flight_keys.iter().map(|f| json!({
-                        "key": key_text(&f.key), "session": f.session, "attempt": f.attempt,
+                        "key": f.key.to_string(), "session": f.session, "attempt": f.attempt,
                         "runningSeconds": f.running.as_secs_f64(),
                     })).collect::<Vec<_>>(),
                     "queuedKeys": c.queued_keys.iter().map(|q| {
-                        let mut v = json!({"key": key_text(&q.key), "lane": q.lane.name()});
+                        let mut v = json!({"key": q.key.to_string(), "lane": q.lane.name()});
                         if let Lane::Timer(due) = q.lane {
                             v["dueInSeconds"] = json!(due.as_secs_f64());
                         }
@@ -282,7 +282,7 @@ impl Snapshot {
                     }).collect::<Vec<_>>(),
                     "queuedNotShown": c.queued_not_shown(),
                     "recentErrors": c.recent_errors.iter().map(|e| json!({
-                        "at": rfc3339(e.at), "key": key_text(&e.key), "attempt": e.attempt,
+                        "at": rfc3339(e.at), "key": e.key.to_string(), "attempt": e.attempt,
                         "kind": e.kind, "message": e.message,
                     })).collect::<Vec<_>>(),
                 })
@@ -328,15 +328,6 @@ impl fmt::Display for Esc<'_> {
             rest = &rest[i + 1..];
         }
         f.write_str(rest)
-    }
-}
-
-/// `namespace/name`, or `name` for a cluster-scoped object.
-fn key_text(k: &ObjectKey) -> String {
-    if k.0.is_empty() {
-        k.1.clone()
-    } else {
-        format!("{}/{}", k.0, k.1)
     }
 }
 
@@ -707,7 +698,7 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             "<tr{}><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"mono\">#{}</td>\
              <td class=\"num\">{}</td></tr>",
             if slow { " class=\"slow\"" } else { "" },
-            Esc(&key_text(&f.key)),
+            Esc(&f.key.to_string()),
             f.attempt,
             f.session,
             human(f.running)
@@ -734,7 +725,7 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             o,
             "<tr data-lane=\"{}\"><td class=\"key\">{}</td><td>{}</td></tr>",
             q.lane.name(),
-            Esc(&key_text(&q.key)),
+            Esc(&q.key.to_string()),
             waiting
         )?;
     }
@@ -761,7 +752,7 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             rfc3339(e.at),
             clock(e.at),
             human(ago),
-            Esc(&key_text(&e.key)),
+            Esc(&e.key.to_string()),
             e.attempt,
             Esc(e.kind),
             if e.message.is_empty() {
@@ -814,7 +805,7 @@ mod tests {
     use super::*;
 
     fn key(ns: &str, name: &str) -> ObjectKey {
-        (ns.to_owned(), name.to_owned())
+        ObjectKey::new(ns, name)
     }
 
     fn controller(tenant: &str, name: &str) -> ControllerStatus {

@@ -8,7 +8,7 @@
 //! [`MIN_INTERVAL`], on a blocking thread: a trim of a large heap takes milliseconds and locks each
 //! arena in turn.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// Bursts closer together than this share one trim, which runs at the end of the interval so
@@ -25,8 +25,8 @@ static STATE: Mutex<State> = Mutex::new(State {
     pending: false,
 });
 
-fn state() -> std::sync::MutexGuard<'static, State> {
-    STATE.lock().unwrap_or_else(|p| p.into_inner())
+fn state() -> parking_lot::MutexGuard<'static, State> {
+    STATE.lock()
 }
 
 /// Ask for freed heap to be returned soon: now, or when [`MIN_INTERVAL`] since the previous trim

@@ -21,14 +21,14 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use tokio::sync::watch as signal;
 
-/// Namespace and name of an object; the unit every queue works on.
-pub type ObjectKey = (String, String);
+pub use crate::key::ObjectKey;
 
 /// What one informer lists and watches.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -145,18 +145,6 @@ pub struct Informer {
     task: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
-/// Object identity for the owner index and keys.
-fn key_of(obj: &Value) -> ObjectKey {
-    let md = obj.get("metadata");
-    let s = |f: &str| {
-        md.and_then(|m| m.get(f))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    (s("namespace"), s("name"))
-}
-
 impl Store {
     fn unindex_owners(&mut self, key: &ObjectKey, obj: &CachedObject) {
         for uid in obj.owner_uids() {
@@ -229,7 +217,7 @@ impl Store {
 
 impl Informer {
     fn lock(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
+        self.store.lock()
     }
 
     /// What this informer watches.
@@ -273,7 +261,7 @@ impl Informer {
     pub fn get(&self, namespace: &str, name: &str) -> Option<CachedObject> {
         self.lock()
             .objects
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(&ObjectKey::new(namespace, name))
             .cloned()
     }
 
@@ -283,7 +271,7 @@ impl Informer {
         let mut out: Vec<(ObjectKey, CachedObject)> = store
             .objects
             .iter()
-            .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
+            .filter(|(k, _)| namespace.is_none_or(|n| n == k.namespace))
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -312,7 +300,7 @@ impl Informer {
             }
             Event::InitApply(obj) => {
                 if let Some(buf) = store.relisting.as_mut() {
-                    buf.insert(key_of(&obj), CachedObject::from_value(&obj));
+                    buf.insert(ObjectKey::of(&obj), CachedObject::from_value(&obj));
                 }
             }
             Event::InitDone => {
@@ -345,11 +333,11 @@ impl Informer {
             }
             Event::Apply(obj) => {
                 let stored = CachedObject::from_value(&obj);
-                store.upsert(key_of(&obj), stored, |_| Arc::new(obj), false);
+                store.upsert(ObjectKey::of(&obj), stored, |_| Arc::new(obj), false);
             }
             Event::Delete(obj) => {
                 // The watch event carries the object's final state, newer than the stored one.
-                let key = key_of(&obj);
+                let key = ObjectKey::of(&obj);
                 store.remove(&key);
                 store.emit(&CacheEvent::Deleted {
                     object: Arc::new(obj),
@@ -456,7 +444,7 @@ impl Cache {
     }
 
     fn informers(&self) -> MutexGuard<'_, HashMap<InformerKey, (Arc<Informer>, usize)>> {
-        self.informers.lock().unwrap_or_else(|p| p.into_inner())
+        self.informers.lock()
     }
 
     /// Subscribe to an informer, starting it if this is its first subscriber. The current
@@ -513,13 +501,7 @@ impl Cache {
         };
         entry.1 = entry.1.saturating_sub(1);
         if entry.1 == 0 {
-            if let Some(task) = entry
-                .0
-                .task
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-            {
+            if let Some(task) = entry.0.task.lock().take() {
                 task.abort();
             }
             tracing::info!(informer = %key.label(), "informer stopped: no subscribers left");
@@ -570,7 +552,7 @@ impl Cache {
             }
             tracing::debug!(informer = %label, "informer stream ended");
         });
-        *informer.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        *informer.task.lock() = Some(task.abort_handle());
         informer
     }
 }

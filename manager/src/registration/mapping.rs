@@ -13,10 +13,7 @@ fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
 
 /// The object's own key.
 pub fn own_key(obj: &Value) -> ObjectKey {
-    (
-        str_at(obj, "/metadata/namespace").to_string(),
-        str_at(obj, "/metadata/name").to_string(),
-    )
+    ObjectKey::of(obj)
 }
 
 /// Primaries owning `obj`: ownerReferences of the primary's group and kind (only the one marked
@@ -49,7 +46,7 @@ pub fn owner_keys(obj: &Value, primary: &ResourceRef, controller_only: bool) -> 
                     group == primary.group
                 })
                 .filter_map(|r| r.get("name").and_then(Value::as_str))
-                .map(|name| (ns.clone(), name.to_string()))
+                .map(|name| ObjectKey::new(ns.clone(), name))
                 .collect()
         })
         .unwrap_or_default()
@@ -59,16 +56,7 @@ pub fn owner_keys(obj: &Value, primary: &ResourceRef, controller_only: bool) -> 
 pub fn mapped_key(obj: &Value, mapping: &Mapping, primary_namespaced: bool) -> Option<ObjectKey> {
     let ns = str_at(obj, "/metadata/namespace");
     let same_ns = |name: &str| -> Option<ObjectKey> {
-        (!name.is_empty()).then(|| {
-            (
-                if primary_namespaced {
-                    ns.to_string()
-                } else {
-                    String::new()
-                },
-                name.to_string(),
-            )
-        })
+        (!name.is_empty()).then(|| ObjectKey::new(if primary_namespaced { ns } else { "" }, name))
     };
     match mapping {
         Mapping::Label(key) => same_ns(
@@ -88,13 +76,9 @@ pub fn mapped_key(obj: &Value, mapping: &Mapping, primary_namespaced: bool) -> O
                 .try_fold(obj, |v, k| v.get(k))?
                 .as_str()?;
             match value.split_once('/') {
-                Some((ns, name)) if !name.is_empty() => Some((
-                    if primary_namespaced {
-                        ns.to_string()
-                    } else {
-                        String::new()
-                    },
-                    name.to_string(),
+                Some((ns, name)) if !name.is_empty() => Some(ObjectKey::new(
+                    if primary_namespaced { ns } else { "" },
+                    name,
                 )),
                 Some(_) => None,
                 None => same_ns(value),
@@ -127,7 +111,7 @@ mod tests {
         ]}});
         assert_eq!(
             owner_keys(&dep, &primary(), true),
-            vec![("ns".to_string(), "m".to_string())]
+            vec![ObjectKey::new("ns", "m")]
         );
         assert_eq!(owner_keys(&dep, &primary(), false).len(), 2);
     }
@@ -145,19 +129,19 @@ mod tests {
             "spec": {"ref": "other/db", "local": "cache"}});
         assert_eq!(
             mapped_key(&cm, &Mapping::Label("owner".into()), true),
-            Some(("ns".into(), "web".into()))
+            Some(ObjectKey::new("ns", "web"))
         );
         assert_eq!(
             mapped_key(&cm, &Mapping::Annotation("target".into()), true),
-            Some(("ns".into(), "api".into()))
+            Some(ObjectKey::new("ns", "api"))
         );
         assert_eq!(
             mapped_key(&cm, &Mapping::Field("spec.ref".into()), true),
-            Some(("other".into(), "db".into()))
+            Some(ObjectKey::new("other", "db"))
         );
         assert_eq!(
             mapped_key(&cm, &Mapping::Field("spec.local".into()), true),
-            Some(("ns".into(), "cache".into()))
+            Some(ObjectKey::new("ns", "cache"))
         );
         assert_eq!(
             mapped_key(&cm, &Mapping::Label("missing".into()), true),
@@ -165,7 +149,7 @@ mod tests {
         );
         assert_eq!(
             mapped_key(&cm, &Mapping::Label("owner".into()), false),
-            Some((String::new(), "web".into()))
+            Some(ObjectKey::new("", "web"))
         );
     }
 }

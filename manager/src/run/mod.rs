@@ -1,11 +1,11 @@
 //! `ctrlhub run`: command-line options and all the wiring in one place — client, caches,
-//! leader election, registry, gRPC and HTTP servers, and one shutdown token passed to all.
+//! leader election, controllers, gRPC and HTTP servers, and one shutdown token passed to all.
 
 pub mod dev;
 
-use crate::dispatch::controllers::Registry;
+use crate::dispatch::controllers::ControllerTable;
 use crate::dispatch::dispatcher::RevokeReason;
-use crate::dispatch::seats::{Scheduler, Weights};
+use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
 use crate::http::{self, HttpState};
 use crate::informer::Cache;
@@ -276,19 +276,19 @@ impl RunArgs {
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;
-        let scheduler = Scheduler::new(self.max_dispatch_seats, weights);
-        let registry = Registry::with_scheduler(
+        let seat_pool = SeatPool::new(self.max_dispatch_seats, weights);
+        let controllers = ControllerTable::with_seat_pool(
             cache.clone(),
             self.ceiling(),
             leading.clone(),
             stop.child_token(),
             metrics.clone(),
             limits,
-            scheduler,
+            seat_pool,
         );
         {
             // Sessions live only on the leader: when it steps down, every session must reconnect.
-            let registry = registry.clone();
+            let controllers = controllers.clone();
             let mut leading = leading.clone();
             let stop = stop.clone();
             let pod_label = pod_label.clone();
@@ -299,7 +299,7 @@ impl RunArgs {
                 loop {
                     let now = *leading.borrow_and_update();
                     if was && !now {
-                        registry.revoke_all(
+                        controllers.revoke_all(
                             RevokeReason::LeadershipLost,
                             "this manager lost the leader lease; reconnect to the new leader",
                         );
@@ -319,7 +319,7 @@ impl RunArgs {
         }
         let service = Service(Arc::new(match self.auth {
             AuthMode::Static => ServiceState::new(
-                registry.clone(),
+                controllers.clone(),
                 client.clone(),
                 Arc::new(StaticTokens::new([(self.token.clone(), "dev".to_string())])),
                 Arc::new(AllowAll),
@@ -327,7 +327,7 @@ impl RunArgs {
                 metrics.clone(),
             ),
             AuthMode::Kubernetes => ServiceState::new(
-                registry.clone(),
+                controllers.clone(),
                 client.clone(),
                 Arc::new(TokenReviewAuthenticator::new(
                     client.clone(),
@@ -380,7 +380,7 @@ impl RunArgs {
             )
         };
         let http_state = Arc::new(HttpState {
-            registry: registry.clone(),
+            controllers: controllers.clone(),
             cache: cache.clone(),
             leader: leader_state,
             identity,
@@ -401,7 +401,7 @@ impl RunArgs {
         // Closed, not only revoked: a controller told to reconnect must not attach here again
         // in the moments before the gRPC server stops, or it would wait for that server's
         // graceful timeout instead of reaching the successor.
-        registry.close("the manager is shutting down; reconnect to the next leader");
+        controllers.close("the manager is shutting down; reconnect to the next leader");
         // Give sessions a moment to deliver Revoked before the transport closes.
         tokio::time::sleep(Duration::from_millis(200)).await;
         grpc_stop.cancel();

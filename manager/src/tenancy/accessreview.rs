@@ -5,18 +5,18 @@
 //! RoleBinding takes effect quickly and a revoked one is noticed within the allow TTL, which is
 //! also the interval on which live registrations are re-checked. A registration scoped by a
 //! namespace label selector needs no cluster-wide grant: each namespace enters its scope once
-//! this authorizer allows it there (see `registry`). Secrets need more than RBAC: a
+//! this authorizer allows it there (see `controllers`). Secrets need more than RBAC: a
 //! tenant must also be listed in the manager's configuration, because a shared cache of Secrets
 //! is a bigger exposure than a tenant's own API access.
 
 use crate::tenancy::decision_cache::TtlCache;
-use crate::tenancy::{Access, Authorizer, AuthzError, Identity, SeamFuture};
+use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How many decisions the cache remembers; beyond that, it evicts.
@@ -89,12 +89,7 @@ impl AccessReviewAuthorizer {
             namespace.to_string(),
         );
         let now = Instant::now();
-        if let Some(hit) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key, now)
-        {
+        if let Some(hit) = self.cache.lock().get(&key, now) {
             return Ok(hit);
         }
         let review = SubjectAccessReview {
@@ -127,10 +122,7 @@ impl AccessReviewAuthorizer {
         } else {
             self.ttl.deny
         };
-        self.cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, allowed, ttl, now);
+        self.cache.lock().insert(key, allowed, ttl, now);
         Ok(allowed)
     }
 }
@@ -151,7 +143,7 @@ impl Authorizer for AccessReviewAuthorizer {
         group: &'a str,
         plural: &'a str,
         namespace: &'a str,
-    ) -> SeamFuture<'a, Result<bool, AuthzError>> {
+    ) -> BoxFuture<'a, Result<bool, AuthzError>> {
         Box::pin(async move {
             if self.secrets_refused(who, group, plural) {
                 return Ok(false);

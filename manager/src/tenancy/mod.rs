@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 /// A boxed future, so the seams stay object-safe (`Arc<dyn Authenticator>`).
-pub type SeamFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +53,7 @@ pub enum AuthError {
 /// Turns a bearer token into an identity.
 pub trait Authenticator: Send + Sync {
     /// Authenticate a token.
-    fn authenticate<'a>(&'a self, token: &'a str) -> SeamFuture<'a, Result<Identity, AuthError>>;
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>>;
 }
 
 /// Static tokens (for `ctrlhub dev` and tests): token → tenant.
@@ -71,7 +71,7 @@ impl StaticTokens {
 }
 
 impl Authenticator for StaticTokens {
-    fn authenticate<'a>(&'a self, token: &'a str) -> SeamFuture<'a, Result<Identity, AuthError>> {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
         let found = self
             .tokens
             .get(token)
@@ -123,7 +123,7 @@ pub trait Authorizer: Send + Sync {
         group: &'a str,
         plural: &'a str,
         namespace: &'a str,
-    ) -> SeamFuture<'a, Result<bool, AuthzError>>;
+    ) -> BoxFuture<'a, Result<bool, AuthzError>>;
 
     /// Whether `group/plural` is refused to `who` whatever RBAC says (e.g. Secrets for a tenant
     /// the configuration does not list). A namespace-selector registration for such a kind is
@@ -143,7 +143,7 @@ pub trait Authorizer: Send + Sync {
 /// the registering identity may list and watch everything the registration watches there.
 pub trait NamespaceGate: Send + Sync {
     /// Whether `namespace` may enter the scope now.
-    fn admit<'a>(&'a self, namespace: &'a str) -> SeamFuture<'a, Result<bool, AuthzError>>;
+    fn admit<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<bool, AuthzError>>;
 
     /// How long to wait before asking again about a namespace that was denied (or could not be
     /// decided).
@@ -161,7 +161,7 @@ impl Authorizer for AllowAll {
         _: &'a str,
         _: &'a str,
         _: &'a str,
-    ) -> SeamFuture<'a, Result<bool, AuthzError>> {
+    ) -> BoxFuture<'a, Result<bool, AuthzError>> {
         Box::pin(std::future::ready(Ok(true)))
     }
 }

@@ -7,10 +7,10 @@
 //! rotated token is simply a new cache key, so long-lived sessions keep working.
 
 use crate::tenancy::decision_cache::TtlCache;
-use crate::tenancy::{AuthError, Authenticator, Identity, SeamFuture};
+use crate::tenancy::{AuthError, Authenticator, BoxFuture, Identity};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// How many distinct tokens the cache remembers; beyond that, it evicts.
@@ -80,26 +80,18 @@ impl TokenReviewAuthenticator {
 }
 
 impl Authenticator for TokenReviewAuthenticator {
-    fn authenticate<'a>(&'a self, token: &'a str) -> SeamFuture<'a, Result<Identity, AuthError>> {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
         Box::pin(async move {
             let now = Instant::now();
-            if let Some(hit) = self
-                .cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&token.to_string(), now)
-            {
+            if let Some(hit) = self.cache.lock().get(&token.to_string(), now) {
                 return hit;
             }
             let decided = self.review(token).await;
             // An outage is not a decision: the next attempt asks again.
             if !matches!(decided, Err(AuthError::Unavailable(_))) {
-                self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                    token.to_string(),
-                    decided.clone(),
-                    self.ttl,
-                    now,
-                );
+                self.cache
+                    .lock()
+                    .insert(token.to_string(), decided.clone(), self.ttl, now);
             }
             decided
         })

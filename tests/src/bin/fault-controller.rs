@@ -12,11 +12,12 @@
 //! Flags (all required except the last two): `--manager URL --log PATH --name REPLICA
 //! --namespace NS [--concurrency N] [--work-ms MS]`.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ctrlhub_sdk::{
@@ -38,7 +39,7 @@ impl Log {
         // One write per line: the checker parses whole lines, and a SIGKILL may only cut the
         // last one short (the parser tolerates a truncated last line).
         let text = format!("{micros} {} {rest}\n", self.replica);
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = self.file.lock();
         if let Err(err) = file.write_all(text.as_bytes()) {
             eprintln!("fault-controller: cannot write the reconcile log: {err}");
             std::process::exit(2);
