@@ -1,7 +1,7 @@
 //! From an object event to the primary keys it concerns: the object itself, its controller
 //! owner, or the primary a watched object names by label, annotation or field.
 
-use crate::informer::ObjectKey;
+use crate::key::ObjectKey;
 use crate::registration::{Mapping, ResourceRef};
 use serde_json::Value;
 

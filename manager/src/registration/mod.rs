@@ -2,11 +2,12 @@
 //! The gRPC edge translates `ctrlhub.v1.Register` into a [`Registration`] and reports problems
 //! as [`Invalid`] naming the offending field.
 
+mod backoff;
 pub mod mapping;
 pub mod predicate;
 
-use crate::dispatch::queue::Backoff;
 use crate::registration::predicate::{LabelSelector, Predicate, SelectorOperator};
+pub use backoff::Backoff;
 use std::time::Duration;
 
 /// A Kubernetes resource type, resolved through discovery.
