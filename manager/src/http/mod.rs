@@ -1,5 +1,8 @@
 //! The manager's HTTP port: `/` (the status page for people), `/healthz`, `/readyz` (leader
 //! election running and caches synced), `/metrics`, and `/status` (the same facts as JSON).
+//!
+//! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
+//! `metrics` and `registration`, read-only — nothing below calls back up into it.
 
 pub mod status_page;
 

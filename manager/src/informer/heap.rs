@@ -3,7 +3,7 @@
 //! glibc keeps what a thread freed in that thread's arena and only unmaps the top of each arena,
 //! so after an initial list (every object parsed once, transiently) or a drained backlog (every
 //! key queued, then done) the manager would stay resident at its high-water mark for as long as
-//! it runs — about 20% more than the objects it caches. `malloc_trim(0)` walks the arenas and
+//! it runs, well above what the objects it caches need. `malloc_trim(0)` walks the arenas and
 //! returns freed pages with `madvise`. It is called only after such bursts, at most once per
 //! [`MIN_INTERVAL`], on a blocking thread: a trim of a large heap takes milliseconds and locks each
 //! arena in turn.

@@ -9,6 +9,10 @@
 //!
 //! The store keeps each object as JSON bytes ([`CachedObject`]), not as a parsed tree: events
 //! carry the parsed state subscribers filter and map on, and only transiently.
+//!
+//! Owns: informers, their stores and owner indexes, decoding ([`watched`]), and giving heap back
+//! after bursts ([`heap`]). May call: `key` and the Kubernetes client — nothing that knows about
+//! controllers, so caches stay testable on their own.
 
 pub mod heap;
 pub mod object;

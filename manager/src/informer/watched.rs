@@ -2,11 +2,10 @@
 //! once.
 //!
 //! kube's `DynamicObject` parses `metadata` field by field into a typed `ObjectMeta` and buffers
-//! the rest through serde's `flatten`; the informer then turned both back into one tree. A
-//! profile of the manager under 4,000 watch events per second put about a quarter of its CPU in
-//! that round trip. This type parses the body straight into the tree and lifts out beside it only
-//! what kube's watcher reads (the resourceVersion it resumes from, and the name and namespace it
-//! logs).
+//! the rest through serde's `flatten`, which the informer would then turn back into one tree — a
+//! costly round trip on the hottest path (see BENCHMARKS.md). This type parses the body straight
+//! into the tree and lifts out beside it only what kube's watcher reads (the resourceVersion it
+//! resumes from, and the name and namespace it logs).
 
 use kube::api::{ApiResource, ObjectMeta};
 use kube::core::{DynamicResourceScope, Resource};

@@ -3,6 +3,9 @@
 //! when a renew has not succeeded within the renew deadline — which is shorter than the lease, so
 //! the old leader stops dispatching before anyone else may take over — and release on shutdown
 //! so a successor starts within about a retry period.
+//!
+//! Owns: the Lease and the leadership state every other part watches. May call: the Kubernetes
+//! client only. It runs on its own task and shares no lock with dispatch.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;

@@ -1,6 +1,10 @@
 //! What a controller registered, as domain types free of protobuf and Kubernetes client types.
 //! The gRPC edge translates `ctrlhub.v1.Register` into a [`Registration`] and reports problems
 //! as [`Invalid`] naming the offending field.
+//!
+//! Owns: the registration rules and defaults, predicates, mapping an event to primary keys, and
+//! retry backoff. May call: `key` only — these are pure functions and plain data, unit-tested
+//! without a cluster, and fuzzed.
 
 mod backoff;
 pub mod mapping;

@@ -1,6 +1,10 @@
 //! Tenancy seams: who a session is (authentication), what it may watch (authorization), and how
-//! much it may use (limits). `ctrlhub dev` uses a static token and allows everything; the
-//! multi-tenancy issue plugs TokenReview and SubjectAccessReview in behind the same traits.
+//! much it may use (limits). `ctrlhub dev` uses a static token and allows everything; in a
+//! cluster, TokenReview ([`tokenreview`]) and SubjectAccessReview ([`accessreview`]) sit behind
+//! the same traits, so the rest of the manager never knows which is in use.
+//!
+//! Owns: identities, authenticators, authorizers, the decision cache and per-tenant limits. May
+//! call: the Kubernetes client only.
 
 pub mod accessreview;
 pub mod decision_cache;
