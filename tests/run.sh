@@ -11,6 +11,16 @@ banner() {
     printf '\n==== %s ====\n' "$*"
 }
 
+# Gates first, so a formatting slip or a lint fails in minutes, not after the suites.
+banner "cargo fmt --check"
+cargo fmt --all --check
+
+banner "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+banner "cargo doc --no-deps --workspace (rustdoc warnings are errors)"
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace
+
 banner "Debian packages (prometheus + promtool, chromium)"
 # prometheus: promtool checks metrics and rules, and the real server runs every dashboard query.
 # chromium: the status page test drives it headless.
@@ -44,6 +54,9 @@ bash proto/lint.sh
 
 banner "cargo build --workspace --bins"
 cargo build --workspace --bins
+
+banner "production build: no \`dev\` subcommand, no devcluster or demo controller linked"
+bash tests/production_build.sh
 
 banner "cargo test --workspace"
 cargo test --workspace
