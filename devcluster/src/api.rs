@@ -675,7 +675,7 @@ fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 fn parse_yaml(body: &[u8]) -> Result<Value, ApiError> {
-    serde_yaml::from_slice::<Value>(body)
+    serde_saphyr::from_slice::<Value>(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
 }
 
@@ -801,4 +801,28 @@ fn openapi_v2(accept: Option<&str>) -> Response {
     ok(
         &json!({"swagger": "2.0", "info": {"title": "devcluster", "version": "v1.33.0"}, "paths": {}, "definitions": {}}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn apply_bodies_in_yaml_keep_their_types() {
+        let body = b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n  labels: {tier: \"1\"}\ndata:\n  n: \"3\"\nspec:\n  replicas: 3\n  paused: false\n";
+        let v = parse_yaml(body).expect("valid YAML");
+        assert_eq!(v["metadata"]["labels"]["tier"], json!("1"));
+        assert_eq!(v["spec"]["replicas"], json!(3));
+        assert_eq!(v["spec"]["paused"], json!(false));
+    }
+
+    #[test]
+    fn malformed_yaml_is_a_bad_request() {
+        let err = parse_yaml(b"metadata: [unclosed").expect_err("invalid YAML");
+        assert!(
+            format!("{err:?}").contains("error decoding YAML"),
+            "{err:?}"
+        );
+    }
 }

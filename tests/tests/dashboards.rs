@@ -8,7 +8,7 @@ mod support;
 use ctrlhub_proto::v1 as pb;
 use pb::reconcile_result::Outcome;
 use serde_json::Value as Json;
-use serde_yaml::Value as Yaml;
+use serde_json::Value as Yaml;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -41,7 +41,7 @@ fn rules_file() -> PathBuf {
 fn yaml(path: &Path) -> Yaml {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()))
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()))
 }
 
 fn dashboard(name: &str) -> Json {
@@ -67,10 +67,10 @@ fn run(cmd: &mut std::process::Command) -> (bool, String) {
 fn rules() -> Vec<Yaml> {
     let doc = yaml(&rules_file());
     doc["groups"]
-        .as_sequence()
+        .as_array()
         .expect("groups is a list")
         .iter()
-        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
         .collect()
 }
 
@@ -100,15 +100,15 @@ fn every_alert_has_promtool_unit_tests() {
 
     let mut fires = BTreeSet::new();
     let mut quiet = BTreeSet::new();
-    for case in yaml(&test_file)["tests"].as_sequence().expect("tests list") {
-        for t in case["alert_rule_test"].as_sequence().into_iter().flatten() {
+    for case in yaml(&test_file)["tests"].as_array().expect("tests list") {
+        for t in case["alert_rule_test"].as_array().into_iter().flatten() {
             let name = t["alertname"].as_str().expect("alertname").to_string();
-            let expected = t["exp_alerts"].as_sequence().map_or(0, Vec::len);
+            let expected = t["exp_alerts"].as_array().map_or(0, Vec::len);
             if expected == 0 {
                 quiet.insert(name);
             } else {
                 // A firing case pins labels and every annotation, so a template typo fails it.
-                for a in t["exp_alerts"].as_sequence().into_iter().flatten() {
+                for a in t["exp_alerts"].as_array().into_iter().flatten() {
                     let ann = &a["exp_annotations"];
                     for key in ["summary", "description", "runbook"] {
                         assert!(
@@ -430,9 +430,7 @@ fn kustomize_component_renders_dashboards_and_rules() {
         .arg("kustomize")
         .arg(&scratch));
     assert!(ok, "kubectl kustomize failed:\n{out}");
-    let docs: Vec<Yaml> = serde_yaml::Deserializer::from_str(&out)
-        .map(|d| serde::Deserialize::deserialize(d).expect("rendered YAML"))
-        .collect();
+    let docs: Vec<Yaml> = serde_saphyr::from_multiple(&out).expect("rendered YAML");
     for name in DASHBOARDS {
         let cm_name = format!("ctrlhub-dashboard-{}", name.trim_start_matches("ctrlhub-"));
         let cm = docs

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.print_crd {
-        print!("{}", serde_yaml::to_string(&Memcached::crd())?);
+        print!("{}", serde_saphyr::to_string(&Memcached::crd())?);
         return Ok(());
     }
     tracing_subscriber::fmt()
