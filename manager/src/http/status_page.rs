@@ -7,7 +7,7 @@
 //! controller messages, identities, tenant names) goes through [`Esc`].
 
 use crate::dispatch::controllers::ControllerTable;
-use crate::dispatch::dispatcher::{InFlightView, RecentError, SessionView};
+use crate::dispatch::dispatcher::{Controller, RecentError};
 use crate::dispatch::queue::QueuedAs;
 use crate::informer::{Cache, ObjectKey};
 use crate::leader::LeaderState;
@@ -83,6 +83,37 @@ pub struct ControllerStatus {
 }
 
 impl ControllerStatus {
+    /// Read one controller: its keys (each list at most [`LIST_LIMIT`]), then its figures.
+    fn read(c: &Controller, now: Instant) -> ControllerStatus {
+        let (sessions, in_flight_keys, queued_keys) = read_keys(c, now);
+        let recent_errors = c.recent_errors(LIST_LIMIT);
+        let (queued, in_flight, _) = c.snapshot();
+        let r = &c.registration;
+        ControllerStatus {
+            tenant: c.id.tenant.clone(),
+            name: c.id.name.clone(),
+            primary: format!("{}/{}", r.primary.api_version(), r.primary.kind),
+            mode: match r.mode {
+                Mode::Reconcile => "reconcile",
+                Mode::Events => "events",
+            },
+            max_concurrent: r.max_concurrent,
+            deadline: r.deadline,
+            // Two reads under two locks: never claim fewer than we list.
+            queued: queued.max(queued_keys.len()),
+            in_flight: in_flight.max(in_flight_keys.len()),
+            dispatched: c.counters.dispatched.load(Ordering::Relaxed),
+            done: c.counters.done.load(Ordering::Relaxed),
+            errors: c.counters.errors.load(Ordering::Relaxed),
+            terminal: c.counters.terminal.load(Ordering::Relaxed),
+            deadline_misses: c.counters.deadline_misses.load(Ordering::Relaxed),
+            sessions,
+            in_flight_keys,
+            queued_keys,
+            recent_errors,
+        }
+    }
+
     /// Queued keys that exist but are not listed.
     pub fn queued_not_shown(&self) -> usize {
         self.queued.saturating_sub(self.queued_keys.len())
@@ -92,6 +123,71 @@ impl ControllerStatus {
     pub fn in_flight_not_shown(&self) -> usize {
         self.in_flight.saturating_sub(self.in_flight_keys.len())
     }
+}
+
+/// A request in flight, as the page shows it.
+#[derive(Debug, Clone)]
+pub struct InFlightView {
+    /// The key.
+    pub key: ObjectKey,
+    /// The session it went to.
+    pub session: u64,
+    /// 1-based attempt.
+    pub attempt: u32,
+    /// How long it has been running.
+    pub running: Duration,
+}
+
+/// An attached session, as the page shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionView {
+    /// The session number (also in logs).
+    pub session: u64,
+    /// Requests it accepts at once.
+    pub credits: u32,
+    /// Requests it holds now.
+    pub in_flight: u32,
+    /// Whether it asked to drain.
+    pub draining: bool,
+}
+
+/// A controller's sessions, in-flight keys (longest-running first) and queued keys, read
+/// together under its lock; the key lists are at most [`LIST_LIMIT`] long.
+fn read_keys(
+    c: &Controller,
+    now: Instant,
+) -> (Vec<SessionView>, Vec<InFlightView>, Vec<QueuedKey>) {
+    let (sessions, mut in_flight, queued) = c.inspect(|st| {
+        let in_flight: Vec<InFlightView> = st
+            .in_flight()
+            .map(|f| InFlightView {
+                key: f.key().clone(),
+                session: f.session(),
+                attempt: f.attempt(),
+                running: now.saturating_duration_since(f.started()),
+            })
+            .collect();
+        let sessions = st
+            .sessions()
+            .map(|(session, slot)| SessionView {
+                session,
+                credits: slot.credits(),
+                in_flight: slot.in_flight(),
+                draining: slot.draining(),
+            })
+            .collect();
+        (sessions, in_flight, st.queued(LIST_LIMIT))
+    });
+    in_flight.sort_by(|a, b| b.running.cmp(&a.running).then_with(|| a.key.cmp(&b.key)));
+    in_flight.truncate(LIST_LIMIT);
+    let queued = queued
+        .into_iter()
+        .map(|(key, q)| QueuedKey {
+            key,
+            lane: Lane::from_queue(q, now),
+        })
+        .collect();
+    (sessions, in_flight, queued)
 }
 
 /// A queued key and where it waits.
@@ -175,41 +271,7 @@ impl Snapshot {
         let mut controllers: Vec<ControllerStatus> = controllers
             .all()
             .iter()
-            .map(|c| {
-                let view = c.keys_view(LIST_LIMIT);
-                let (queued, in_flight, _) = c.snapshot();
-                let r = &c.registration;
-                ControllerStatus {
-                    tenant: c.id.tenant.clone(),
-                    name: c.id.name.clone(),
-                    primary: format!("{}/{}", r.primary.api_version(), r.primary.kind),
-                    mode: match r.mode {
-                        Mode::Reconcile => "reconcile",
-                        Mode::Events => "events",
-                    },
-                    max_concurrent: r.max_concurrent,
-                    deadline: r.deadline,
-                    // Two reads under two locks: never claim fewer than we list.
-                    queued: queued.max(view.queued.len()),
-                    in_flight: in_flight.max(view.in_flight.len()),
-                    dispatched: c.counters.dispatched.load(Ordering::Relaxed),
-                    done: c.counters.done.load(Ordering::Relaxed),
-                    errors: c.counters.errors.load(Ordering::Relaxed),
-                    terminal: c.counters.terminal.load(Ordering::Relaxed),
-                    deadline_misses: c.counters.deadline_misses.load(Ordering::Relaxed),
-                    sessions: view.sessions,
-                    in_flight_keys: view.in_flight,
-                    queued_keys: view
-                        .queued
-                        .into_iter()
-                        .map(|(key, q)| QueuedKey {
-                            key,
-                            lane: Lane::from_queue(q, now),
-                        })
-                        .collect(),
-                    recent_errors: view.recent_errors,
-                }
-            })
+            .map(|c| ControllerStatus::read(c, now))
             .collect();
         controllers.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
         let mut informers: Vec<InformerStatus> = cache
