@@ -655,6 +655,8 @@ fn write_tenants(o: &mut String, s: &Snapshot) -> fmt::Result {
     Ok(())
 }
 
+/// One controller's card: heading, figures, then its sessions, in-flight and queued keys side
+/// by side, and its recent errors below.
 fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fmt::Result {
     let failing = !c.recent_errors.is_empty();
     write!(
@@ -664,6 +666,22 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
         Esc(&c.tenant),
         Esc(&c.name)
     )?;
+    write_controller_heading(o, c)?;
+    o.push_str("<div class=\"stats\">");
+    write_controller_stats(o, c)?;
+    o.push_str("</div><div class=\"cols\">");
+    write_sessions(o, c)?;
+    write_in_flight(o, c)?;
+    write_queued(o, c)?;
+    o.push_str("</div>");
+    // Recent errors, full width: messages are long.
+    write_recent_errors(o, c, now)?;
+    o.push_str("</article>");
+    Ok(())
+}
+
+/// Tenant and name, then badges: primary kind, mode, concurrency, deadline.
+fn write_controller_heading(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     write!(
         o,
         "<h3><span class=\"tenant\">{}&nbsp;/</span><span class=\"name\">{}</span>\
@@ -682,9 +700,13 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     }
     write!(
         o,
-        "<span class=\"badge\">deadline {}</span></h3><div class=\"stats\">",
+        "<span class=\"badge\">deadline {}</span></h3>",
         human(c.deadline)
-    )?;
+    )
+}
+
+/// The controller's figures; the ones that mean trouble are marked `bad`.
+fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     let stats: [(&str, String, &str, bool); 8] = [
         (
             "sessions",
@@ -717,9 +739,10 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             if bad { " bad" } else { "" }
         )?;
     }
-    o.push_str("</div><div class=\"cols\">");
+    Ok(())
+}
 
-    // Sessions.
+fn write_sessions(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     o.push_str(
         "<div><h4>Sessions</h4><table data-list=\"sessions\"><thead><tr><th>session</th>\
          <th class=\"num\">credits</th><th class=\"num\">in flight</th><th>state</th></tr></thead><tbody>",
@@ -743,8 +766,10 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
         )?;
     }
     o.push_str("</tbody></table></div>");
+    Ok(())
+}
 
-    // In flight.
+fn write_in_flight(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     o.push_str(
         "<div><h4>In flight</h4><table data-list=\"in-flight\"><thead><tr><th>key</th>\
          <th class=\"num\">attempt</th><th>session</th><th class=\"num\">running</th></tr></thead><tbody>",
@@ -769,8 +794,10 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     o.push_str("</tbody></table>");
     more(o, c.in_flight_not_shown())?;
     o.push_str("</div>");
+    Ok(())
+}
 
-    // Queued.
+fn write_queued(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     o.push_str(
         "<div><h4>Queued</h4><table data-list=\"queued\"><thead><tr><th>key</th><th>waiting</th></tr></thead><tbody>",
     );
@@ -793,9 +820,11 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     }
     o.push_str("</tbody></table>");
     more(o, c.queued_not_shown())?;
-    o.push_str("</div></div>");
+    o.push_str("</div>");
+    Ok(())
+}
 
-    // Recent errors, full width: messages are long.
+fn write_recent_errors(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fmt::Result {
     o.push_str(
         "<h4>Recent errors</h4><table class=\"errors\" data-list=\"recent-errors\"><thead><tr>\
          <th>time (UTC)</th><th>key</th><th class=\"num\">attempt</th><th>kind</th><th>message</th>\
@@ -824,7 +853,7 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             }
         )?;
     }
-    o.push_str("</tbody></table></article>");
+    o.push_str("</tbody></table>");
     Ok(())
 }
 
