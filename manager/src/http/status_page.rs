@@ -19,67 +19,67 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How many in-flight, queued and failed keys each controller lists; more are counted, not shown.
-pub const LIST_LIMIT: usize = 20;
+pub(crate) const LIST_LIMIT: usize = 20;
 
 /// Seconds between automatic reloads of the page unless the URL asks otherwise.
-pub const DEFAULT_REFRESH_SECS: u32 = 5;
+pub(crate) const DEFAULT_REFRESH_SECS: u32 = 5;
 
 /// Everything the page shows, read once so the HTML and the JSON agree.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// This manager's identity.
-    pub identity: String,
+    pub(crate) identity: String,
     /// The Lease name.
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// Whether this manager holds the Lease.
-    pub leading: bool,
+    pub(crate) leading: bool,
     /// The holder as last observed.
-    pub holder: Option<String>,
+    pub(crate) holder: Option<String>,
     /// When the snapshot was taken.
-    pub at: SystemTime,
+    pub(crate) at: SystemTime,
     /// Controllers, sorted by tenant then name.
-    pub controllers: Vec<ControllerStatus>,
+    pub(crate) controllers: Vec<ControllerStatus>,
     /// Informers, sorted by label.
-    pub informers: Vec<InformerStatus>,
+    pub(crate) informers: Vec<InformerStatus>,
 }
 
 /// One controller as the page shows it.
 #[derive(Debug, Clone)]
-pub struct ControllerStatus {
+pub(crate) struct ControllerStatus {
     /// Tenant.
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// Controller name.
-    pub name: String,
+    pub(crate) name: String,
     /// Primary kind as `apiVersion/Kind`.
-    pub primary: String,
+    pub(crate) primary: String,
     /// `reconcile` or `events`.
-    pub mode: &'static str,
+    pub(crate) mode: &'static str,
     /// Most requests in flight across replicas (0 = bounded only by credits).
-    pub max_concurrent: u32,
+    pub(crate) max_concurrent: u32,
     /// How long a replica has to answer one request.
-    pub deadline: Duration,
+    pub(crate) deadline: Duration,
     /// Queue depth (ready plus waiting on a timer).
-    pub queued: usize,
+    pub(crate) queued: usize,
     /// Requests in flight.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Requests dispatched.
-    pub dispatched: u64,
+    pub(crate) dispatched: u64,
     /// Reconciles that finished well.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Reconciles that failed and will be retried.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// Reconciles that failed for good.
-    pub terminal: u64,
+    pub(crate) terminal: u64,
     /// Requests that missed their deadline.
-    pub deadline_misses: u64,
+    pub(crate) deadline_misses: u64,
     /// Attached sessions.
-    pub sessions: Vec<SessionView>,
+    pub(crate) sessions: Vec<SessionView>,
     /// In-flight keys, longest-running first, at most [`LIST_LIMIT`].
-    pub in_flight_keys: Vec<InFlightView>,
+    pub(crate) in_flight_keys: Vec<InFlightView>,
     /// Queued keys in dispatch order, at most [`LIST_LIMIT`].
-    pub queued_keys: Vec<QueuedKey>,
+    pub(crate) queued_keys: Vec<QueuedKey>,
     /// Latest failures, newest first, at most [`LIST_LIMIT`].
-    pub recent_errors: Vec<RecentError>,
+    pub(crate) recent_errors: Vec<RecentError>,
 }
 
 impl ControllerStatus {
@@ -115,40 +115,40 @@ impl ControllerStatus {
     }
 
     /// Queued keys that exist but are not listed.
-    pub fn queued_not_shown(&self) -> usize {
+    pub(crate) fn queued_not_shown(&self) -> usize {
         self.queued.saturating_sub(self.queued_keys.len())
     }
 
     /// In-flight keys that exist but are not listed.
-    pub fn in_flight_not_shown(&self) -> usize {
+    pub(crate) fn in_flight_not_shown(&self) -> usize {
         self.in_flight.saturating_sub(self.in_flight_keys.len())
     }
 }
 
 /// A request in flight, as the page shows it.
 #[derive(Debug, Clone)]
-pub struct InFlightView {
+pub(crate) struct InFlightView {
     /// The key.
-    pub key: ObjectKey,
+    pub(crate) key: ObjectKey,
     /// The session it went to.
-    pub session: u64,
+    pub(crate) session: u64,
     /// 1-based attempt.
-    pub attempt: u32,
+    pub(crate) attempt: u32,
     /// How long it has been running.
-    pub running: Duration,
+    pub(crate) running: Duration,
 }
 
 /// An attached session, as the page shows it.
 #[derive(Debug, Clone, Copy)]
-pub struct SessionView {
+pub(crate) struct SessionView {
     /// The session number (also in logs).
-    pub session: u64,
+    pub(crate) session: u64,
     /// Requests it accepts at once.
-    pub credits: u32,
+    pub(crate) credits: u32,
     /// Requests it holds now.
-    pub in_flight: u32,
+    pub(crate) in_flight: u32,
     /// Whether it asked to drain.
-    pub draining: bool,
+    pub(crate) draining: bool,
 }
 
 /// A controller's sessions, in-flight keys (longest-running first) and queued keys, read
@@ -192,16 +192,16 @@ fn read_keys(
 
 /// A queued key and where it waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedKey {
+pub(crate) struct QueuedKey {
     /// The key.
-    pub key: ObjectKey,
+    pub(crate) key: ObjectKey,
     /// Where it waits.
-    pub lane: Lane,
+    pub(crate) lane: Lane,
 }
 
 /// Where a queued key waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
+pub(crate) enum Lane {
     /// Ready, live lane (changes people made).
     Live,
     /// Ready, background lane (resyncs, relists).
@@ -230,37 +230,37 @@ impl Lane {
 
 /// One informer as the page shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InformerStatus {
+pub(crate) struct InformerStatus {
     /// `group/version/plural [ns=…]`.
-    pub label: String,
+    pub(crate) label: String,
     /// Objects in the cache.
-    pub objects: usize,
+    pub(crate) objects: usize,
     /// Whether the initial list finished.
-    pub synced: bool,
+    pub(crate) synced: bool,
     /// Relists so far.
-    pub relists: u64,
+    pub(crate) relists: u64,
 }
 
 /// Per-tenant totals, derived from the controllers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TenantStatus {
+pub(crate) struct TenantStatus {
     /// Tenant.
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// Registered controllers.
-    pub controllers: usize,
+    pub(crate) controllers: usize,
     /// Attached sessions across its controllers.
-    pub sessions: usize,
+    pub(crate) sessions: usize,
     /// Requests in flight.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Queued keys.
-    pub queued: usize,
+    pub(crate) queued: usize,
     /// Failed reconciles (retried plus terminal) since start.
-    pub failures: u64,
+    pub(crate) failures: u64,
 }
 
 impl Snapshot {
     /// Read the controllers, the caches and the leadership state once.
-    pub fn collect(
+    pub(crate) fn collect(
         controllers: &ControllerTable,
         cache: &Cache,
         leader: &LeaderState,
@@ -297,7 +297,7 @@ impl Snapshot {
     }
 
     /// Per-tenant totals, sorted by tenant.
-    pub fn tenants(&self) -> Vec<TenantStatus> {
+    pub(crate) fn tenants(&self) -> Vec<TenantStatus> {
         let mut by: BTreeMap<&str, TenantStatus> = BTreeMap::new();
         for c in &self.controllers {
             let t = by.entry(c.tenant.as_str()).or_insert_with(|| TenantStatus {
@@ -314,7 +314,7 @@ impl Snapshot {
     }
 
     /// The `/status` JSON. Fields before `lease` are the original ones and keep their meaning.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let controllers: Vec<Value> = self
             .controllers
             .iter()
@@ -373,7 +373,7 @@ impl Snapshot {
 }
 
 /// HTML-escapes text for element content and double- or single-quoted attribute values.
-pub struct Esc<'a>(pub &'a str);
+pub(crate) struct Esc<'a>(pub &'a str);
 
 impl fmt::Display for Esc<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -406,7 +406,7 @@ fn clock(t: SystemTime) -> String {
 }
 
 /// A duration the way people read it on a status page: `850 ms`, `4.2 s`, `3m 07s`, `2h 05m`.
-pub fn human(d: Duration) -> String {
+pub(crate) fn human(d: Duration) -> String {
     let s = d.as_secs();
     if d < Duration::from_secs(1) {
         format!("{} ms", d.as_millis())
@@ -473,7 +473,7 @@ footer{color:var(--muted);font-size:12px;margin-top:28px}
 "#;
 
 /// Render the page. `refresh_secs` of 0 turns automatic reloading off.
-pub fn render(s: &Snapshot, refresh_secs: u32) -> String {
+pub(crate) fn render(s: &Snapshot, refresh_secs: u32) -> String {
     let mut out = String::with_capacity(16 * 1024);
     // Writing into a String cannot fail.
     let _ = write_page(&mut out, s, refresh_secs);

@@ -21,10 +21,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use inspect::{Inspection, QueueStats};
 pub use messages::{Completion, Outbound, Payload, Request, RevokeReason, TraceContext};
 pub use results::{RECENT_ERRORS, RecentError};
-pub use state::{InFlight, SessionSlot};
 
 use crate::dispatch::event_queue::EventType;
 use crate::dispatch::queue::{Priority, WorkQueue};
@@ -36,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::registration::Registration;
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
-use state::State;
+use state::{SessionSlot, State};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -14,7 +14,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// An attached session: its credits, what it holds, and its outbound channel (read through
-/// [`super::Inspection`]).
+/// [`super::inspect::Inspection`]).
 pub struct SessionSlot {
     pub(super) credits: u32,
     pub(super) in_flight: u32,
@@ -23,7 +23,7 @@ pub struct SessionSlot {
 }
 
 /// A request (or EVENTS-mode delivery) handed to a session and not yet answered (read through
-/// [`super::Inspection`]).
+/// [`super::inspect::Inspection`]).
 pub struct InFlight {
     pub(super) key: ObjectKey,
     pub(super) session: u64,
