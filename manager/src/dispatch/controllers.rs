@@ -7,7 +7,7 @@ use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
 use crate::registration::mapping;
 use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
-use crate::tenancy::{NamespaceGate, TenantLimits};
+use crate::tenancy::{Limits, NamespaceGate, TenantLimits};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -188,6 +188,36 @@ fn key_in_scope(scope: &Option<ScopeSet>, namespace: &str) -> bool {
         .is_none_or(|set| set.read().contains(namespace))
 }
 
+/// The subscriber for a primary informer: remember tombstones, then (in scope and past the
+/// predicate) push the event in EVENTS mode, or enqueue the object's own key.
+fn primary_subscriber(
+    controller: &Arc<Controller>,
+    scope: Option<ScopeSet>,
+    predicate: Option<Predicate>,
+) -> Subscriber {
+    let c = Arc::downgrade(controller);
+    Arc::new(move |event: &CacheEvent| {
+        let Some(c) = c.upgrade() else { return };
+        c.observe_primary(event);
+        if c.registration.mode == crate::registration::Mode::Events {
+            let (_, _, obj) = event_kind(event);
+            if in_scope(&scope, obj) && passes(&predicate, event) {
+                let object = match event {
+                    CacheEvent::Added { object, .. } | CacheEvent::Deleted { object, .. } => object,
+                    CacheEvent::Modified { new, .. } => new,
+                };
+                c.push_event(event_type(event), object.clone());
+            }
+            return;
+        }
+        let (_, _, obj) = event_kind(event);
+        if !in_scope(&scope, obj) || !passes(&predicate, event) {
+            return;
+        }
+        c.enqueue([mapping::own_key(obj)], is_initial(event));
+    })
+}
+
 /// A subscriber for an owned or watched kind: filter by its predicate, map old and new states
 /// to primary keys, keep those in scope, enqueue.
 fn related_subscriber(
@@ -330,7 +360,7 @@ impl ControllerTable {
         &self,
         tenant: &str,
         registration: Registration,
-        mut credits: u32,
+        credits: u32,
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Result<Attached, RegisterError> {
         let id = ControllerId {
@@ -342,101 +372,190 @@ impl ControllerTable {
         }
         let namespaces = self.effective_namespaces(&registration)?;
         let limits = self.limits.for_tenant(tenant);
-        let controller = {
+        let (controller, credits) = {
             let mut controllers = self.controllers();
-            let mine: Vec<&Arc<Controller>> = controllers
-                .values()
-                .filter(|c| c.id.tenant == tenant)
-                .collect();
-            let refuse = |limit: &'static str, max: u64, hint: &'static str| {
-                self.metrics.limit_hit(tenant, limit);
-                RegisterError::Limit {
-                    tenant: tenant.to_string(),
-                    limit,
-                    max,
-                    hint,
-                }
-            };
-            let sessions: usize = mine.iter().map(|c| c.session_count()).sum();
-            if sessions >= limits.sessions {
-                return Err(refuse(
-                    "sessions",
-                    limits.sessions as u64,
-                    "run fewer replicas or ask for a higher limit",
-                ));
-            }
-            if !controllers.contains_key(&id) && mine.len() >= limits.controllers {
-                return Err(refuse(
-                    "controllers",
-                    limits.controllers as u64,
-                    "remove a controller or ask for a higher limit",
-                ));
-            }
-            let used: u64 = mine.iter().map(|c| c.total_credits()).sum();
-            let left = limits.in_flight.saturating_sub(used);
-            if left == 0 {
-                return Err(refuse(
-                    "in_flight",
-                    limits.in_flight,
-                    "lower max_in_flight on running replicas or ask for a higher limit",
-                ));
-            }
-            // Ask for more than is left and get what is left: Registered.effective says so.
-            credits = credits.min(u32::try_from(left).unwrap_or(u32::MAX));
-            let joinable = |existing: &Arc<Controller>| {
-                existing.registration == registration
-                    && (gate.is_none() || self.scope_of(existing).is_none_or(|s| s.is_gated()))
-            };
-            match controllers.get(&id) {
-                Some(existing) if joinable(existing) => existing.clone(),
-                existing => {
-                    // Count what the tenant would hold with this registration in place of the
-                    // one it supersedes: informers shared between its controllers count once.
-                    let mut informers: HashSet<InformerKey> = mine
-                        .iter()
-                        .filter(|c| c.id != id)
-                        .flat_map(|c| c.informer_keys())
-                        .collect();
-                    informers.extend(self.needed_informers(&registration, &namespaces));
-                    if informers.len() > limits.informers {
-                        return Err(refuse(
-                            "informers",
-                            limits.informers as u64,
-                            "watch fewer kinds or namespaces, share label selectors between controllers, or ask for a higher limit",
-                        ));
-                    }
-                    if let Some(old) = existing {
-                        let why = if old.registration == registration {
-                            // Same definition, but this replica's namespaces must each be
-                            // checked: the old scope was filled on a cluster-wide grant.
-                            "a replica without a cluster-wide grant registered this controller; its namespaces are now admitted one by one after a permission check: reconnect"
-                        } else {
-                            "a replica registered a different definition under this controller name"
-                        };
-                        tracing::info!(controller = %id, why, "superseding the previous registration");
-                        old.revoke_all(RevokeReason::Superseded, why);
-                        old.release_informers();
-                        self.forget_scope(old);
-                    }
-                    let controller = Controller::with_seat_pool(
-                        id.clone(),
-                        registration.clone(),
-                        self.metrics.clone(),
-                        &self.seat_pool,
-                    );
-                    controller.set_queue_limit(limits.queued_keys);
-                    self.wire(&controller, &namespaces, gate.clone());
-                    tokio::spawn(
-                        controller
-                            .clone()
-                            .run(self.leading.clone(), self.stop.child_token()),
-                    );
-                    controllers.insert(id.clone(), controller.clone());
-                    tracing::info!(controller = %id, primary = %format!("{}/{}", registration.primary.api_version(), registration.primary.kind), "controller registered");
-                    controller
-                }
-            }
+            let credits = self.check_tenant_limits(&controllers, &id, &limits, credits)?;
+            let controller = self.join_or_register(
+                &mut controllers,
+                &id,
+                registration,
+                &namespaces,
+                &limits,
+                gate,
+            )?;
+            (controller, credits)
         };
+        self.open_session(controller, tenant, &limits, credits)
+    }
+
+    /// Refuse an attach for a tenant limit, and count it.
+    fn refuse(
+        &self,
+        tenant: &str,
+        limit: &'static str,
+        max: u64,
+        hint: &'static str,
+    ) -> RegisterError {
+        self.metrics.limit_hit(tenant, limit);
+        RegisterError::Limit {
+            tenant: tenant.to_string(),
+            limit,
+            max,
+            hint,
+        }
+    }
+
+    /// Attach, step 1: the tenant's session, controller and in-flight limits. Returns the
+    /// credits to grant: what was asked for, capped by what is left of the in-flight limit.
+    fn check_tenant_limits(
+        &self,
+        controllers: &BTreeMap<ControllerId, Arc<Controller>>,
+        id: &ControllerId,
+        limits: &Limits,
+        credits: u32,
+    ) -> Result<u32, RegisterError> {
+        let tenant = id.tenant.as_str();
+        let mine: Vec<&Arc<Controller>> = controllers
+            .values()
+            .filter(|c| c.id.tenant == tenant)
+            .collect();
+        let sessions: usize = mine.iter().map(|c| c.session_count()).sum();
+        if sessions >= limits.sessions {
+            return Err(self.refuse(
+                tenant,
+                "sessions",
+                limits.sessions as u64,
+                "run fewer replicas or ask for a higher limit",
+            ));
+        }
+        if !controllers.contains_key(id) && mine.len() >= limits.controllers {
+            return Err(self.refuse(
+                tenant,
+                "controllers",
+                limits.controllers as u64,
+                "remove a controller or ask for a higher limit",
+            ));
+        }
+        let used: u64 = mine.iter().map(|c| c.total_credits()).sum();
+        let left = limits.in_flight.saturating_sub(used);
+        if left == 0 {
+            return Err(self.refuse(
+                tenant,
+                "in_flight",
+                limits.in_flight,
+                "lower max_in_flight on running replicas or ask for a higher limit",
+            ));
+        }
+        // Ask for more than is left and get what is left: Registered.effective says so.
+        Ok(credits.min(u32::try_from(left).unwrap_or(u32::MAX)))
+    }
+
+    /// Attach, step 2: join the controller already registered under this name with the same
+    /// definition, or register a new one in its place (within the tenant's informer limit).
+    fn join_or_register(
+        &self,
+        controllers: &mut BTreeMap<ControllerId, Arc<Controller>>,
+        id: &ControllerId,
+        registration: Registration,
+        namespaces: &Option<Vec<String>>,
+        limits: &Limits,
+        gate: Option<Arc<dyn NamespaceGate>>,
+    ) -> Result<Arc<Controller>, RegisterError> {
+        let joinable = |existing: &Arc<Controller>| {
+            existing.registration == registration
+                && (gate.is_none() || self.scope_of(existing).is_none_or(|s| s.is_gated()))
+        };
+        let existing = match controllers.get(id) {
+            Some(existing) if joinable(existing) => return Ok(existing.clone()),
+            existing => existing,
+        };
+        self.check_informer_limit(controllers, id, &registration, namespaces, limits)?;
+        if let Some(old) = existing {
+            self.supersede(old, &registration);
+        }
+        let controller = self.start_controller(id, registration, namespaces, limits, gate);
+        controllers.insert(id.clone(), controller.clone());
+        Ok(controller)
+    }
+
+    /// Count what the tenant would hold with this registration in place of the one it
+    /// supersedes: informers shared between its controllers count once.
+    fn check_informer_limit(
+        &self,
+        controllers: &BTreeMap<ControllerId, Arc<Controller>>,
+        id: &ControllerId,
+        registration: &Registration,
+        namespaces: &Option<Vec<String>>,
+        limits: &Limits,
+    ) -> Result<(), RegisterError> {
+        let mut informers: HashSet<InformerKey> = controllers
+            .values()
+            .filter(|c| c.id.tenant == id.tenant && c.id != *id)
+            .flat_map(|c| c.informer_keys())
+            .collect();
+        informers.extend(self.needed_informers(registration, namespaces));
+        if informers.len() > limits.informers {
+            return Err(self.refuse(
+                &id.tenant,
+                "informers",
+                limits.informers as u64,
+                "watch fewer kinds or namespaces, share label selectors between controllers, or ask for a higher limit",
+            ));
+        }
+        Ok(())
+    }
+
+    /// End every session of `old`, which a new registration under its name replaces.
+    fn supersede(&self, old: &Arc<Controller>, registration: &Registration) {
+        let why = if old.registration == *registration {
+            // Same definition, but this replica's namespaces must each be
+            // checked: the old scope was filled on a cluster-wide grant.
+            "a replica without a cluster-wide grant registered this controller; its namespaces are now admitted one by one after a permission check: reconnect"
+        } else {
+            "a replica registered a different definition under this controller name"
+        };
+        tracing::info!(controller = %old.id, why, "superseding the previous registration");
+        old.revoke_all(RevokeReason::Superseded, why);
+        old.release_informers();
+        self.forget_scope(old);
+    }
+
+    /// A new controller: wired to its informers, its dispatch loop running.
+    fn start_controller(
+        &self,
+        id: &ControllerId,
+        registration: Registration,
+        namespaces: &Option<Vec<String>>,
+        limits: &Limits,
+        gate: Option<Arc<dyn NamespaceGate>>,
+    ) -> Arc<Controller> {
+        let controller = Controller::with_seat_pool(
+            id.clone(),
+            registration,
+            self.metrics.clone(),
+            &self.seat_pool,
+        );
+        controller.set_queue_limit(limits.queued_keys);
+        self.wire(&controller, namespaces, gate);
+        tokio::spawn(
+            controller
+                .clone()
+                .run(self.leading.clone(), self.stop.child_token()),
+        );
+        let primary = &controller.registration.primary;
+        tracing::info!(controller = %id, primary = %format!("{}/{}", primary.api_version(), primary.kind), "controller registered");
+        controller
+    }
+
+    /// Attach, step 3: the session itself, unless the manager closed or the controller's
+    /// initial list overflowed its queue meanwhile.
+    fn open_session(
+        &self,
+        controller: Arc<Controller>,
+        tenant: &str,
+        limits: &Limits,
+        credits: u32,
+    ) -> Result<Attached, RegisterError> {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         controller.add_session(session, credits.max(1), tx);
@@ -591,30 +710,7 @@ impl ControllerTable {
             _ => None,
         };
         for key in self.informer_keys(&reg.primary, namespaces, primary_labels(reg), false) {
-            let c = Arc::downgrade(controller);
-            let scope = scope.clone();
-            let predicate = reg.predicate.clone();
-            let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
-                let Some(c) = c.upgrade() else { return };
-                c.observe_primary(event);
-                if c.registration.mode == crate::registration::Mode::Events {
-                    let (_, _, obj) = event_kind(event);
-                    if in_scope(&scope, obj) && passes(&predicate, event) {
-                        let object = match event {
-                            CacheEvent::Added { object, .. }
-                            | CacheEvent::Deleted { object, .. } => object,
-                            CacheEvent::Modified { new, .. } => new,
-                        };
-                        c.push_event(event_type(event), object.clone());
-                    }
-                    return;
-                }
-                let (_, _, obj) = event_kind(event);
-                if !in_scope(&scope, obj) || !passes(&predicate, event) {
-                    return;
-                }
-                c.enqueue([mapping::own_key(obj)], is_initial(event));
-            });
+            let sub = primary_subscriber(controller, scope.clone(), reg.predicate.clone());
             let subscription = self.cache.subscribe(key, sub);
             controller.hold(subscription, true);
         }
@@ -689,49 +785,69 @@ impl ControllerTable {
                 stop,
             },
         );
+        let sub = namespace_subscriber(
+            controller,
+            sel.clone(),
+            self.ceiling.clone(),
+            set.clone(),
+            gated,
+        );
         let key = namespaces_informer_key();
-        let ceiling = self.ceiling.clone();
-        let c = Arc::downgrade(controller);
-        let sel = sel.clone();
-        let scope = set.clone();
-        let sub: Subscriber = Arc::new(move |event: &CacheEvent| {
-            let Some(c) = c.upgrade() else { return };
-            let (_, _, ns) = event_kind(event);
-            let name = ns
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            // WATCH_NAMESPACE bounds every scope: a namespace outside it never even gets checked.
-            let allowed = ceiling.as_ref().is_none_or(|c| c.contains(&name));
-            let matches =
-                allowed && !matches!(event, CacheEvent::Deleted { .. }) && sel.matches_object(ns);
-            if let Some((gated, tx)) = &gated {
-                if !matches {
-                    gated.unmatched(&name);
-                } else if gated.matched(&name) {
-                    // The task ends only with the controller, and then nothing waits for this.
-                    let _ = tx.send((name, is_initial(event)));
-                }
-                return;
-            }
-            let entered = {
-                let mut s = scope.write();
-                if matches {
-                    s.insert(name.clone())
-                } else {
-                    // Leaving the scope: later events of its objects are filtered out.
-                    s.remove(&name);
-                    false
-                }
-            };
-            if entered {
-                enqueue_namespace(&c, &name, is_initial(event));
-            }
-        });
         controller.hold(self.cache.subscribe(key, sub), false);
         set
     }
+}
+
+/// Where a gated scope's subscriber sends each namespace that starts matching (and whether it
+/// came from the initial list) to its admission task.
+type Matched = mpsc::UnboundedSender<(String, bool)>;
+
+/// The subscriber to namespaces for a selector scope: a namespace that starts matching enters
+/// the scope (after the gate's check when gated) and its objects are enqueued; one that stops
+/// matching leaves it at once.
+fn namespace_subscriber(
+    controller: &Arc<Controller>,
+    sel: LabelSelector,
+    ceiling: Option<Vec<String>>,
+    scope: ScopeSet,
+    gated: Option<(Arc<GatedScope>, Matched)>,
+) -> Subscriber {
+    let c = Arc::downgrade(controller);
+    Arc::new(move |event: &CacheEvent| {
+        let Some(c) = c.upgrade() else { return };
+        let (_, _, ns) = event_kind(event);
+        let name = ns
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        // WATCH_NAMESPACE bounds every scope: a namespace outside it never even gets checked.
+        let allowed = ceiling.as_ref().is_none_or(|c| c.contains(&name));
+        let matches =
+            allowed && !matches!(event, CacheEvent::Deleted { .. }) && sel.matches_object(ns);
+        if let Some((gated, tx)) = &gated {
+            if !matches {
+                gated.unmatched(&name);
+            } else if gated.matched(&name) {
+                // The task ends only with the controller, and then nothing waits for this.
+                let _ = tx.send((name, is_initial(event)));
+            }
+            return;
+        }
+        let entered = {
+            let mut s = scope.write();
+            if matches {
+                s.insert(name.clone())
+            } else {
+                // Leaving the scope: later events of its objects are filtered out.
+                s.remove(&name);
+                false
+            }
+        };
+        if entered {
+            enqueue_namespace(&c, &name, is_initial(event));
+        }
+    })
 }
 
 /// Objects of a namespace that just came into scope: deliver them as new work.

@@ -520,7 +520,44 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             return true;
         }
 
-        // What the outcome alone asks for: a ready-at time and the reason for it.
+        let next = self.apply_outcome(&mut entry, outcome, timer, dirty.is_some(), now);
+        entry.state = if let Some(d) = dirty {
+            let seq = self.push_ready(key, d.priority);
+            State::Ready {
+                priority: d.priority,
+                seq,
+                enqueued_at: d.since,
+            }
+        } else if outcome == Outcome::Lost {
+            self.adds_total += 1;
+            self.enqueue(key, priority, now)
+        } else if let Some((at, reason)) = next {
+            entry.reasons.insert(reason);
+            // Retries keep the lane of the attempt that produced them, so a failing resync item
+            // does not jump ahead of live changes.
+            self.schedule(key, at, priority)
+        } else {
+            State::Idle
+        };
+        if matches!(entry.state, State::Idle) && !entry.terminal {
+            self.shrink_if_sparse();
+            return true;
+        }
+        self.entries.insert(key.clone(), entry);
+        true
+    }
+
+    /// `done_handout`'s bookkeeping of `outcome` on `entry` (failures, retries, terminal), and
+    /// what the outcome alone asks for: a ready-at time and the reason for it, merged with a
+    /// `timer` set by `add_after` during processing by keeping the earlier one.
+    fn apply_outcome(
+        &mut self,
+        entry: &mut Entry,
+        outcome: Outcome,
+        timer: Option<Instant>,
+        dirty: bool,
+        now: Instant,
+    ) -> Option<(Instant, Reason)> {
         let mut next: Option<(Instant, Reason)> = timer.map(|t| (t, Reason::Scheduled));
         let mut keep = |at: Instant, reason: Reason| match next {
             Some((t, _)) if t <= at => {}
@@ -548,7 +585,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 entry.failures = 0;
                 entry.retries = 0;
                 next = None;
-                if dirty.is_none() {
+                if !dirty {
                     entry.terminal = true;
                 }
             }
@@ -559,31 +596,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 next = None;
             }
         }
-
-        entry.state = if let Some(d) = dirty {
-            let seq = self.push_ready(key, d.priority);
-            State::Ready {
-                priority: d.priority,
-                seq,
-                enqueued_at: d.since,
-            }
-        } else if outcome == Outcome::Lost {
-            self.adds_total += 1;
-            self.enqueue(key, priority, now)
-        } else if let Some((at, reason)) = next {
-            entry.reasons.insert(reason);
-            // Retries keep the lane of the attempt that produced them, so a failing resync item
-            // does not jump ahead of live changes.
-            self.schedule(key, at, priority)
-        } else {
-            State::Idle
-        };
-        if matches!(entry.state, State::Idle) && !entry.terminal {
-            self.shrink_if_sparse();
-            return true;
-        }
-        self.entries.insert(key.clone(), entry);
-        true
+        next
     }
 
     /// A HashMap keeps the capacity of its largest moment: after an initial list of 100k keys has
@@ -1392,6 +1405,22 @@ mod tests {
         }
     }
 
+    /// What the random test expects of the queue, kept beside it.
+    #[derive(Default)]
+    struct Model {
+        /// Handouts the test holds.
+        held: HashMap<u8, Handout<u8>>,
+        /// Keys owed a delivery since their last add.
+        owed: HashSet<u8>,
+        /// Held keys added again while held.
+        dirtied: HashSet<u8>,
+        /// The earliest instant a key may be delivered after a requeue-after or error (unless
+        /// an event intervenes).
+        not_before: HashMap<u8, Instant>,
+        /// Held keys removed while held.
+        forgotten: HashSet<u8>,
+    }
+
     fn run_random(seed: u64, steps: usize) {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut c = Clock::new();
@@ -1400,124 +1429,141 @@ mod tests {
             max: 64 * MS,
         })
         .with_live_burst(1 + rng.below(4));
-        // Model: handouts the test holds, keys owed a delivery since their last add, and the
-        // earliest instant a key may be delivered after a requeue-after/error (unless an event
-        // intervenes).
-        let mut held: HashMap<u8, Handout<u8>> = HashMap::new();
-        let mut owed: HashSet<u8> = HashSet::new();
-        let mut dirtied: HashSet<u8> = HashSet::new();
-        let mut not_before: HashMap<u8, Instant> = HashMap::new();
-        let mut forgotten: HashSet<u8> = HashSet::new();
+        let mut m = Model::default();
         for _ in 0..steps {
             let key = rng.below(12) as u8;
             match rng.below(10) {
-                0..=2 => {
-                    let p = if rng.below(2) == 0 {
-                        Priority::Live
-                    } else {
-                        Priority::Background
-                    };
-                    q.add(key, p, c.now());
-                    owed.insert(key);
-                    forgotten.remove(&key);
-                    not_before.remove(&key);
-                    if held.contains_key(&key) {
-                        dirtied.insert(key);
-                    }
-                }
-                3 => {
-                    q.add_after(key, rng.below(20) * MS, c.now());
-                    not_before.remove(&key);
-                    if held.contains_key(&key) {
-                        dirtied.insert(key);
-                    }
-                }
-                4..=5 => {
-                    if let Some(handout) = q.pop(c.now()) {
-                        assert!(
-                            !held.contains_key(&handout.key),
-                            "double pop of {}",
-                            handout.key
-                        );
-                        if let Some(t) = not_before.remove(&handout.key) {
-                            assert!(c.now() >= t, "delivered before requeue-after/backoff");
-                        }
-                        owed.remove(&handout.key);
-                        assert!(handout.attempt >= 1);
-                        held.insert(handout.key, handout);
-                    }
-                }
-                6..=7 => {
-                    let Some(&k) = held.keys().min_by_key(|k| (**k).wrapping_sub(key)) else {
-                        continue;
-                    };
-                    let handout = held.remove(&k).expect("held");
-                    let outcome = match rng.below(5) {
-                        0 => Outcome::Done,
-                        1 => Outcome::RequeueAfter(rng.below(30) * MS),
-                        2 => Outcome::Error {
-                            retry_after: Some(rng.below(30) * MS),
-                        },
-                        3 => Outcome::Terminal,
-                        _ => Outcome::Lost,
-                    };
-                    let was_dirty = dirtied.remove(&k);
-                    let was_forgotten = forgotten.contains(&k);
-                    let applied = q.done_handout(&k, handout.id, outcome, c.now());
-                    assert!(
-                        applied
-                            || !q.is_processing(&k)
-                            || q.current_handout(&k) != Some(handout.id)
-                    );
-                    if !was_dirty && !was_forgotten {
-                        match outcome {
-                            Outcome::RequeueAfter(d) => {
-                                not_before.insert(k, c.now() + d);
-                            }
-                            Outcome::Error {
-                                retry_after: Some(d),
-                            } => {
-                                not_before.insert(k, c.now() + d);
-                            }
-                            _ => {}
-                        }
-                    }
-                    if outcome == Outcome::Lost && !forgotten.remove(&k) {
-                        owed.insert(k);
-                    }
-                }
+                0..=2 => m.add(&mut q, &mut rng, key, c.now()),
+                3 => m.add_after(&mut q, &mut rng, key, c.now()),
+                4..=5 => m.pop(&mut q, c.now()),
+                6..=7 => m.finish(&mut q, &mut rng, key, c.now()),
                 8 => c.advance(rng.below(10) * MS),
                 _ => {
                     if rng.below(4) == 0 {
-                        q.remove(&key);
-                        owed.remove(&key);
-                        not_before.remove(&key);
-                        dirtied.remove(&key);
-                        if held.contains_key(&key) {
-                            forgotten.insert(key);
-                        }
+                        m.remove(&mut q, key);
                     }
                 }
             }
+            m.check(&q);
+        }
+        m.drain(&mut q, &mut c);
+        assert!(
+            m.owed.is_empty(),
+            "seed {seed}: never delivered: {:?}",
+            m.owed
+        );
+    }
+
+    impl Model {
+        fn add(&mut self, q: &mut WorkQueue<u8>, rng: &mut Rng, key: u8, now: Instant) {
+            let p = if rng.below(2) == 0 {
+                Priority::Live
+            } else {
+                Priority::Background
+            };
+            q.add(key, p, now);
+            self.owed.insert(key);
+            self.forgotten.remove(&key);
+            self.not_before.remove(&key);
+            if self.held.contains_key(&key) {
+                self.dirtied.insert(key);
+            }
+        }
+
+        fn add_after(&mut self, q: &mut WorkQueue<u8>, rng: &mut Rng, key: u8, now: Instant) {
+            q.add_after(key, rng.below(20) * MS, now);
+            self.not_before.remove(&key);
+            if self.held.contains_key(&key) {
+                self.dirtied.insert(key);
+            }
+        }
+
+        fn pop(&mut self, q: &mut WorkQueue<u8>, now: Instant) {
+            let Some(handout) = q.pop(now) else {
+                return;
+            };
+            assert!(
+                !self.held.contains_key(&handout.key),
+                "double pop of {}",
+                handout.key
+            );
+            if let Some(t) = self.not_before.remove(&handout.key) {
+                assert!(now >= t, "delivered before requeue-after/backoff");
+            }
+            self.owed.remove(&handout.key);
+            assert!(handout.attempt >= 1);
+            self.held.insert(handout.key, handout);
+        }
+
+        /// Finish the held key nearest `key` with a random outcome.
+        fn finish(&mut self, q: &mut WorkQueue<u8>, rng: &mut Rng, key: u8, now: Instant) {
+            let Some(&k) = self.held.keys().min_by_key(|k| (**k).wrapping_sub(key)) else {
+                return;
+            };
+            let handout = self.held.remove(&k).expect("held");
+            let outcome = match rng.below(5) {
+                0 => Outcome::Done,
+                1 => Outcome::RequeueAfter(rng.below(30) * MS),
+                2 => Outcome::Error {
+                    retry_after: Some(rng.below(30) * MS),
+                },
+                3 => Outcome::Terminal,
+                _ => Outcome::Lost,
+            };
+            let was_dirty = self.dirtied.remove(&k);
+            let was_forgotten = self.forgotten.contains(&k);
+            let applied = q.done_handout(&k, handout.id, outcome, now);
+            assert!(applied || !q.is_processing(&k) || q.current_handout(&k) != Some(handout.id));
+            if !was_dirty && !was_forgotten {
+                match outcome {
+                    Outcome::RequeueAfter(d) => {
+                        self.not_before.insert(k, now + d);
+                    }
+                    Outcome::Error {
+                        retry_after: Some(d),
+                    } => {
+                        self.not_before.insert(k, now + d);
+                    }
+                    _ => {}
+                }
+            }
+            if outcome == Outcome::Lost && !self.forgotten.remove(&k) {
+                self.owed.insert(k);
+            }
+        }
+
+        fn remove(&mut self, q: &mut WorkQueue<u8>, key: u8) {
+            q.remove(&key);
+            self.owed.remove(&key);
+            self.not_before.remove(&key);
+            self.dirtied.remove(&key);
+            if self.held.contains_key(&key) {
+                self.forgotten.insert(key);
+            }
+        }
+
+        fn check(&self, q: &WorkQueue<u8>) {
             q.check_invariants();
-            assert_eq!(q.in_flight_count(), held.len());
-            for k in held.keys() {
+            assert_eq!(q.in_flight_count(), self.held.len());
+            for k in self.held.keys() {
                 assert!(q.is_processing(k));
             }
         }
-        // Liveness: finish everything and drain; every key owed a delivery must show up.
-        for _ in 0..200 {
-            for (k, handout) in held.drain() {
-                q.done_handout(&k, handout.id, Outcome::Done, c.now());
+
+        /// Liveness: finish everything and drain; every key owed a delivery must show up.
+        fn drain(&mut self, q: &mut WorkQueue<u8>, c: &mut Clock) {
+            for _ in 0..200 {
+                for (k, handout) in self.held.drain() {
+                    q.done_handout(&k, handout.id, Outcome::Done, c.now());
+                }
+                while let Some(handout) = q.pop(c.now()) {
+                    self.owed.remove(&handout.key);
+                    self.held.insert(handout.key, handout);
+                }
+                q.check_invariants();
+                c.advance(16 * MS);
             }
-            while let Some(handout) = q.pop(c.now()) {
-                owed.remove(&handout.key);
-                held.insert(handout.key, handout);
-            }
-            q.check_invariants();
-            c.advance(16 * MS);
         }
-        assert!(owed.is_empty(), "seed {seed}: never delivered: {owed:?}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! controller messages, identities, tenant names) goes through [`Esc`].
 
 use crate::dispatch::controllers::ControllerTable;
-use crate::dispatch::dispatcher::{InFlightView, RecentError, SessionView};
+use crate::dispatch::dispatcher::{Controller, RecentError};
 use crate::dispatch::queue::QueuedAs;
 use crate::informer::{Cache, ObjectKey};
 use crate::leader::LeaderState;
@@ -19,93 +19,189 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How many in-flight, queued and failed keys each controller lists; more are counted, not shown.
-pub const LIST_LIMIT: usize = 20;
+pub(crate) const LIST_LIMIT: usize = 20;
 
 /// Seconds between automatic reloads of the page unless the URL asks otherwise.
-pub const DEFAULT_REFRESH_SECS: u32 = 5;
+pub(crate) const DEFAULT_REFRESH_SECS: u32 = 5;
 
 /// Everything the page shows, read once so the HTML and the JSON agree.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// This manager's identity.
-    pub identity: String,
+    pub(crate) identity: String,
     /// The Lease name.
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// Whether this manager holds the Lease.
-    pub leading: bool,
+    pub(crate) leading: bool,
     /// The holder as last observed.
-    pub holder: Option<String>,
+    pub(crate) holder: Option<String>,
     /// When the snapshot was taken.
-    pub at: SystemTime,
+    pub(crate) at: SystemTime,
     /// Controllers, sorted by tenant then name.
-    pub controllers: Vec<ControllerStatus>,
+    pub(crate) controllers: Vec<ControllerStatus>,
     /// Informers, sorted by label.
-    pub informers: Vec<InformerStatus>,
+    pub(crate) informers: Vec<InformerStatus>,
 }
 
 /// One controller as the page shows it.
 #[derive(Debug, Clone)]
-pub struct ControllerStatus {
+pub(crate) struct ControllerStatus {
     /// Tenant.
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// Controller name.
-    pub name: String,
+    pub(crate) name: String,
     /// Primary kind as `apiVersion/Kind`.
-    pub primary: String,
+    pub(crate) primary: String,
     /// `reconcile` or `events`.
-    pub mode: &'static str,
+    pub(crate) mode: &'static str,
     /// Most requests in flight across replicas (0 = bounded only by credits).
-    pub max_concurrent: u32,
+    pub(crate) max_concurrent: u32,
     /// How long a replica has to answer one request.
-    pub deadline: Duration,
+    pub(crate) deadline: Duration,
     /// Queue depth (ready plus waiting on a timer).
-    pub queued: usize,
+    pub(crate) queued: usize,
     /// Requests in flight.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Requests dispatched.
-    pub dispatched: u64,
+    pub(crate) dispatched: u64,
     /// Reconciles that finished well.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Reconciles that failed and will be retried.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// Reconciles that failed for good.
-    pub terminal: u64,
+    pub(crate) terminal: u64,
     /// Requests that missed their deadline.
-    pub deadline_misses: u64,
+    pub(crate) deadline_misses: u64,
     /// Attached sessions.
-    pub sessions: Vec<SessionView>,
+    pub(crate) sessions: Vec<SessionView>,
     /// In-flight keys, longest-running first, at most [`LIST_LIMIT`].
-    pub in_flight_keys: Vec<InFlightView>,
+    pub(crate) in_flight_keys: Vec<InFlightView>,
     /// Queued keys in dispatch order, at most [`LIST_LIMIT`].
-    pub queued_keys: Vec<QueuedKey>,
+    pub(crate) queued_keys: Vec<QueuedKey>,
     /// Latest failures, newest first, at most [`LIST_LIMIT`].
-    pub recent_errors: Vec<RecentError>,
+    pub(crate) recent_errors: Vec<RecentError>,
 }
 
 impl ControllerStatus {
+    /// Read one controller: its keys (each list at most [`LIST_LIMIT`]), then its figures.
+    fn read(c: &Controller, now: Instant) -> ControllerStatus {
+        let (sessions, in_flight_keys, queued_keys) = read_keys(c, now);
+        let recent_errors = c.recent_errors(LIST_LIMIT);
+        let (queued, in_flight, _) = c.snapshot();
+        let r = &c.registration;
+        ControllerStatus {
+            tenant: c.id.tenant.clone(),
+            name: c.id.name.clone(),
+            primary: format!("{}/{}", r.primary.api_version(), r.primary.kind),
+            mode: match r.mode {
+                Mode::Reconcile => "reconcile",
+                Mode::Events => "events",
+            },
+            max_concurrent: r.max_concurrent,
+            deadline: r.deadline,
+            // Two reads under two locks: never claim fewer than we list.
+            queued: queued.max(queued_keys.len()),
+            in_flight: in_flight.max(in_flight_keys.len()),
+            dispatched: c.counters.dispatched.load(Ordering::Relaxed),
+            done: c.counters.done.load(Ordering::Relaxed),
+            errors: c.counters.errors.load(Ordering::Relaxed),
+            terminal: c.counters.terminal.load(Ordering::Relaxed),
+            deadline_misses: c.counters.deadline_misses.load(Ordering::Relaxed),
+            sessions,
+            in_flight_keys,
+            queued_keys,
+            recent_errors,
+        }
+    }
+
     /// Queued keys that exist but are not listed.
-    pub fn queued_not_shown(&self) -> usize {
+    pub(crate) fn queued_not_shown(&self) -> usize {
         self.queued.saturating_sub(self.queued_keys.len())
     }
 
     /// In-flight keys that exist but are not listed.
-    pub fn in_flight_not_shown(&self) -> usize {
+    pub(crate) fn in_flight_not_shown(&self) -> usize {
         self.in_flight.saturating_sub(self.in_flight_keys.len())
     }
 }
 
+/// A request in flight, as the page shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct InFlightView {
+    /// The key.
+    pub(crate) key: ObjectKey,
+    /// The session it went to.
+    pub(crate) session: u64,
+    /// 1-based attempt.
+    pub(crate) attempt: u32,
+    /// How long it has been running.
+    pub(crate) running: Duration,
+}
+
+/// An attached session, as the page shows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionView {
+    /// The session number (also in logs).
+    pub(crate) session: u64,
+    /// Requests it accepts at once.
+    pub(crate) credits: u32,
+    /// Requests it holds now.
+    pub(crate) in_flight: u32,
+    /// Whether it asked to drain.
+    pub(crate) draining: bool,
+}
+
+/// A controller's sessions, in-flight keys (longest-running first) and queued keys, read
+/// together under its lock; the key lists are at most [`LIST_LIMIT`] long.
+fn read_keys(
+    c: &Controller,
+    now: Instant,
+) -> (Vec<SessionView>, Vec<InFlightView>, Vec<QueuedKey>) {
+    let (sessions, mut in_flight, queued) = c.inspect(|st| {
+        let in_flight: Vec<InFlightView> = st
+            .in_flight()
+            .map(|f| InFlightView {
+                key: f.key().clone(),
+                session: f.session(),
+                attempt: f.attempt(),
+                running: now.saturating_duration_since(f.started()),
+            })
+            .collect();
+        let sessions = st
+            .sessions()
+            .map(|(session, slot)| SessionView {
+                session,
+                credits: slot.credits(),
+                in_flight: slot.in_flight(),
+                draining: slot.draining(),
+            })
+            .collect();
+        (sessions, in_flight, st.queued(LIST_LIMIT))
+    });
+    in_flight.sort_by(|a, b| b.running.cmp(&a.running).then_with(|| a.key.cmp(&b.key)));
+    in_flight.truncate(LIST_LIMIT);
+    let queued = queued
+        .into_iter()
+        .map(|(key, q)| QueuedKey {
+            key,
+            lane: Lane::from_queue(q, now),
+        })
+        .collect();
+    (sessions, in_flight, queued)
+}
+
 /// A queued key and where it waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedKey {
+pub(crate) struct QueuedKey {
     /// The key.
-    pub key: ObjectKey,
+    pub(crate) key: ObjectKey,
     /// Where it waits.
-    pub lane: Lane,
+    pub(crate) lane: Lane,
 }
 
 /// Where a queued key waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
+pub(crate) enum Lane {
     /// Ready, live lane (changes people made).
     Live,
     /// Ready, background lane (resyncs, relists).
@@ -134,37 +230,37 @@ impl Lane {
 
 /// One informer as the page shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InformerStatus {
+pub(crate) struct InformerStatus {
     /// `group/version/plural [ns=…]`.
-    pub label: String,
+    pub(crate) label: String,
     /// Objects in the cache.
-    pub objects: usize,
+    pub(crate) objects: usize,
     /// Whether the initial list finished.
-    pub synced: bool,
+    pub(crate) synced: bool,
     /// Relists so far.
-    pub relists: u64,
+    pub(crate) relists: u64,
 }
 
 /// Per-tenant totals, derived from the controllers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TenantStatus {
+pub(crate) struct TenantStatus {
     /// Tenant.
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// Registered controllers.
-    pub controllers: usize,
+    pub(crate) controllers: usize,
     /// Attached sessions across its controllers.
-    pub sessions: usize,
+    pub(crate) sessions: usize,
     /// Requests in flight.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Queued keys.
-    pub queued: usize,
+    pub(crate) queued: usize,
     /// Failed reconciles (retried plus terminal) since start.
-    pub failures: u64,
+    pub(crate) failures: u64,
 }
 
 impl Snapshot {
     /// Read the controllers, the caches and the leadership state once.
-    pub fn collect(
+    pub(crate) fn collect(
         controllers: &ControllerTable,
         cache: &Cache,
         leader: &LeaderState,
@@ -175,41 +271,7 @@ impl Snapshot {
         let mut controllers: Vec<ControllerStatus> = controllers
             .all()
             .iter()
-            .map(|c| {
-                let view = c.keys_view(LIST_LIMIT);
-                let (queued, in_flight, _) = c.snapshot();
-                let r = &c.registration;
-                ControllerStatus {
-                    tenant: c.id.tenant.clone(),
-                    name: c.id.name.clone(),
-                    primary: format!("{}/{}", r.primary.api_version(), r.primary.kind),
-                    mode: match r.mode {
-                        Mode::Reconcile => "reconcile",
-                        Mode::Events => "events",
-                    },
-                    max_concurrent: r.max_concurrent,
-                    deadline: r.deadline,
-                    // Two reads under two locks: never claim fewer than we list.
-                    queued: queued.max(view.queued.len()),
-                    in_flight: in_flight.max(view.in_flight.len()),
-                    dispatched: c.counters.dispatched.load(Ordering::Relaxed),
-                    done: c.counters.done.load(Ordering::Relaxed),
-                    errors: c.counters.errors.load(Ordering::Relaxed),
-                    terminal: c.counters.terminal.load(Ordering::Relaxed),
-                    deadline_misses: c.counters.deadline_misses.load(Ordering::Relaxed),
-                    sessions: view.sessions,
-                    in_flight_keys: view.in_flight,
-                    queued_keys: view
-                        .queued
-                        .into_iter()
-                        .map(|(key, q)| QueuedKey {
-                            key,
-                            lane: Lane::from_queue(q, now),
-                        })
-                        .collect(),
-                    recent_errors: view.recent_errors,
-                }
-            })
+            .map(|c| ControllerStatus::read(c, now))
             .collect();
         controllers.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
         let mut informers: Vec<InformerStatus> = cache
@@ -235,7 +297,7 @@ impl Snapshot {
     }
 
     /// Per-tenant totals, sorted by tenant.
-    pub fn tenants(&self) -> Vec<TenantStatus> {
+    pub(crate) fn tenants(&self) -> Vec<TenantStatus> {
         let mut by: BTreeMap<&str, TenantStatus> = BTreeMap::new();
         for c in &self.controllers {
             let t = by.entry(c.tenant.as_str()).or_insert_with(|| TenantStatus {
@@ -252,7 +314,7 @@ impl Snapshot {
     }
 
     /// The `/status` JSON. Fields before `lease` are the original ones and keep their meaning.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let controllers: Vec<Value> = self
             .controllers
             .iter()
@@ -311,7 +373,7 @@ impl Snapshot {
 }
 
 /// HTML-escapes text for element content and double- or single-quoted attribute values.
-pub struct Esc<'a>(pub &'a str);
+pub(crate) struct Esc<'a>(pub &'a str);
 
 impl fmt::Display for Esc<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -344,7 +406,7 @@ fn clock(t: SystemTime) -> String {
 }
 
 /// A duration the way people read it on a status page: `850 ms`, `4.2 s`, `3m 07s`, `2h 05m`.
-pub fn human(d: Duration) -> String {
+pub(crate) fn human(d: Duration) -> String {
     let s = d.as_secs();
     if d < Duration::from_secs(1) {
         format!("{} ms", d.as_millis())
@@ -411,7 +473,7 @@ footer{color:var(--muted);font-size:12px;margin-top:28px}
 "#;
 
 /// Render the page. `refresh_secs` of 0 turns automatic reloading off.
-pub fn render(s: &Snapshot, refresh_secs: u32) -> String {
+pub(crate) fn render(s: &Snapshot, refresh_secs: u32) -> String {
     let mut out = String::with_capacity(16 * 1024);
     // Writing into a String cannot fail.
     let _ = write_page(&mut out, s, refresh_secs);
@@ -593,6 +655,8 @@ fn write_tenants(o: &mut String, s: &Snapshot) -> fmt::Result {
     Ok(())
 }
 
+/// One controller's card: heading, figures, then its sessions, in-flight and queued keys side
+/// by side, and its recent errors below.
 fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fmt::Result {
     let failing = !c.recent_errors.is_empty();
     write!(
@@ -602,6 +666,22 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
         Esc(&c.tenant),
         Esc(&c.name)
     )?;
+    write_controller_heading(o, c)?;
+    o.push_str("<div class=\"stats\">");
+    write_controller_stats(o, c)?;
+    o.push_str("</div><div class=\"cols\">");
+    write_sessions(o, c)?;
+    write_in_flight(o, c)?;
+    write_queued(o, c)?;
+    o.push_str("</div>");
+    // Recent errors, full width: messages are long.
+    write_recent_errors(o, c, now)?;
+    o.push_str("</article>");
+    Ok(())
+}
+
+/// Tenant and name, then badges: primary kind, mode, concurrency, deadline.
+fn write_controller_heading(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     write!(
         o,
         "<h3><span class=\"tenant\">{}&nbsp;/</span><span class=\"name\">{}</span>\
@@ -620,9 +700,13 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     }
     write!(
         o,
-        "<span class=\"badge\">deadline {}</span></h3><div class=\"stats\">",
+        "<span class=\"badge\">deadline {}</span></h3>",
         human(c.deadline)
-    )?;
+    )
+}
+
+/// The controller's figures; the ones that mean trouble are marked `bad`.
+fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     let stats: [(&str, String, &str, bool); 8] = [
         (
             "sessions",
@@ -655,9 +739,10 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             if bad { " bad" } else { "" }
         )?;
     }
-    o.push_str("</div><div class=\"cols\">");
+    Ok(())
+}
 
-    // Sessions.
+fn write_sessions(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     o.push_str(
         "<div><h4>Sessions</h4><table data-list=\"sessions\"><thead><tr><th>session</th>\
          <th class=\"num\">credits</th><th class=\"num\">in flight</th><th>state</th></tr></thead><tbody>",
@@ -681,8 +766,10 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
         )?;
     }
     o.push_str("</tbody></table></div>");
+    Ok(())
+}
 
-    // In flight.
+fn write_in_flight(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     o.push_str(
         "<div><h4>In flight</h4><table data-list=\"in-flight\"><thead><tr><th>key</th>\
          <th class=\"num\">attempt</th><th>session</th><th class=\"num\">running</th></tr></thead><tbody>",
@@ -707,8 +794,10 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     o.push_str("</tbody></table>");
     more(o, c.in_flight_not_shown())?;
     o.push_str("</div>");
+    Ok(())
+}
 
-    // Queued.
+fn write_queued(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     o.push_str(
         "<div><h4>Queued</h4><table data-list=\"queued\"><thead><tr><th>key</th><th>waiting</th></tr></thead><tbody>",
     );
@@ -731,9 +820,11 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     }
     o.push_str("</tbody></table>");
     more(o, c.queued_not_shown())?;
-    o.push_str("</div></div>");
+    o.push_str("</div>");
+    Ok(())
+}
 
-    // Recent errors, full width: messages are long.
+fn write_recent_errors(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fmt::Result {
     o.push_str(
         "<h4>Recent errors</h4><table class=\"errors\" data-list=\"recent-errors\"><thead><tr>\
          <th>time (UTC)</th><th>key</th><th class=\"num\">attempt</th><th>kind</th><th>message</th>\
@@ -762,7 +853,7 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
             }
         )?;
     }
-    o.push_str("</tbody></table></article>");
+    o.push_str("</tbody></table>");
     Ok(())
 }
 

@@ -1,0 +1,142 @@
+//! Read-only figures of a controller for `/metrics` and the status page. The page builds its
+//! own views from these; nothing here is shaped for HTML or JSON.
+
+use super::state::{InFlight, SessionSlot, State};
+use super::{Controller, RecentError};
+use crate::dispatch::queue::QueuedAs;
+use crate::informer::ObjectKey;
+use std::time::Instant;
+
+/// A controller's queue as `/metrics` reports it.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueStats {
+    /// Keys ready or waiting on a timer.
+    pub depth: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Sessions attached.
+    pub sessions: usize,
+    /// Cumulative adds.
+    pub adds: u64,
+    /// Cumulative retries.
+    pub retries: u64,
+    /// Seconds of work in progress.
+    pub unfinished: f64,
+    /// Seconds the longest in-flight request has been running.
+    pub longest: f64,
+}
+
+/// A controller's sessions, in-flight requests and queue, read under its lock
+/// (see [`Controller::inspect`]).
+pub struct Inspection<'a> {
+    st: &'a State,
+}
+
+impl Inspection<'_> {
+    /// Requests in flight, in no particular order.
+    pub fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
+        self.st.in_flight.values()
+    }
+
+    /// Attached sessions by number, in the order they attached.
+    pub fn sessions(&self) -> impl Iterator<Item = (u64, &SessionSlot)> {
+        self.st.sessions.iter().map(|(n, slot)| (*n, slot))
+    }
+
+    /// At most `limit` queued keys in dispatch order, then keys waiting on a timer.
+    pub fn queued(&self, limit: usize) -> Vec<(ObjectKey, QueuedAs)> {
+        self.st.queue.peek(limit)
+    }
+}
+
+impl InFlight {
+    /// The key.
+    pub fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    /// The session it went to.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// 1-based attempt.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When it was handed out.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+}
+
+impl SessionSlot {
+    /// Requests it accepts at once.
+    pub fn credits(&self) -> u32 {
+        self.credits
+    }
+
+    /// Requests it holds now.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Whether it asked to drain.
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+}
+
+impl Controller {
+    /// Queue figures for `/metrics`.
+    pub fn queue_stats(&self) -> QueueStats {
+        let now = Instant::now();
+        let st = self.lock();
+        QueueStats {
+            depth: st.queue.len() + st.queue.waiting_len() + st.events.len(),
+            in_flight: st.in_flight.len(),
+            sessions: st.sessions.len(),
+            adds: st.queue.adds_total(),
+            retries: st.queue.retries_total(),
+            unfinished: st
+                .in_flight
+                .values()
+                .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
+                .sum(),
+            longest: st
+                .in_flight
+                .values()
+                .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
+                .fold(0.0, f64::max),
+        }
+    }
+
+    /// Queue depth, in-flight count and number of sessions, for status pages.
+    pub fn snapshot(&self) -> (usize, usize, usize) {
+        let st = self.lock();
+        (
+            st.queue.len() + st.queue.waiting_len(),
+            st.in_flight.len(),
+            st.sessions.len(),
+        )
+    }
+
+    /// Read sessions, in-flight requests and queued keys together, under the controller's lock:
+    /// keep `read` short, it holds up dispatch.
+    pub fn inspect<R>(&self, read: impl FnOnce(&Inspection<'_>) -> R) -> R {
+        let st = self.lock();
+        read(&Inspection { st: &st })
+    }
+
+    /// The latest failures, newest first, at most `limit`.
+    pub fn recent_errors(&self, limit: usize) -> Vec<RecentError> {
+        self.recent_errors
+            .lock()
+            .iter()
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+}

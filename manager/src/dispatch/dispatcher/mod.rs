@@ -1,0 +1,406 @@
+//! One registered controller at run time: its work queue, the sessions of its replicas, what is in
+//! flight where, and the dispatch loop that hands keys to sessions with free credits.
+//!
+//! Exclusivity comes from the queue (a key in processing is never popped again); at-least-once
+//! from re-queueing everything a session held when it ends and every request whose deadline
+//! passes; a late result carries a stale handout id and is ignored.
+//!
+//! - this file: the [`Controller`] and what feeds it — keys, events, informers, sessions;
+//! - `round`: the dispatch loop, one round at a time (expire deadlines → dispatch events →
+//!   dispatch keys);
+//! - `results`: results and acks coming back, and the failures kept for the status page;
+//! - `state`: what the controller's lock guards;
+//! - `messages`: what goes out to a session and what a result did;
+//! - `inspect`: read-only figures for `/metrics` and the status page.
+
+mod inspect;
+mod messages;
+mod results;
+mod round;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use messages::{Completion, Outbound, Payload, Request, RevokeReason, TraceContext};
+pub use results::{RECENT_ERRORS, RecentError};
+
+use crate::dispatch::event_queue::EventType;
+use crate::dispatch::queue::{Priority, WorkQueue};
+use crate::dispatch::seats::{Flow, SeatPool};
+use crate::dispatch::spans::{self, LinkKind};
+use crate::informer::object::CachedObject;
+use crate::informer::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
+use crate::metrics::Metrics;
+use crate::registration::Registration;
+use parking_lot::{Mutex, MutexGuard};
+use serde_json::Value;
+use state::{SessionSlot, State};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use tokio::sync::{Notify, mpsc};
+
+/// Who registered a controller: the tenant, and the name unique within it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ControllerId {
+    /// Tenant identity.
+    pub tenant: String,
+    /// Controller name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ControllerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.name)
+    }
+}
+
+/// Counters for status and metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests dispatched.
+    pub dispatched: AtomicU64,
+    /// Reconciles that finished well, and EVENTS-mode acks.
+    pub done: AtomicU64,
+    /// Results asking for a requeue.
+    pub requeued: AtomicU64,
+    /// Error results.
+    pub errors: AtomicU64,
+    /// Terminal results.
+    pub terminal: AtomicU64,
+    /// Requests whose deadline passed.
+    pub deadline_misses: AtomicU64,
+    /// Requests re-queued because their session ended.
+    pub redelivered: AtomicU64,
+}
+
+/// The namespaces a namespace-label-selector scope admits now, shared with the controllers, which
+/// keeps it current as namespaces match, pass their checks, or leave.
+pub type NamespaceSet = Arc<parking_lot::RwLock<std::collections::HashSet<String>>>;
+
+/// A registered controller.
+pub struct Controller {
+    /// Tenant and name.
+    pub id: ControllerId,
+    /// What it registered.
+    pub registration: Registration,
+    state: Mutex<State>,
+    /// Wakes the dispatch task: new work, credits, results, or a dispatch seat granted.
+    wake: Arc<Notify>,
+    /// This controller's claim on the manager's dispatch seats.
+    flow: Flow,
+    next_request: AtomicU64,
+    /// Informers holding primaries, by namespace ("" = all namespaces).
+    primaries: Mutex<Vec<Arc<Informer>>>,
+    subscriptions: Mutex<Vec<Subscription>>,
+    /// Set for a namespace-label-selector scope: the primary informers watch every namespace,
+    /// so keys read back from them (resync) are kept to the admitted ones.
+    scope: std::sync::OnceLock<NamespaceSet>,
+    /// Counters for status and metrics.
+    pub counters: Counters,
+    metrics: Arc<Metrics>,
+    recent_errors: Mutex<VecDeque<RecentError>>,
+    queue_limit: std::sync::atomic::AtomicUsize,
+    overflowed: std::sync::atomic::AtomicBool,
+}
+
+impl Controller {
+    /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
+    pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_seat_pool(id, registration, metrics, &SeatPool::unlimited())
+    }
+
+    /// A controller whose requests take seats from `seat_pool`, shared with other tenants.
+    pub fn with_seat_pool(
+        id: ControllerId,
+        registration: Registration,
+        metrics: Arc<Metrics>,
+        seat_pool: &Arc<SeatPool>,
+    ) -> Arc<Self> {
+        let queue = WorkQueue::new(registration.backoff);
+        let wake = Arc::new(Notify::new());
+        let flow = seat_pool.flow(&id.tenant, wake.clone());
+        Arc::new(Controller {
+            id,
+            registration,
+            state: Mutex::new(State::new(queue)),
+            wake,
+            flow,
+            next_request: AtomicU64::new(1),
+            primaries: Mutex::new(Vec::new()),
+            subscriptions: Mutex::new(Vec::new()),
+            scope: std::sync::OnceLock::new(),
+            counters: Counters::default(),
+            metrics,
+            recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
+            queue_limit: std::sync::atomic::AtomicUsize::new(0),
+            overflowed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// What every informer this controller holds watches.
+    pub fn informer_keys(&self) -> Vec<InformerKey> {
+        self.subscriptions
+            .lock()
+            .iter()
+            .map(|s| s.informer().key().clone())
+            .collect()
+    }
+
+    /// Keep the informer subscriptions alive as long as the controller.
+    pub fn hold(&self, subscription: Subscription, primary: bool) {
+        if primary {
+            self.primaries.lock().push(subscription.informer().clone());
+        }
+        self.subscriptions.lock().push(subscription);
+    }
+
+    /// Drop every informer subscription (the controller is going away).
+    pub fn release_informers(&self) {
+        self.subscriptions.lock().clear();
+        self.primaries.lock().clear();
+    }
+
+    /// Enqueue keys; `initial` events are background work.
+    pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, initial: bool) {
+        if self.overflowed.load(Ordering::Relaxed) {
+            // Revoked for exceeding its queue limit: hold nothing more until it is gone.
+            return;
+        }
+        let now = Instant::now();
+        let priority = if initial {
+            Priority::Background
+        } else {
+            Priority::Live
+        };
+        if spans::enabled() {
+            let keys: Vec<ObjectKey> = keys.into_iter().collect();
+            if keys.is_empty() {
+                return;
+            }
+            let span = spans::enqueue(&self.id, &keys, initial);
+            let mut st = self.lock();
+            for key in keys {
+                st.links.add(&key, span.clone(), LinkKind::Enqueue);
+                st.queue.add(key, priority, now);
+            }
+            let queued = st.queue.len() + st.queue.waiting_len();
+            drop(st);
+            self.check_queue_limit(queued);
+            self.wake.notify_one();
+            return;
+        }
+        let mut st = self.lock();
+        let mut any = false;
+        for key in keys {
+            st.queue.add(key, priority, now);
+            any = true;
+        }
+        let queued = st.queue.len() + st.queue.waiting_len();
+        drop(st);
+        self.check_queue_limit(queued);
+        if any {
+            self.wake.notify_one();
+        }
+    }
+
+    /// EVENTS mode: append a change of a primary.
+    pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
+        let key = crate::registration::mapping::own_key(&object);
+        let span = spans::enabled().then(|| {
+            spans::enqueue(
+                &self.id,
+                std::slice::from_ref(&key),
+                kind == EventType::Sync,
+            )
+        });
+        let mut st = self.lock();
+        if let Some(span) = span {
+            st.links.add(&key, span, LinkKind::Enqueue);
+        }
+        st.events.push(key, kind, object);
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// Caps the keys this controller may hold queued (`0` = unlimited); set from the tenant's
+    /// limits when the controller is created.
+    pub fn set_queue_limit(&self, limit: usize) {
+        self.queue_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Past its limit the controller is revoked (RESOURCE_EXHAUSTED) and stops taking keys, so
+    /// the memory a tenant's flood can pin stays bounded; it goes away with its sessions.
+    fn check_queue_limit(&self, queued: usize) {
+        let limit = self.queue_limit.load(Ordering::Relaxed);
+        if limit == 0 || queued <= limit || self.overflowed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(controller = %self.id, queued, limit, "queued-keys limit exceeded; revoking the registration");
+        self.metrics.limit_hit(&self.id.tenant, "queued_keys");
+        self.revoke_all(
+            RevokeReason::QuotaExceeded,
+            &format!(
+                "controller {} has more than {limit} keys queued (the tenant's queued-keys limit): narrow its scope with namespaces, a label selector or predicates, or ask for a higher limit",
+                self.id.name
+            ),
+        );
+    }
+
+    /// Whether the controller exceeded its queued-keys limit (it is being removed).
+    pub fn is_overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Credits of all attached sessions (what the tenant's in-flight limit counts).
+    pub fn total_credits(&self) -> u64 {
+        self.lock()
+            .sessions
+            .values()
+            .map(|s| u64::from(s.credits))
+            .sum()
+    }
+
+    /// Remember the last state of a deleted primary so its request can carry a tombstone.
+    pub fn observe_primary(&self, event: &CacheEvent) {
+        let mut st = self.lock();
+        match event {
+            CacheEvent::Deleted {
+                object,
+                final_state_unknown,
+            } => {
+                st.tombstones.insert(
+                    crate::registration::mapping::own_key(object),
+                    (object.clone(), *final_state_unknown),
+                );
+            }
+            CacheEvent::Added { object, .. } | CacheEvent::Modified { new: object, .. } => {
+                st.tombstones
+                    .remove(&crate::registration::mapping::own_key(object));
+            }
+        }
+    }
+
+    /// Every primary key currently cached (for resync).
+    pub fn primary_keys(&self) -> Vec<ObjectKey> {
+        let informers = self.primaries.lock().clone();
+        informers.iter().flat_map(|i| i.keys()).collect()
+    }
+
+    /// Keep this controller's own re-reads of its primaries (resync) to `namespaces`.
+    pub fn limit_to_namespaces(&self, namespaces: NamespaceSet) {
+        // Set once, when the controllers wires the scope; a second call would be a wiring bug and
+        // keeps the first set, which the controllers keeps current.
+        let _ = self.scope.set(namespaces);
+    }
+
+    /// The primary keys within this controller's scope: every cached one, less those of
+    /// namespaces a selector scope has not admitted.
+    pub fn scoped_primary_keys(&self) -> Vec<ObjectKey> {
+        let keys = self.primary_keys();
+        match self.scope.get() {
+            None => keys,
+            Some(set) => {
+                let set = set.read();
+                keys.into_iter()
+                    .filter(|k| set.contains(&k.namespace))
+                    .collect()
+            }
+        }
+    }
+
+    fn primary_object(&self, key: &ObjectKey) -> Option<CachedObject> {
+        let informers = self.primaries.lock().clone();
+        informers
+            .iter()
+            .find_map(|i| i.get(&key.namespace, &key.name))
+    }
+
+    /// Attach a replica's session; returns its id.
+    pub fn add_session(&self, session: u64, credits: u32, tx: mpsc::UnboundedSender<Outbound>) {
+        self.lock().sessions.insert(
+            session,
+            SessionSlot {
+                credits,
+                in_flight: 0,
+                draining: false,
+                tx,
+            },
+        );
+        self.wake.notify_one();
+    }
+
+    /// Change a session's credits (absolute).
+    pub fn set_credits(&self, session: u64, credits: u32) {
+        if let Some(s) = self.lock().sessions.get_mut(&session) {
+            s.credits = credits;
+        }
+        self.wake.notify_one();
+    }
+
+    /// Stop sending new work to a session; it gets `Drained` once its in-flight results are in.
+    pub fn drain(&self, session: u64) {
+        let mut st = self.lock();
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.draining = true;
+            if s.in_flight == 0 {
+                let _ = s.tx.send(Outbound::Drained);
+            }
+        }
+    }
+
+    /// Detach a session; everything it held is re-queued at once (at-least-once).
+    pub fn remove_session(&self, session: u64) -> usize {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.sessions.remove(&session);
+        let lost: Vec<String> = st
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.session == session)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &lost {
+            if let Some(mut f) = st.in_flight.remove(id) {
+                st.requeue_lost(&f, now);
+                st.end_trace(
+                    &mut f,
+                    "lost",
+                    true,
+                    Some("the session ended before the result"),
+                );
+            }
+        }
+        let remaining = st.sessions.len();
+        drop(st);
+        self.counters
+            .redelivered
+            .fetch_add(lost.len() as u64, Ordering::Relaxed);
+        if !lost.is_empty() {
+            tracing::info!(controller = %self.id, session, requeued = lost.len(), "session ended; its in-flight keys are re-queued");
+        }
+        self.wake.notify_one();
+        remaining
+    }
+
+    /// End every session with a reason.
+    pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
+        let st = self.lock();
+        for s in st.sessions.values() {
+            let _ = s.tx.send(Outbound::Revoke {
+                reason,
+                message: message.to_string(),
+            });
+        }
+    }
+
+    /// Number of attached sessions.
+    pub fn session_count(&self) -> usize {
+        self.lock().sessions.len()
+    }
+}

@@ -1,0 +1,145 @@
+//! Results and acks coming back from sessions, and the failures kept for the status page.
+//!
+//! A result counts only from the session that holds the request and before its deadline;
+//! anything else is discarded, which is how a late result after a redelivery is ignored.
+
+use super::state::InFlight;
+use super::{Completion, Controller};
+use crate::dispatch::queue::Outcome;
+use crate::dispatch::spans;
+use crate::informer::ObjectKey;
+use crate::metrics::ResultLabel;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+
+/// How many failed reconciles each controller keeps for the status page.
+pub const RECENT_ERRORS: usize = 20;
+
+/// A failed reconcile kept for the status page: bounded per controller, newest last.
+#[derive(Debug, Clone)]
+pub struct RecentError {
+    /// When the manager saw it.
+    pub at: SystemTime,
+    /// The key.
+    pub key: ObjectKey,
+    /// The attempt that failed.
+    pub attempt: u32,
+    /// `error`, `terminal` or `deadline`.
+    pub kind: &'static str,
+    /// The controller's message (empty for a missed deadline).
+    pub message: String,
+}
+
+impl Controller {
+    pub(super) fn record_error(
+        &self,
+        key: &ObjectKey,
+        attempt: u32,
+        kind: &'static str,
+        message: &str,
+    ) {
+        let mut ring = self.recent_errors.lock();
+        if ring.len() == RECENT_ERRORS {
+            ring.pop_front();
+        }
+        ring.push_back(RecentError {
+            at: SystemTime::now(),
+            key: key.clone(),
+            attempt,
+            kind,
+            message: message.to_owned(),
+        });
+    }
+
+    /// EVENTS mode: `session` acknowledged delivery `id`.
+    pub fn ack(&self, session: u64, id: &str) -> Completion {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let valid = st
+            .in_flight
+            .get(id)
+            .is_some_and(|f| f.session == session && f.deadline > now && f.event);
+        if !valid {
+            return Completion::Discarded;
+        }
+        let Some(mut f) = st.in_flight.remove(id) else {
+            return Completion::Discarded;
+        };
+        st.events.ack(&f.key);
+        st.end_trace(&mut f, "success", false, None);
+        st.release_credit_after_result(f.session);
+        drop(st);
+        self.counters.done.fetch_add(1, Ordering::Relaxed);
+        self.metrics.reconciled(
+            &self.id.name,
+            &self.id.tenant,
+            ResultLabel::Success,
+            false,
+            f.started.elapsed(),
+        );
+        self.wake.notify_one();
+        Completion::Accepted
+    }
+
+    /// A result from `session` for request `id`; `message` is the controller's error text.
+    pub fn complete(&self, session: u64, id: &str, outcome: Outcome, message: &str) -> Completion {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let valid = st
+            .in_flight
+            .get(id)
+            .is_some_and(|f| f.session == session && f.deadline > now && !f.event);
+        if !valid {
+            return Completion::Discarded;
+        }
+        let Some(mut f) = st.in_flight.remove(id) else {
+            return Completion::Discarded;
+        };
+        st.queue.done_handout(&f.key, f.handout, outcome, now);
+        // The last key of a backlog: the queue's and the dispatch's transient memory is free now.
+        let drained = st.queue.is_empty() && st.queue.in_flight_count() == 0;
+        let (label, again) = spans::outcome(outcome);
+        let failed = matches!(outcome, Outcome::Error { .. } | Outcome::Terminal);
+        st.end_trace(&mut f, label, again, failed.then_some(message));
+        st.release_credit_after_result(f.session);
+        drop(st);
+        if drained {
+            crate::informer::heap::release_after_burst();
+        }
+        self.count_result(&f, outcome, message);
+        self.wake.notify_one();
+        Completion::Accepted
+    }
+
+    /// Metrics, counters, the recent-errors ring and the log line of an accepted result.
+    fn count_result(&self, f: &InFlight, outcome: Outcome, message: &str) {
+        let (label, terminal) = match outcome {
+            Outcome::Done => (ResultLabel::Success, false),
+            Outcome::RequeueAfter(d) if d.is_zero() => (ResultLabel::Requeue, false),
+            Outcome::RequeueAfter(_) => (ResultLabel::RequeueAfter, false),
+            Outcome::Error { .. } | Outcome::Lost => (ResultLabel::Error, false),
+            Outcome::Terminal => (ResultLabel::Error, true),
+        };
+        self.metrics.reconciled(
+            &self.id.name,
+            &self.id.tenant,
+            label,
+            terminal,
+            f.started.elapsed(),
+        );
+        let c = match outcome {
+            Outcome::Done => &self.counters.done,
+            Outcome::RequeueAfter(_) => &self.counters.requeued,
+            Outcome::Error { .. } => &self.counters.errors,
+            Outcome::Terminal => &self.counters.terminal,
+            Outcome::Lost => &self.counters.redelivered,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Error { .. } => self.record_error(&f.key, f.attempt, "error", message),
+            Outcome::Terminal => self.record_error(&f.key, f.attempt, "terminal", message),
+            _ => {}
+        }
+        tracing::debug!(controller = %self.id, key = %f.key, ?outcome, took = ?f.started.elapsed(), "result");
+    }
+}

@@ -1,0 +1,385 @@
+//! The dispatch loop, one round at a time: expire missed deadlines → dispatch events (EVENTS
+//! mode) → dispatch keys (reserve under the lock, read payloads without it, send).
+//!
+//! Informer callbacks take the informer lock and then this controller's lock, so objects are
+//! read from informers only while this controller's lock is *not* held: that is why a key's
+//! request is reserved first and completed and sent after the lock is released. Events carry
+//! their object already and are sent under the lock.
+
+use super::state::{InFlight, State, pick_session};
+use super::{Controller, Outbound, Payload, Request, TraceContext};
+use crate::dispatch::queue::{Handout, Outcome, Priority};
+use crate::dispatch::seats::Seat;
+use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind};
+use crate::informer::ObjectKey;
+use crate::registration::Mode;
+use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::watch;
+
+/// A key's request reserved under the lock (session credit, seat and in-flight entry taken),
+/// to be completed with its payload and sent once the lock is released.
+struct Reserved {
+    session: u64,
+    handout: Handout<ObjectKey>,
+    /// The request id.
+    id: String,
+    /// The tombstone known when it was reserved.
+    tombstone: Option<(Arc<Value>, bool)>,
+    /// The dispatch span's trace context.
+    trace: TraceContext,
+}
+
+impl Controller {
+    /// The dispatch loop: runs until `stop` fires. Only dispatches while `leading` is true.
+    pub async fn run(
+        self: Arc<Self>,
+        mut leading: watch::Receiver<bool>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let resync = self.registration.resync;
+        let mut next_resync = resync.map(|r| Instant::now() + r);
+        loop {
+            let is_leader = *leading.borrow();
+            if let Some(at) = next_resync
+                && Instant::now() >= at
+            {
+                let keys = self.scoped_primary_keys();
+                tracing::debug!(controller = %self.id, keys = keys.len(), "resync");
+                self.enqueue(keys, true);
+                next_resync = resync.map(|r| Instant::now() + r);
+            }
+            let next = self.dispatch_once(is_leader);
+            let next = [next, next_resync].into_iter().flatten().min();
+            let sleep = next
+                .map(|n| n.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+                changed = leading.changed() => if changed.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// One round: expire missed deadlines, then (when leading) hand out as much ready work as
+    /// sessions, concurrency and dispatch seats allow. Returns when the caller should look again
+    /// at the latest.
+    pub(super) fn dispatch_once(&self, leading: bool) -> Option<Instant> {
+        let now = Instant::now();
+        let reserved = {
+            let mut st = self.lock();
+            self.expire_deadlines(&mut st, now);
+            if leading {
+                self.hand_out(&mut st, now)
+            } else {
+                Vec::new()
+            }
+        };
+        if !reserved.is_empty() {
+            self.send_keys(reserved);
+        }
+        self.next_wake()
+    }
+
+    /// Re-queue every request whose deadline passed (at-least-once); its result, should it
+    /// still come, is discarded.
+    fn expire_deadlines(&self, st: &mut State, now: Instant) {
+        let expired: Vec<String> = st
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(mut f) = st.in_flight.remove(&id) {
+                tracing::warn!(controller = %self.id, key = %f.key, "request missed its deadline; re-queued");
+                st.end_trace(
+                    &mut f,
+                    "deadline",
+                    true,
+                    Some("no result before the deadline"),
+                );
+                self.counters
+                    .deadline_misses
+                    .fetch_add(1, Ordering::Relaxed);
+                self.metrics.deadline_missed(&self.id.name, &self.id.tenant);
+                st.requeue_lost(&f, now);
+                self.record_error(&f.key, f.attempt, "deadline", "");
+                st.release_credit(f.session);
+            }
+        }
+    }
+
+    /// Under the lock, while the controller is below `max_concurrent`: take a session with a
+    /// free credit, a dispatch seat and the next piece of work. Events are sent at once; keys
+    /// are reserved and returned, to be sent once the lock is released.
+    fn hand_out(&self, st: &mut State, now: Instant) -> Vec<Reserved> {
+        let max = match self.registration.max_concurrent {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        let events = self.registration.mode == Mode::Events;
+        let mut reserved = Vec::new();
+        // Set when the loop stopped for want of a dispatch seat: this controller then waits in
+        // its tenant's queue and is woken when one is granted.
+        let mut waiting_for_seat = false;
+        while st.in_flight.len() < max {
+            let Some(session) = pick_session(st) else {
+                break;
+            };
+            let has_work = if events {
+                !st.events.is_empty()
+            } else {
+                st.queue.has_ready(now)
+            };
+            if !has_work {
+                break;
+            }
+            let Some(seat) = self.flow.acquire() else {
+                waiting_for_seat = true;
+                break;
+            };
+            if events {
+                if !self.send_event(st, session, seat, now) {
+                    break;
+                }
+            } else {
+                let Some(request) = self.reserve_key(st, session, seat, now) else {
+                    break;
+                };
+                reserved.push(request);
+            }
+        }
+        if !waiting_for_seat {
+            // Seats granted while this controller waited but not needed now go to others.
+            self.flow.withdraw();
+        }
+        reserved
+    }
+
+    /// Dispatch events: pop the next one and send it to `session` now. False when there was
+    /// none or the session is gone (the event is queued again), which ends the round.
+    fn send_event(&self, st: &mut State, session: u64, seat: Seat, now: Instant) -> bool {
+        let Some(delivery) = st.events.pop() else {
+            return false;
+        };
+        let id = self.next_request_id();
+        let deadline = SystemTime::now() + self.registration.deadline;
+        let key = delivery.key.clone();
+        let attempt = delivery.attempt;
+        let trace = self.start_attempt(st, AttemptKind::Event, &key, attempt, &id, session);
+        let sent = st.sessions.get(&session).is_some_and(|slot| {
+            slot.tx
+                .send(Outbound::Event {
+                    id: id.clone(),
+                    delivery,
+                    deadline,
+                    trace: TraceContext::of(trace.as_ref()),
+                })
+                .is_ok()
+        });
+        if !sent {
+            st.events.lost(&key);
+            if let Some(t) = trace {
+                t.finish("lost", Some("the session ended before the event was sent"));
+            }
+            return false;
+        }
+        if let Some(slot) = st.sessions.get_mut(&session) {
+            slot.in_flight += 1;
+        }
+        st.in_flight.insert(
+            id,
+            InFlight {
+                key,
+                session,
+                handout: 0,
+                deadline: now + self.registration.deadline,
+                started: now,
+                attempt,
+                event: true,
+                trace,
+                _seat: seat,
+            },
+        );
+        self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Dispatch keys, first half: pop the next ready key and reserve its request for `session`
+    /// (credit, seat, in-flight entry). None when no key is ready.
+    fn reserve_key(
+        &self,
+        st: &mut State,
+        session: u64,
+        seat: Seat,
+        now: Instant,
+    ) -> Option<Reserved> {
+        let handout = st.queue.pop(now)?;
+        let id = self.next_request_id();
+        let tombstone = st.tombstones.get(&handout.key).cloned();
+        if let Some(slot) = st.sessions.get_mut(&session) {
+            slot.in_flight += 1;
+        }
+        let trace = self.start_attempt(
+            st,
+            AttemptKind::Reconcile,
+            &handout.key,
+            handout.attempt,
+            &id,
+            session,
+        );
+        let trace_context = TraceContext::of(trace.as_ref());
+        st.in_flight.insert(
+            id.clone(),
+            InFlight {
+                key: handout.key.clone(),
+                session,
+                handout: handout.id,
+                deadline: now + self.registration.deadline,
+                started: now,
+                attempt: handout.attempt,
+                event: false,
+                trace,
+                _seat: seat,
+            },
+        );
+        Some(Reserved {
+            session,
+            handout,
+            id,
+            tombstone,
+            trace: trace_context,
+        })
+    }
+
+    /// Dispatch keys, second half: complete each reserved request with its payload while the
+    /// lock is released, then send them under it. A request whose session went away meanwhile
+    /// is handed back to the queue at once.
+    fn send_keys(&self, reserved: Vec<Reserved>) {
+        let requests: Vec<(u64, Request)> = reserved
+            .into_iter()
+            .map(|r| (r.session, self.request(r)))
+            .collect();
+        let mut st = self.lock();
+        for (session, request) in requests {
+            let sent = st
+                .sessions
+                .get(&session)
+                .is_some_and(|slot| slot.tx.send(Outbound::Reconcile(request.clone())).is_ok());
+            if sent {
+                self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
+            } else if let Some(mut f) = st.in_flight.remove(&request.id) {
+                // The session went away between reservation and sending.
+                st.queue
+                    .done_handout(&f.key, f.handout, Outcome::Lost, Instant::now());
+                st.end_trace(
+                    &mut f,
+                    "lost",
+                    true,
+                    Some("the session ended before the request was sent"),
+                );
+                st.release_credit(session);
+            }
+        }
+    }
+
+    /// The request for a reserved key (reads the informer: call without the lock).
+    fn request(&self, r: Reserved) -> Request {
+        let Reserved {
+            handout,
+            id,
+            tombstone,
+            trace,
+            ..
+        } = r;
+        self.metrics.dispatched(
+            &self.id.name,
+            &self.id.tenant,
+            handout.enqueued_at.elapsed(),
+        );
+        let payload = self.payload(&handout.key, tombstone);
+        Request {
+            id,
+            key: handout.key.clone(),
+            attempt: handout.attempt,
+            reasons: handout.reasons.iter().collect(),
+            background: handout.priority == Priority::Background,
+            payload,
+            deadline: SystemTime::now() + self.registration.deadline,
+            trace,
+        }
+    }
+
+    /// What a request carries: nothing unless the registration asked for the object; else the
+    /// cached primary, or the tombstone of a deleted one (an unknown final state if none).
+    fn payload(&self, key: &ObjectKey, tombstone: Option<(Arc<Value>, bool)>) -> Payload {
+        if !self.registration.include_object {
+            return Payload::None;
+        }
+        match self.primary_object(key) {
+            Some(obj) => Payload::Object(obj),
+            None => match tombstone {
+                Some((last, unknown)) => Payload::Tombstone {
+                    last,
+                    final_state_unknown: unknown,
+                },
+                None => Payload::Tombstone {
+                    last: Arc::new(Value::Null),
+                    final_state_unknown: true,
+                },
+            },
+        }
+    }
+
+    /// The earliest missed deadline or queue timer: when the loop must look again even if
+    /// nothing wakes it.
+    fn next_wake(&self) -> Option<Instant> {
+        let st = self.lock();
+        let next_deadline = st.in_flight.values().map(|f| f.deadline).min();
+        let next_ready = st.queue.next_ready_at();
+        match (next_deadline, next_ready) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn next_request_id(&self) -> String {
+        format!(
+            "{}-{}",
+            self.id.name,
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Start the spans of an attempt, linked to what enqueued its key (tracing on only).
+    fn start_attempt(
+        &self,
+        st: &mut State,
+        kind: AttemptKind,
+        key: &ObjectKey,
+        attempt: u32,
+        request_id: &str,
+        session: u64,
+    ) -> Option<Attempt> {
+        if !spans::enabled() {
+            return None;
+        }
+        let links = st.links.take(key);
+        Some(Attempt::start(
+            AttemptInfo {
+                controller: &self.id,
+                kind,
+                key,
+                attempt,
+                request_id,
+                session,
+            },
+            links,
+        ))
+    }
+}

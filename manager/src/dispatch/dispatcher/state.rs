@@ -1,0 +1,138 @@
+//! What a controller's lock guards: its queues, its sessions and what each holds, plus the small
+//! operations every path that ends a request shares.
+
+use super::messages::Outbound;
+use crate::dispatch::event_queue::EventQueue;
+use crate::dispatch::queue::{Outcome, WorkQueue};
+use crate::dispatch::seats::Seat;
+use crate::dispatch::spans::{Attempt, LinkKind, PendingLinks};
+use crate::informer::ObjectKey;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// An attached session: its credits, what it holds, and its outbound channel (read through
+/// [`super::inspect::Inspection`]).
+pub struct SessionSlot {
+    pub(super) credits: u32,
+    pub(super) in_flight: u32,
+    pub(super) draining: bool,
+    pub(super) tx: mpsc::UnboundedSender<Outbound>,
+}
+
+/// A request (or EVENTS-mode delivery) handed to a session and not yet answered (read through
+/// [`super::inspect::Inspection`]).
+pub struct InFlight {
+    pub(super) key: ObjectKey,
+    pub(super) session: u64,
+    /// The queue's handout id (0 for an EVENTS-mode delivery).
+    pub(super) handout: u64,
+    pub(super) deadline: Instant,
+    pub(super) started: Instant,
+    /// 1-based attempt, for status pages and error records.
+    pub(super) attempt: u32,
+    /// An EVENTS-mode delivery (acknowledged, not completed with an outcome).
+    pub(super) event: bool,
+    /// Its spans, when tracing is on.
+    pub(super) trace: Option<Attempt>,
+    /// Its share of the manager's dispatch budget, freed when the request ends however it ends.
+    pub(super) _seat: Seat,
+}
+
+/// Everything behind a controller's lock.
+pub(super) struct State {
+    pub(super) queue: WorkQueue<ObjectKey>,
+    pub(super) sessions: BTreeMap<u64, SessionSlot>,
+    /// In-flight requests by request id.
+    pub(super) in_flight: HashMap<String, InFlight>,
+    /// The last state of deleted primaries, for tombstone payloads.
+    pub(super) tombstones: HashMap<ObjectKey, (Arc<Value>, bool)>,
+    pub(super) events: EventQueue,
+    pub(super) next_session_pick: u64,
+    /// Enqueue spans (and re-delivered attempts) to link from each key's next attempt; only
+    /// filled while tracing is on.
+    pub(super) links: PendingLinks,
+}
+
+impl State {
+    /// Nothing queued, nothing in flight, no session.
+    pub(super) fn new(queue: WorkQueue<ObjectKey>) -> Self {
+        State {
+            queue,
+            sessions: BTreeMap::new(),
+            in_flight: HashMap::new(),
+            tombstones: HashMap::new(),
+            events: EventQueue::default(),
+            next_session_pick: 0,
+            links: PendingLinks::default(),
+        }
+    }
+
+    /// Hand a lost delivery out again at once (at-least-once), in whichever queue it came from.
+    pub(super) fn requeue_lost(&mut self, f: &InFlight, now: Instant) {
+        if f.event {
+            self.events.lost(&f.key);
+        } else {
+            self.queue
+                .done_handout(&f.key, f.handout, Outcome::Lost, now);
+        }
+    }
+
+    /// End an attempt's spans; when its outcome re-delivers the key, the next attempt links
+    /// to it.
+    pub(super) fn end_trace(
+        &mut self,
+        f: &mut InFlight,
+        outcome: &'static str,
+        again: bool,
+        error: Option<&str>,
+    ) {
+        if let Some(t) = f.trace.take() {
+            if again {
+                self.links.add(&f.key, t.root(), LinkKind::PreviousAttempt);
+            }
+            t.finish(outcome, error);
+        }
+    }
+
+    /// A request of `session` ended without a result (missed deadline, never sent): it holds
+    /// one request less.
+    pub(super) fn release_credit(&mut self, session: u64) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// A result of `session` came in: it holds one request less, and a draining session that
+    /// now holds none is told it has drained.
+    pub(super) fn release_credit_after_result(&mut self, session: u64) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if s.draining && s.in_flight == 0 {
+                let _ = s.tx.send(Outbound::Drained);
+            }
+        }
+    }
+}
+
+/// The session with the most free credits, rotating among equals so keys spread over replicas.
+pub(super) fn pick_session(st: &mut State) -> Option<u64> {
+    let start = st.next_session_pick;
+    let best = st
+        .sessions
+        .iter()
+        .filter(|(_, s)| !s.draining && s.in_flight < s.credits)
+        .max_by_key(|(id, s)| {
+            (
+                s.credits - s.in_flight,
+                std::cmp::Reverse(id.wrapping_sub(start)),
+            )
+        })
+        .map(|(id, _)| *id);
+    if let Some(id) = best {
+        st.next_session_pick = id.wrapping_add(1);
+    }
+    best
+}
