@@ -1,4 +1,5 @@
-//! Object keys: the namespace and name every queue, cache and request works on.
+//! Keys: the namespace and name every queue, cache and request works on, and the identity of a
+//! registered controller.
 
 use serde_json::Value;
 use std::fmt;
@@ -42,6 +43,21 @@ impl fmt::Display for ObjectKey {
         } else {
             write!(f, "{}/{}", self.namespace, self.name)
         }
+    }
+}
+
+/// Who registered a controller: the tenant, and the name unique within it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ControllerId {
+    /// Tenant identity.
+    pub tenant: String,
+    /// Controller name.
+    pub name: String,
+}
+
+impl fmt::Display for ControllerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.name)
     }
 }
 

@@ -16,9 +16,9 @@
 //! Nothing here runs unless [`ctrlhub_sdk::traces::enabled`]: with no OTLP endpoint configured
 //! there are no spans, no links kept, and requests carry an empty `traceparent`.
 
-use crate::dispatch::dispatcher::ControllerId;
 use crate::dispatch::queue::Outcome;
 use crate::informer::ObjectKey;
+use crate::key::ControllerId;
 use ctrlhub_sdk::traces::{key_attributes, tracer};
 use opentelemetry::trace::{
     Link, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,

@@ -41,20 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tokio::sync::{Notify, mpsc};
 
-/// Who registered a controller: the tenant, and the name unique within it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ControllerId {
-    /// Tenant identity.
-    pub tenant: String,
-    /// Controller name.
-    pub name: String,
-}
-
-impl std::fmt::Display for ControllerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.tenant, self.name)
-    }
-}
+pub use crate::key::ControllerId;
 
 /// Counters for status and metrics.
 #[derive(Debug, Default)]
