@@ -93,29 +93,38 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
     m.leader
         .with_label_values(&[s.lease_name.as_str()])
         .set(i64::from(s.leader.borrow().leading));
-    // Controllers and informers come and go: drop their old series before writing live ones.
+    set_controller_gauges(m, &s.controllers);
+    set_seat_gauges(m, &s.controllers);
+    set_informer_gauges(m, &s.cache);
+    (
+        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        m.render(),
+    )
+}
+
+/// A count as a gauge value, saturating instead of wrapping.
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Per-controller queue and worker gauges. Controllers come and go: their old series are
+/// dropped before the live ones are written.
+fn set_controller_gauges(m: &Metrics, controllers: &ControllerTable) {
     m.depth.reset();
     m.active_workers.reset();
     m.sessions.reset();
     m.max_concurrent.reset();
     m.unfinished.reset();
     m.longest.reset();
-    m.informer_objects.reset();
-    m.informer_relists.reset();
-    m.informer_watch_restarts.reset();
-    for c in s.controllers.all() {
+    for c in controllers.all() {
         let (name, tenant) = (c.id.name.as_str(), c.id.tenant.as_str());
         let q = c.queue_stats();
         let labels = [name, tenant];
-        m.depth
-            .with_label_values(&labels)
-            .set(i64::try_from(q.depth).unwrap_or(i64::MAX));
+        m.depth.with_label_values(&labels).set(gauge(q.depth));
         m.active_workers
             .with_label_values(&labels)
-            .set(i64::try_from(q.in_flight).unwrap_or(i64::MAX));
-        m.sessions
-            .with_label_values(&labels)
-            .set(i64::try_from(q.sessions).unwrap_or(i64::MAX));
+            .set(gauge(q.in_flight));
+        m.sessions.with_label_values(&labels).set(gauge(q.sessions));
         m.max_concurrent
             .with_label_values(&labels)
             .set(i64::from(c.registration.max_concurrent));
@@ -124,7 +133,11 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
         Metrics::advance(&m.adds, &labels, q.adds);
         Metrics::advance(&m.retries, &labels, q.retries);
     }
-    let seat_pool = s.controllers.seat_pool();
+}
+
+/// Dispatch seats per tenant.
+fn set_seat_gauges(m: &Metrics, controllers: &ControllerTable) {
+    let seat_pool = controllers.seat_pool();
     m.dispatch_seats.set(seat_pool.capacity() as f64);
     m.seats_in_use.reset();
     m.seats_waiting.reset();
@@ -133,14 +146,21 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
         let labels = [t.tenant.as_str(), weight.as_str()];
         m.seats_in_use
             .with_label_values(&labels)
-            .set(i64::try_from(t.in_use).unwrap_or(i64::MAX));
+            .set(gauge(t.in_use));
         m.seats_waiting
             .with_label_values(&labels)
-            .set(i64::try_from(t.waiting).unwrap_or(i64::MAX));
+            .set(gauge(t.waiting));
         Metrics::advance(&m.seat_grants, &[t.tenant.as_str()], t.granted);
         Metrics::advance(&m.seat_waits, &[t.tenant.as_str()], t.waited);
     }
-    let informers = s.cache.all();
+}
+
+/// Per-informer object counts and restarts; informers come and go like controllers.
+fn set_informer_gauges(m: &Metrics, cache: &Cache) {
+    m.informer_objects.reset();
+    m.informer_relists.reset();
+    m.informer_watch_restarts.reset();
+    let informers = cache.all();
     m.informers.set(informers.len() as f64);
     for i in &informers {
         let k = i.key();
@@ -151,7 +171,7 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
         ];
         m.informer_objects
             .with_label_values(&labels)
-            .set(i64::try_from(i.len()).unwrap_or(i64::MAX));
+            .set(gauge(i.len()));
         m.informer_relists
             .with_label_values(&labels)
             .set(i64::try_from(i.relists()).unwrap_or(i64::MAX));
@@ -159,8 +179,4 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
             .with_label_values(&labels)
             .set(i64::try_from(i.watch_restarts()).unwrap_or(i64::MAX));
     }
-    (
-        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-        m.render(),
-    )
 }
