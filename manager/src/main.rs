@@ -1,5 +1,5 @@
-//! The `ctrlhub` binary: `ctrlhub run` (the manager) and `ctrlhub dev` (devcluster + manager +
-//! demo controller in one command).
+//! The `ctrlhub` binary: `ctrlhub run` (the manager) and, with the default `dev` feature,
+//! `ctrlhub dev` (devcluster + manager + demo controller in one command).
 
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +18,7 @@ enum Command {
     Run(Box<ctrlhub::run::RunArgs>),
     /// Start devcluster, the manager and the memcached demo controller, apply a sample and show
     /// the reconciles.
+    #[cfg(feature = "dev")]
     Dev(ctrlhub::run::dev::DevArgs),
 }
 
@@ -56,13 +57,14 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // Off (no exporter, no spans) unless OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT is set; a bad
     // tracing setup is reported but does not stop the manager.
-    let traces = ctrlhub_sdk::traces::init("ctrlhub").unwrap_or_else(|e| {
+    let traces = ctrlhub_otel::init("ctrlhub").unwrap_or_else(|e| {
         tracing::error!(error = %e, "traces are not exported");
-        ctrlhub_sdk::traces::Traces::disabled()
+        ctrlhub_otel::Traces::disabled()
     });
     let stop = shutdown_on_signal();
     let result = match cli.command {
         Command::Run(args) => args.run(stop).await,
+        #[cfg(feature = "dev")]
         Command::Dev(args) => args.run(stop).await,
     };
     // After the sessions are revoked, so the last attempts' spans are flushed, not lost.

@@ -13,20 +13,20 @@
 //!   W3C `traceparent`/`tracestate` travel in `ReconcileRequest` / `Event`, so the SDK's
 //!   SERVER `reconcile` span becomes its child.
 //!
-//! Nothing here runs unless [`ctrlhub_sdk::traces::enabled`]: with no OTLP endpoint configured
+//! Nothing here runs unless [`ctrlhub_otel::enabled`]: with no OTLP endpoint configured
 //! there are no spans, no links kept, and requests carry an empty `traceparent`.
 
 use crate::dispatch::queue::Outcome;
 use crate::informer::ObjectKey;
 use crate::key::ControllerId;
-use ctrlhub_sdk::traces::{key_attributes, tracer};
+use ctrlhub_otel::{key_attributes, tracer};
 use opentelemetry::trace::{
     Link, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
 use std::collections::{HashMap, VecDeque};
 
-pub use ctrlhub_sdk::traces::enabled;
+pub use ctrlhub_otel::enabled;
 
 /// Links kept per key for its next attempt; older ones are dropped (and counted) beyond this,
 /// so a hot key cannot grow its attempt span without bound.
@@ -213,7 +213,7 @@ impl Attempt {
 
     /// `traceparent` and `tracestate` of the dispatch span, for the wire.
     pub fn trace_context(&self) -> (String, String) {
-        ctrlhub_sdk::traces::inject(&self.dispatch)
+        ctrlhub_otel::inject(&self.dispatch)
     }
 
     /// The root span, for linking the next attempt.
@@ -227,7 +227,7 @@ impl Attempt {
             let span = cx.span();
             span.set_attribute(KeyValue::new("ctrlhub.outcome", outcome));
             if let Some(message) = error {
-                span.set_status(Status::error(ctrlhub_sdk::traces::status_message(message)));
+                span.set_status(Status::error(ctrlhub_otel::status_message(message)));
             }
             span.end();
         }

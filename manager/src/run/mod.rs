@@ -1,6 +1,7 @@
 //! `ctrlhub run`: command-line options and all the wiring in one place — client, caches,
 //! leader election, controllers, gRPC and HTTP servers, and one shutdown token passed to all.
 
+#[cfg(feature = "dev")]
 pub mod dev;
 
 use crate::dispatch::controllers::ControllerTable;
