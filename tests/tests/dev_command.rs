@@ -1,21 +1,8 @@
 //! `ctrlhub dev`, the README's main command, run as a user would (the real binary).
 
+use ctrlhub_tests::{bin, free_port};
 use std::process::Stdio;
 use std::time::Duration;
-
-fn bin(name: &str) -> std::path::PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("debug").join(name)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// devcluster, manager and memcached controller come up, the sample gets its Deployment and an
 /// Available condition, and everything shuts down cleanly.

@@ -4,15 +4,13 @@
 //!
 //! Needs Debian's `chromium` on PATH (`apt-get install chromium`).
 
-mod support;
-
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::*;
 use tokio::process::Command;
 
 /// How long one Chromium run may take before it is killed and the test fails.
@@ -27,13 +25,6 @@ const ERROR_MESSAGE_IN_DOM: &str =
 
 const IDENTITY: &str = "status-page-a";
 const CONTROLLER: &str = "pager";
-
-/// The workspace target directory (as `support::bin` finds it).
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
 
 /// `chromium` on PATH, or a failure that says how to install it.
 fn chromium() -> PathBuf {
@@ -135,7 +126,7 @@ fn lists_key(list: &serde_json::Value, key: &str) -> bool {
 async fn status_page_shows_what_a_person_on_call_looks_for() {
     let browser = chromium();
     println!("browser: {}", browser.display());
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = Manager::start(&c, IDENTITY, &[]).await;
     m.wait_leading().await;
 
@@ -180,7 +171,7 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
         .len();
 
     // The JSON carries the same facts; wait on it so the browser sees a settled page.
-    wait_until(
+    wait_for(
         "status shows held, queued, failed keys and the full cache",
         || async {
             let s = m.status().await;
@@ -334,7 +325,7 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
 
     // A second manager on the same Lease: its page says standby and who leads instead.
     let standby = Manager::start(&c, "status-page-b", &[]).await;
-    wait_until("the standby has seen the holder", || async {
+    wait_for("the standby has seen the holder", || async {
         standby.status().await["leader"] == IDENTITY
     })
     .await;
