@@ -191,26 +191,36 @@ impl Replica {
 
     /// The next reconcile request, or None if none arrives within `within` (or the stream ends).
     pub async fn next(&mut self, within: Duration) -> Option<pb::ReconcileRequest> {
-        loop {
-            match tokio::time::timeout(within, self.rx.message()).await {
-                Ok(Ok(Some(pb::ManagerMessage {
-                    message: Some(pb::manager_message::Message::Reconcile(r)),
-                }))) => return Some(r),
-                Ok(Ok(Some(_))) => continue,
-                _ => return None,
-            }
-        }
+        self.next_where(within, |m| match m {
+            pb::manager_message::Message::Reconcile(r) => Some(r),
+            _ => None,
+        })
+        .await
     }
 
     /// The next EVENTS-mode delivery, or None if none arrives within `within`.
     pub async fn next_event(&mut self, within: Duration) -> Option<pb::Event> {
+        self.next_where(within, |m| match m {
+            pb::manager_message::Message::Event(e) => Some(e),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The next message that `pick` takes, skipping the others; None if none arrives within
+    /// `within` of the last message (or the stream ends).
+    async fn next_where<T>(
+        &mut self,
+        within: Duration,
+        pick: impl Fn(pb::manager_message::Message) -> Option<T>,
+    ) -> Option<T> {
         loop {
-            match tokio::time::timeout(within, self.rx.message()).await {
-                Ok(Ok(Some(pb::ManagerMessage {
-                    message: Some(pb::manager_message::Message::Event(e)),
-                }))) => return Some(e),
-                Ok(Ok(Some(_))) => continue,
-                _ => return None,
+            let message = tokio::time::timeout(within, self.rx.message()).await;
+            let Ok(Ok(Some(message))) = message else {
+                return None;
+            };
+            if let Some(v) = message.message.and_then(&pick) {
+                return Some(v);
             }
         }
     }

@@ -1,11 +1,15 @@
 //! `ctrlhub dev`, the README's main command, run as a user would (the real binary).
 
-use ctrlhub_tests::{bin, free_port};
+use ctrlhub_tests::{PATIENCE, bin, free_port};
 use std::process::Stdio;
 use std::time::Duration;
 
 /// devcluster, manager and memcached controller come up, the sample gets its Deployment and an
 /// Available condition, and everything shuts down cleanly.
+/// How long the whole `ctrlhub dev` run may take: twice [`PATIENCE`], because it waits on a
+/// chain of conditions (devcluster, the manager, the controller, the sample Available) in turn.
+const DEV_RUN_PATIENCE: Duration = PATIENCE.saturating_mul(2);
+
 #[tokio::test]
 async fn ctrlhub_dev_reconciles_the_sample_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -21,7 +25,7 @@ async fn ctrlhub_dev_reconciles_the_sample_and_exits_cleanly() {
         .kill_on_drop(true)
         .spawn()
         .expect("ctrlhub dev starts");
-    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+    let out = tokio::time::timeout(DEV_RUN_PATIENCE, child.wait_with_output())
         .await
         .expect("ctrlhub dev finishes")
         .expect("output");

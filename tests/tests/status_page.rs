@@ -10,11 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
 use tokio::process::Command;
-
-/// How long one Chromium run may take before it is killed and the test fails.
-const BROWSER_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A controller message with markup in it: the page must show it as text, never run it.
 const ERROR_MESSAGE: &str =
@@ -40,7 +36,7 @@ fn chromium() -> PathBuf {
 }
 
 /// Run headless Chromium with `args` and return its stdout; killed (with everything it
-/// started) and failed after [`BROWSER_PATIENCE`].
+/// started) and failed after [`PATIENCE`].
 async fn run_chromium(args: &[String]) -> String {
     let profile = tempfile::tempdir().expect("chromium profile dir");
     let mut cmd = Command::new(chromium());
@@ -63,7 +59,7 @@ async fn run_chromium(args: &[String]) -> String {
     .kill_on_drop(true);
     let child = cmd.spawn().expect("chromium starts");
     let pid = child.id();
-    match tokio::time::timeout(BROWSER_PATIENCE, child.wait_with_output()).await {
+    match tokio::time::timeout(PATIENCE, child.wait_with_output()).await {
         Ok(out) => {
             let out = out.expect("chromium output");
             assert!(
@@ -80,7 +76,7 @@ async fn run_chromium(args: &[String]) -> String {
                     .args(["-KILL", "--", &format!("-{pid}")])
                     .status();
             }
-            panic!("chromium {args:?} did not finish within {BROWSER_PATIENCE:?}");
+            panic!("chromium {args:?} did not finish within {PATIENCE:?}");
         }
     }
 }
