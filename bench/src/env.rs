@@ -11,7 +11,13 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
+
+pub use ctrlhub_tests::FAST_LEASE;
+use ctrlhub_tests::objects::{apply, namespace_object};
+use ctrlhub_tests::process::ChildProcess;
+use ctrlhub_tests::{Launch, PATIENCE, poll_until};
+use std::ops::{Deref, DerefMut};
 use tokio::sync::mpsc;
 
 /// API group of the benchmark CRD.
@@ -115,22 +121,17 @@ pub async fn settled_rss(pids: &[u32]) -> u64 {
     last
 }
 
-/// A free loopback port (bound and released).
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// devcluster in process with the benchmark CRD installed: the test support library's
+/// [`ctrlhub_tests::Cluster`] (kubeconfig for child processes included), sized for bursts.
+pub struct Cluster {
+    hub: ctrlhub_tests::Cluster,
 }
 
-/// devcluster in process plus a kubeconfig file for child processes.
-pub struct Cluster {
-    /// The running server.
-    pub dc: devcluster::DevCluster,
-    /// The harness' own client (load generation, setup).
-    pub client: kube::Client,
-    /// Kubeconfig for child processes.
-    pub kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
+impl Deref for Cluster {
+    type Target = ctrlhub_tests::Cluster;
+    fn deref(&self) -> &Self::Target {
+        &self.hub
+    }
 }
 
 impl Cluster {
@@ -142,23 +143,14 @@ impl Cluster {
             history_limit: 200_000,
             ..Default::default()
         };
-        let dc = devcluster::DevCluster::start(opts).await?;
-        let client = dc.client().await?;
-        let dir = tempfile::tempdir()?;
-        let kubeconfig = dir.path().join("kubeconfig");
-        dc.write_kubeconfig(&kubeconfig)?;
         let c = Cluster {
-            dc,
-            client,
-            kubeconfig,
-            _dir: dir,
+            hub: ctrlhub_tests::Cluster::start(opts).await?,
         };
         c.install_crd().await?;
         Ok(c)
     }
 
     async fn install_crd(&self) -> Result<()> {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let crd = serde_json::json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
             "metadata": {"name": format!("{PLURAL}.{GROUP}")},
@@ -168,29 +160,17 @@ impl Cluster {
                     "schema": {"openAPIV3Schema": {"type": "object", "properties": {
                         "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
         });
-        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        api.patch(
-            &format!("{PLURAL}.{GROUP}"),
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .context("installing the Widget CRD")?;
-        let start = Instant::now();
-        loop {
-            let api = self.widgets("default");
-            if api
-                .list(&kube::api::ListParams::default().limit(1))
+        apply(&self.client, &crd).await?;
+        let api = self.widgets("default");
+        poll_until("the Widget CRD to be served", PATIENCE, || async {
+            let first = kube::api::ListParams::default().limit(1);
+            api.list(&first)
                 .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("the Widget CRD is not served after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await?;
+        Ok(())
     }
 
     /// The Widget API in `ns`.
@@ -200,17 +180,7 @@ impl Cluster {
 
     /// Create namespace `ns` (idempotent).
     pub async fn namespace(&self, ns: &str) -> Result<()> {
-        use k8s_openapi::api::core::v1::Namespace;
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        let obj =
-            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        api.patch(
-            ns,
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(&obj),
-        )
-        .await?;
-        Ok(())
+        apply(&self.client, &namespace_object(ns, &[])).await
     }
 
     /// Create `n` Widgets `w-000000..` in `ns` with `concurrency` writes in flight; returns how
@@ -388,180 +358,89 @@ pub fn parse_report(line: &str) -> Option<Reconciled> {
     Some(Reconciled { key, latency_us })
 }
 
-/// A child process whose stdout reports go to a collector; killed when dropped.
-pub struct Proc {
-    /// The process.
-    pub child: Child,
-    /// Its pid.
-    pub pid: u32,
-}
+/// A child process of the harness (a controller or kopf), killed when dropped.
+pub type Proc = ChildProcess;
 
-impl Proc {
-    /// Spawn `bin args..` with `env`, stderr to `log`, stdout parsed into `sink` (when given).
-    pub fn spawn(
-        bin: &Path,
-        args: &[String],
-        env: &[(&str, String)],
-        log: &Path,
-        sink: Option<mpsc::UnboundedSender<Reconciled>>,
-    ) -> Result<Proc> {
-        let mut cmd = Command::new(bin);
-        cmd.args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(if sink.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stderr(Stdio::from(std::fs::File::create(log)?))
-            .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let pid = child.id().context("child has a pid")?;
-        if let (Some(sink), Some(out)) = (sink, child.stdout.take()) {
-            tokio::spawn(async move {
-                let mut lines = tokio::io::BufReader::new(out).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(r) = parse_report(&line) {
-                        let _ = sink.send(r);
-                    }
+/// Spawn `bin args..` with `env`, stderr to `log`, stdout's report lines parsed into `sink`
+/// (when given).
+pub fn spawn(
+    bin: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+    log: &Path,
+    sink: Option<mpsc::UnboundedSender<Reconciled>>,
+) -> Result<Proc> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(if sink.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let mut proc = ChildProcess::spawn(&mut cmd, log)?;
+    if let (Some(sink), Some(out)) = (sink, proc.take_stdout()) {
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(r) = parse_report(&line) {
+                    let _ = sink.send(r);
                 }
-            });
-        }
-        Ok(Proc { child, pid })
+            }
+        });
     }
-
-    /// Resident memory now.
-    pub fn rss(&self) -> u64 {
-        rss_bytes(self.pid).unwrap_or(0)
-    }
-
-    /// SIGTERM, then wait up to 10 s (SIGKILL after that).
-    pub async fn stop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status();
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-
-    /// SIGKILL and reap.
-    pub async fn kill(&mut self) {
-        let _ = self.child.kill().await;
-    }
+    Ok(proc)
 }
 
-/// A `ctrlhub run` child process.
+/// Resident memory of `proc` now (0 once it is gone).
+pub fn rss(proc: &Proc) -> u64 {
+    rss_bytes(proc.pid()).unwrap_or(0)
+}
+
+/// A `ctrlhub run` child process: the test support library's [`ctrlhub_tests::Manager`],
+/// launched the harness' way.
 pub struct Manager {
-    /// The process.
-    pub proc: Proc,
-    /// gRPC endpoint, `http://127.0.0.1:PORT`.
-    pub grpc: String,
-    /// HTTP base URL.
-    pub http: String,
-    /// Lease identity.
-    pub identity: String,
+    hub: ctrlhub_tests::Manager,
 }
 
-/// Lease timings for the failover scenario: 3 s lease, 2 s renew deadline, 500 ms retry.
-pub const FAST_LEASE: [&str; 6] = [
-    "--lease-duration",
-    "3s",
-    "--renew-deadline",
-    "2s",
-    "--retry-period",
-    "500ms",
-];
+impl Deref for Manager {
+    type Target = ctrlhub_tests::Manager;
+    fn deref(&self) -> &Self::Target {
+        &self.hub
+    }
+}
+
+impl DerefMut for Manager {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.hub
+    }
+}
 
 impl Manager {
-    /// Start a manager against `cluster` (static token `dev`) with `extra` flags; returns once
-    /// `/healthz` answers.
+    /// Start a manager against `cluster` with `extra` flags (static token `dev` unless they
+    /// choose `--auth`), logging to `<out>/logs`; returns once `/healthz` answers.
     pub async fn start(cluster: &Cluster, identity: &str, extra: &[&str]) -> Result<Manager> {
-        let grpc_port = free_port()?;
-        let http_port = free_port()?;
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            "--kubeconfig".into(),
-            cluster.kubeconfig.display().to_string(),
-            "--grpc-addr".into(),
-            format!("127.0.0.1:{grpc_port}"),
-            "--http-addr".into(),
-            format!("127.0.0.1:{http_port}"),
-            "--identity".into(),
-            identity.into(),
-        ];
-        if !extra.contains(&"--auth") {
-            args.extend(["--token".to_string(), "dev".to_string()]);
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let log = out_dir()
-            .join("logs")
-            .join(format!("manager-{identity}-{http_port}.log"));
-        let proc = Proc::spawn(
-            &bin("ctrlhub")?,
-            &args,
+        let launch = Launch {
+            binary: bin("ctrlhub")?,
+            log_dir: out_dir().join("logs"),
             // Managers log warnings only: logging every dispatch would cost what is measured.
             // CTRLHUB_BENCH_RUST_LOG overrides it for investigations.
-            &[(
-                "RUST_LOG",
-                std::env::var("CTRLHUB_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )],
-            &log,
-            None,
-        )?;
-        let m = Manager {
-            proc,
-            grpc: format!("http://127.0.0.1:{grpc_port}"),
-            http: format!("http://127.0.0.1:{http_port}"),
-            identity: identity.into(),
+            rust_log: std::env::var("CTRLHUB_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            token: (!extra.contains(&"--auth")).then(|| "dev".into()),
+            env: Vec::new(),
         };
-        let http = reqwest::Client::new();
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = http.get(format!("{}/healthz", m.http)).send().await
-                && r.status().is_success()
-            {
-                return Ok(m);
-            }
-            if start.elapsed() > Duration::from_secs(60) {
-                bail!(
-                    "manager {identity} not healthy after 60 s (log: {})",
-                    log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// `/status` as JSON (Null when unreachable).
-    pub async fn status(&self) -> serde_json::Value {
-        match reqwest::get(format!("{}/status", self.http)).await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => serde_json::Value::Null,
-        }
-    }
-
-    /// Whether this manager holds the lease.
-    pub async fn leading(&self) -> bool {
-        self.status().await["leading"] == serde_json::json!(true)
+        let hub = ctrlhub_tests::Manager::launch(cluster, identity, extra, &launch).await?;
+        Ok(Manager { hub })
     }
 
     /// Wait until this manager leads.
     pub async fn wait_leading(&self) -> Result<()> {
-        let start = Instant::now();
-        while !self.leading().await {
-            if start.elapsed() > Duration::from_secs(60) {
-                bail!("manager {} does not lead after 60 s", self.identity);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
+        Ok(self.hub.try_wait_leading().await?)
+    }
+
+    /// `/status` as JSON (Null when unreachable).
+    pub async fn status(&self) -> serde_json::Value {
+        self.hub.try_status().await.unwrap_or_default()
     }
 
     /// Sum of `field` over the status' controllers.
@@ -586,7 +465,7 @@ impl Manager {
 
     /// Resident memory now.
     pub fn rss(&self) -> u64 {
-        self.proc.rss()
+        rss(&self.process)
     }
 }
 
@@ -619,7 +498,7 @@ pub fn sdk_controllers(
             let log = out_dir()
                 .join("logs")
                 .join(format!("sdk-{name}-{ns}-{i}.log"));
-            Proc::spawn(
+            spawn(
                 &bin,
                 &sdk_controller_args(m, name, ns, concurrency),
                 &[("RUST_LOG", "warn".to_string())],
@@ -641,7 +520,7 @@ pub fn kube_controllers(
     (0..count)
         .map(|i| {
             let log = out_dir().join("logs").join(format!("kube-{ns}-{i}.log"));
-            Proc::spawn(
+            spawn(
                 &bin,
                 &["--namespace".into(), ns.into()],
                 &[("KUBECONFIG", cluster.kubeconfig.display().to_string())],
@@ -943,7 +822,7 @@ pub fn kopf_operator(
         ns.into(),
         kopf.operator.display().to_string(),
     ];
-    let proc = Proc::spawn(
+    let proc = spawn(
         &kopf.python,
         &args,
         &[

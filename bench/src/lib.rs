@@ -11,7 +11,6 @@
 
 pub mod env;
 pub mod kubert;
-pub mod replica;
 pub mod report;
 pub mod scenarios;
 

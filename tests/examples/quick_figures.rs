@@ -5,11 +5,8 @@
 //! (needs `cargo build --workspace --bins` first; measures the binary in target/debug unless
 //! CTRLHUB_BIN points elsewhere). This is a measurement, not a test: it asserts nothing.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
+use ctrlhub_tests::*;
 use std::time::Instant;
-use support::*;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,7 +14,7 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(2000);
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = Manager::start(&c, "bench", &[]).await;
     m.wait_leading().await;
     eprintln!("creating {objects} ConfigMaps...");

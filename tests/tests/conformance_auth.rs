@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use ctrlhub_tests::{RawApi, TIMEOUT, TestCluster, start_cluster, within};
+use ctrlhub_tests::{Cluster, PATIENCE, RawApi, start_cluster, within};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
@@ -21,7 +21,6 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
-const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 const API_AUDIENCE: &str = "https://kubernetes.default.svc";
 
@@ -40,7 +39,7 @@ where
 }
 
 /// Namespaces `namespaces` and a ServiceAccount `name` in the first one.
-async fn service_account(tc: &TestCluster, namespaces: &[&str], name: &str) -> ServiceAccount {
+async fn service_account(tc: &Cluster, namespaces: &[&str], name: &str) -> ServiceAccount {
     let ns_api: Api<Namespace> = Api::all(tc.client.clone());
     for ns in namespaces {
         create(&ns_api, json!({"metadata": {"name": ns}})).await;
@@ -57,7 +56,7 @@ fn uid_of<K: Resource>(obj: &K) -> String {
 }
 
 /// A ClusterRole (or Role in `ns`) named `name` granting `verbs` on core `resources`.
-async fn role(tc: &TestCluster, ns: Option<&str>, name: &str, resources: &[&str], verbs: &[&str]) {
+async fn role(tc: &Cluster, ns: Option<&str>, name: &str, resources: &[&str], verbs: &[&str]) {
     let body = json!({
         "metadata": {"name": name},
         "rules": [{"apiGroups": [""], "resources": resources, "verbs": verbs}],
@@ -75,7 +74,7 @@ async fn role(tc: &TestCluster, ns: Option<&str>, name: &str, resources: &[&str]
 /// Binds `role_kind`/`role` to ServiceAccount `sa_ns/sa` with a RoleBinding in `ns`, or a
 /// ClusterRoleBinding when `ns` is None.
 async fn bind(
-    tc: &TestCluster,
+    tc: &Cluster,
     ns: Option<&str>,
     name: &str,
     role_kind: &str,
@@ -97,7 +96,7 @@ async fn bind(
     }
 }
 
-async fn client_as(tc: &TestCluster, token: &str) -> Client {
+async fn client_as(tc: &Cluster, token: &str) -> Client {
     tc.dc
         .client_for_token(token)
         .await
@@ -120,7 +119,7 @@ fn api_error<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> Box<kube::core::S
     }
 }
 
-async fn token_review(tc: &TestCluster, token: &str, audiences: &[&str]) -> Value {
+async fn token_review(tc: &Cluster, token: &str, audiences: &[&str]) -> Value {
     let api: Api<TokenReview> = Api::all(tc.client.clone());
     let review = create_review(
         &api,
@@ -167,13 +166,13 @@ fn jwt_payload(token: &str) -> Value {
 
 // --- kubectl -------------------------------------------------------------------------------
 
-fn write_kubeconfig(tc: &TestCluster, name: &str, yaml: &str) -> PathBuf {
+fn write_kubeconfig(tc: &Cluster, name: &str, yaml: &str) -> PathBuf {
     let path = tc.dir.path().join(name);
     std::fs::write(&path, yaml).expect("write kubeconfig");
     path
 }
 
-async fn kubectl_with(tc: &TestCluster, kubeconfig: &PathBuf, args: &[&str]) -> Output {
+async fn kubectl_with(tc: &Cluster, kubeconfig: &PathBuf, args: &[&str]) -> Output {
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig")
         .arg(kubeconfig)
@@ -185,7 +184,7 @@ async fn kubectl_with(tc: &TestCluster, kubeconfig: &PathBuf, args: &[&str]) -> 
         .kill_on_drop(true);
     within(
         &format!("kubectl {}", args.join(" ")),
-        KUBECTL_TIMEOUT,
+        PATIENCE,
         cmd.output(),
     )
     .await
@@ -744,7 +743,7 @@ async fn all_namespace_list_needs_clusterrolebinding() {
         )
         .await
         .expect("admin create");
-    let event = watch.next_event(TIMEOUT).await.expect("an event");
+    let event = watch.next_event(PATIENCE).await.expect("an event");
     assert_eq!(event["type"], "ADDED");
     assert_eq!(event["object"]["metadata"]["name"], "seen");
 }
@@ -1022,7 +1021,7 @@ async fn deleting_the_binding_revokes_access() {
         .await
         .expect("admin create");
     let event = watch
-        .next_event(TIMEOUT)
+        .next_event(PATIENCE)
         .await
         .expect("event on the open watch");
     assert_eq!(event["object"]["metadata"]["name"], "after");

@@ -11,9 +11,8 @@
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
-use std::time::Duration;
 
-use ctrlhub_tests::{RawApi, TIMEOUT, TestCluster, start_cluster, within};
+use ctrlhub_tests::{Cluster, PATIENCE, RawApi, start_cluster, within};
 use serde_json::{Value, json};
 use tokio::process::Command;
 
@@ -206,7 +205,7 @@ async fn event_field_selectors_filter_watches() {
     .await;
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        let ev = w.next_event(TIMEOUT).await.expect("watch ended");
+        let ev = w.next_event(PATIENCE).await.expect("watch ended");
         if ev["type"] == "BOOKMARK" {
             continue;
         }
@@ -221,10 +220,7 @@ async fn event_field_selectors_filter_watches() {
     assert_eq!(seen, ["a.2", "c.1"]);
 }
 
-/// Generous upper bound for one kubectl run.
-const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn kubectl(tc: &TestCluster, args: &[&str]) -> String {
+async fn kubectl(tc: &Cluster, args: &[&str]) -> String {
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig")
         .arg(&tc.kubeconfig)
@@ -234,7 +230,7 @@ async fn kubectl(tc: &TestCluster, args: &[&str]) -> String {
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
         .kill_on_drop(true);
-    let out = within("kubectl", KUBECTL_TIMEOUT, cmd.output())
+    let out = within("kubectl", PATIENCE, cmd.output())
         .await
         .expect("kubectl must be installed and runnable");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

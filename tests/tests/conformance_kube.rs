@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ctrlhub_tests::{
-    TIMEOUT, Widget, WidgetStatus, install_widget_crd, start_cluster, start_cluster_with,
+    PATIENCE, Widget, WidgetStatus, install_widget_crd, start_cluster, start_cluster_with,
     wait_until, widget,
 };
 use devcluster::Options;
@@ -184,7 +184,7 @@ async fn kube_api_crud() {
         .delete("w1", &DeleteParams::default())
         .await
         .expect("delete widget");
-    wait_until("widget w1 to be gone", TIMEOUT, || async {
+    wait_until("widget w1 to be gone", PATIENCE, || async {
         match widgets.get_opt("w1").await {
             Ok(None) => Ok(()),
             other => Err(format!("{other:?}")),
@@ -252,15 +252,19 @@ async fn server_view(api: &Api<ConfigMap>, label: &str) -> BTreeMap<String, Stri
 }
 
 async fn wait_converged(store: &Store<ConfigMap>, api: &Api<ConfigMap>, label: &str) {
-    wait_until("reflector store to equal server state", TIMEOUT, || async {
-        let server = server_view(api, label).await;
-        let local = store_view(store);
-        if server == local {
-            Ok(())
-        } else {
-            Err(format!("server={server:?} store={local:?}"))
-        }
-    })
+    wait_until(
+        "reflector store to equal server state",
+        PATIENCE,
+        || async {
+            let server = server_view(api, label).await;
+            let local = store_view(store);
+            if server == local {
+                Ok(())
+            } else {
+                Err(format!("server={server:?} store={local:?}"))
+            }
+        },
+    )
     .await;
 }
 
@@ -369,7 +373,7 @@ async fn kube_watcher_reflector_survives_dropped_watch() {
     let faults = tc.dc.faults();
     let stats_watches = || tc.dc.stats().watches_open();
     for round in 0..3 {
-        wait_until("watch to be (re)established", TIMEOUT, || async {
+        wait_until("watch to be (re)established", PATIENCE, || async {
             let open = stats_watches();
             if open >= 1 {
                 Ok(())
@@ -457,7 +461,7 @@ async fn kube_controller_reconciles_crd() {
             }
         }
     };
-    wait_until("controller to report size 3", TIMEOUT, || observed(3)).await;
+    wait_until("controller to report size 3", PATIENCE, || observed(3)).await;
 
     widgets
         .patch(
@@ -467,7 +471,7 @@ async fn kube_controller_reconciles_crd() {
         )
         .await
         .expect("patch spec");
-    wait_until("controller to report size 5", TIMEOUT, || observed(5)).await;
+    wait_until("controller to report size 5", PATIENCE, || observed(5)).await;
     let w = widgets.get("ctl").await.expect("get");
     assert_eq!(w.spec.size, 5, "status writes must not touch spec");
     controller.abort();
@@ -524,7 +528,7 @@ async fn kube_finalizer_completes() {
         .create(&PostParams::default(), &widget("fin", 1))
         .await
         .expect("create widget");
-    wait_until("finalizer to be added", TIMEOUT, || async {
+    wait_until("finalizer to be added", PATIENCE, || async {
         let w = widgets.get("fin").await.map_err(|e| e.to_string())?;
         if w.finalizers().iter().any(|f| f == FINALIZER) {
             Ok(())
@@ -539,7 +543,7 @@ async fn kube_finalizer_completes() {
         .delete("fin", &DeleteParams::default())
         .await
         .expect("delete widget");
-    wait_until("widget to disappear after cleanup", TIMEOUT, || async {
+    wait_until("widget to disappear after cleanup", PATIENCE, || async {
         match widgets.get_opt("fin").await {
             Ok(None) => Ok(()),
             Ok(Some(w)) => Err(format!(

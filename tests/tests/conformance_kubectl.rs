@@ -5,10 +5,9 @@
 
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use ctrlhub_tests::{
-    TIMEOUT, TestCluster, Widget, install_widget_crd, start_cluster, wait_until, within,
+    Cluster, PATIENCE, Widget, install_widget_crd, start_cluster, wait_until, within,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -17,14 +16,11 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// Generous upper bound for one kubectl run.
-const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn cache_dir(tc: &TestCluster) -> PathBuf {
+fn cache_dir(tc: &Cluster) -> PathBuf {
     tc.dir.path().join("kube-cache")
 }
 
-fn kubectl_cmd(tc: &TestCluster, args: &[&str]) -> Command {
+fn kubectl_cmd(tc: &Cluster, args: &[&str]) -> Command {
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig")
         .arg(&tc.kubeconfig)
@@ -37,11 +33,11 @@ fn kubectl_cmd(tc: &TestCluster, args: &[&str]) -> Command {
     cmd
 }
 
-async fn kubectl_output(tc: &TestCluster, args: &[&str]) -> Output {
+async fn kubectl_output(tc: &Cluster, args: &[&str]) -> Output {
     let mut cmd = kubectl_cmd(tc, args);
     within(
         &format!("kubectl {}", args.join(" ")),
-        KUBECTL_TIMEOUT,
+        PATIENCE,
         cmd.output(),
     )
     .await
@@ -49,7 +45,7 @@ async fn kubectl_output(tc: &TestCluster, args: &[&str]) -> Output {
 }
 
 /// Runs kubectl and requires success, returning stdout.
-async fn kubectl(tc: &TestCluster, args: &[&str]) -> String {
+async fn kubectl(tc: &Cluster, args: &[&str]) -> String {
     let out = kubectl_output(tc, args).await;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -62,7 +58,7 @@ async fn kubectl(tc: &TestCluster, args: &[&str]) -> String {
     stdout
 }
 
-fn write_file(tc: &TestCluster, name: &str, contents: &str) -> String {
+fn write_file(tc: &Cluster, name: &str, contents: &str) -> String {
     let path = tc.dir.path().join(name);
     std::fs::write(&path, contents).expect("write manifest");
     path.to_string_lossy().into_owned()
@@ -244,7 +240,7 @@ async fn read_until(child: &mut Child, seen: &mut Vec<String>, pred: impl Fn(&st
     let mut lines = BufReader::new(stdout).lines();
     within(
         &format!("kubectl output; seen so far: {seen:?}"),
-        TIMEOUT,
+        PATIENCE,
         async {
             loop {
                 match lines.next_line().await.expect("read kubectl stdout") {
@@ -294,7 +290,7 @@ async fn kubectl_get_watch_observes_change() {
     read_until(&mut child, &mut seen, |l| l.trim() == "before").await;
 
     // Make sure kubectl's watch is open before changing the object.
-    wait_until("kubectl watch to be open", TIMEOUT, || async {
+    wait_until("kubectl watch to be open", PATIENCE, || async {
         let n = tc.dc.stats().watches_open();
         if n >= 1 {
             Ok(())
@@ -444,7 +440,7 @@ async fn kubectl_delete_wait() {
 
     // The delete request lands (deletionTimestamp set) but the finalizer holds the object,
     // so kubectl must still be waiting.
-    wait_until("deletionTimestamp to be set", TIMEOUT, || async {
+    wait_until("deletionTimestamp to be set", PATIENCE, || async {
         let cm = cms.get("doomed").await.map_err(|e| e.to_string())?;
         if cm.metadata.deletion_timestamp.is_some() {
             Ok(())
@@ -468,7 +464,7 @@ async fn kubectl_delete_wait() {
 
     let out = within(
         "kubectl delete --wait to finish",
-        KUBECTL_TIMEOUT,
+        PATIENCE,
         child.wait_with_output(),
     )
     .await

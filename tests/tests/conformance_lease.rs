@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ctrlhub_tests::{TIMEOUT, start_cluster, within};
+use ctrlhub_tests::{PATIENCE, start_cluster, within};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
@@ -66,7 +66,7 @@ async fn lease_contenders_never_both_hold() {
     let (mut rx_a, task_a) = a.watch().await;
     within(
         "contender a to acquire",
-        TIMEOUT,
+        PATIENCE,
         rx_a.wait_for(|held| *held),
     )
     .await
@@ -83,7 +83,7 @@ async fn lease_contenders_never_both_hold() {
 
     // A releases (dropping its receiver makes its manager release and exit).
     drop(rx_a);
-    within("contender a to release", TIMEOUT, task_a)
+    within("contender a to release", PATIENCE, task_a)
         .await
         .expect("a's task panicked")
         .expect("a's release failed");
@@ -97,7 +97,7 @@ async fn lease_contenders_never_both_hold() {
     // Leadership moves to B.
     within(
         "contender b to acquire",
-        TIMEOUT,
+        PATIENCE,
         rx_b.wait_for(|held| *held),
     )
     .await
@@ -114,7 +114,7 @@ async fn lease_contenders_never_both_hold() {
     assert_eq!(holder.as_deref(), Some("contender-b"));
 
     drop(rx_b);
-    within("contender b to release", TIMEOUT, task_b)
+    within("contender b to release", PATIENCE, task_b)
         .await
         .expect("b's task panicked")
         .expect("b's release failed");

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ctrlhub_tests::{
-    RawApi, RawWatch, TIMEOUT, install_widget_crd, rv_num, rv_of, start_cluster,
+    PATIENCE, RawApi, RawWatch, install_widget_crd, rv_num, rv_of, start_cluster,
     start_cluster_with, wait_until,
 };
 use devcluster::Options;
@@ -19,8 +19,6 @@ const MERGE: &str = "application/merge-patch+json";
 const JSON_PATCH: &str = "application/json-patch+json";
 const STRATEGIC: &str = "application/strategic-merge-patch+json";
 
-/// How long a raw watch may stay silent before we consider an expected event missing.
-const EVENT_TIMEOUT: Duration = TIMEOUT;
 /// How long we listen to make sure *no* event arrives.
 const QUIET: Duration = Duration::from_millis(1500);
 
@@ -57,7 +55,7 @@ fn ev_name(ev: &Value) -> &str {
 async fn next_change(w: &mut RawWatch) -> Value {
     loop {
         let ev = w
-            .next_event(EVENT_TIMEOUT)
+            .next_event(PATIENCE)
             .await
             .expect("watch ended unexpectedly");
         if ev_type(&ev) != "BOOKMARK" {
@@ -315,7 +313,7 @@ async fn first_bookmark(raw: &RawApi, collection: &str) -> Value {
     assert_eq!(w.status, 200);
     loop {
         let ev = w
-            .next_event(EVENT_TIMEOUT)
+            .next_event(PATIENCE)
             .await
             .expect("watch ended before a bookmark");
         if ev_type(&ev) == "BOOKMARK" {
@@ -517,7 +515,7 @@ async fn watch_from_compacted_rv_gets_in_stream_410() {
         w.status, 200,
         "expired watches fail in-stream, not with an HTTP error"
     );
-    let ev = w.next_event(EVENT_TIMEOUT).await.expect("an ERROR event");
+    let ev = w.next_event(PATIENCE).await.expect("an ERROR event");
     assert_eq!(ev_type(&ev), "ERROR", "event: {ev}");
     let status = &ev["object"];
     assert_eq!(status["kind"], "Status", "{ev}");
@@ -525,7 +523,7 @@ async fn watch_from_compacted_rv_gets_in_stream_410() {
     assert_eq!(status["reason"], "Expired", "{ev}");
     assert_eq!(status["status"], "Failure", "{ev}");
     assert!(
-        w.next_event(EVENT_TIMEOUT).await.is_none(),
+        w.next_event(PATIENCE).await.is_none(),
         "the server must end the stream after the ERROR event"
     );
 
@@ -564,7 +562,7 @@ async fn send_initial_events_ends_with_bookmark() {
     let mut initial = BTreeSet::new();
     let end = loop {
         let ev = w
-            .next_event(EVENT_TIMEOUT)
+            .next_event(PATIENCE)
             .await
             .expect("watch ended during initial events");
         match ev_type(&ev) {
@@ -870,7 +868,7 @@ fn owned_cm(name: &str, owner: &Value, block: bool, finalizer: Option<&str>) -> 
 }
 
 async fn wait_gone(raw: &RawApi, path: &str) {
-    wait_until(&format!("{path} to be deleted"), TIMEOUT, || async {
+    wait_until(&format!("{path} to be deleted"), PATIENCE, || async {
         let r = raw.get(path).await;
         if r.status == 404 {
             Ok(())
@@ -935,7 +933,7 @@ async fn owner_gc_background_and_foreground() {
         "foreground deletion adds the foregroundDeletion finalizer: {}",
         o.body
     );
-    wait_until("GC to delete the dependent", TIMEOUT, || async {
+    wait_until("GC to delete the dependent", PATIENCE, || async {
         let c = raw.get(&format!("{CM}/fg-child")).await;
         if c.body["metadata"]["deletionTimestamp"].is_string() {
             Ok(())
@@ -1006,7 +1004,7 @@ async fn namespace_termination_refuses_creates() {
     // The namespace's content is deleted; once its finalizer is released the namespace goes.
     wait_until(
         "content of the namespace to be marked deleted",
-        TIMEOUT,
+        PATIENCE,
         || async {
             let c = raw.get(&format!("{coll}/held")).await;
             if c.body["metadata"]["deletionTimestamp"].is_string() {
@@ -1069,7 +1067,7 @@ async fn crd_pruning_and_defaults() {
     )
     .await;
     let coll = "/apis/conformance.ctrlhub.dev/v1/namespaces/default/knobs";
-    wait_until("knobs to be served", TIMEOUT, || async {
+    wait_until("knobs to be served", PATIENCE, || async {
         let r = raw.get(coll).await;
         if r.status == 200 {
             Ok(())

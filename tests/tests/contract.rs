@@ -1,16 +1,14 @@
 //! One end-to-end test per guarantee of DESIGN.md's contract table, each against devcluster and
 //! the real `ctrlhub` binary over real gRPC on loopback.
 
-mod support;
-
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::*;
 use pb::reconcile_result::Outcome;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
-use support::*;
 
 async fn setup() -> (Cluster, Manager) {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = Manager::start(&c, "m1", &[]).await;
     m.wait_leading().await;
     (c, m)
@@ -32,7 +30,7 @@ async fn contract_level_triggered() {
     // Wait until the manager's cache holds the last write, so the next request reflects it.
     let mut reader = r.client.clone();
     let session = r.session_id.clone();
-    wait_until("manager cache sees v=5", || {
+    wait_for("manager cache sees v=5", || {
         let mut reader = reader.clone();
         let session = session.clone();
         async move {
@@ -345,7 +343,7 @@ async fn contract_priority() {
     let first = r.expect().await;
     put_configmap(&c.client, "prio", "live", &[("v", "1")]).await;
     // Let the watch event reach the manager before the next pop.
-    wait_until("live event cached", || async {
+    wait_for("live event cached", || async {
         m.status().await["informers"]
             .as_array()
             .is_some_and(|a| a.iter().any(|i| i["objects"].as_u64().unwrap_or(0) >= 61))
@@ -427,7 +425,7 @@ async fn contract_scoping() {
 /// Only the Lease holder dispatches; a standby refuses sessions with UNAVAILABLE naming the leader.
 #[tokio::test]
 async fn contract_single_leader() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let timing = FAST_LEASE;
     let mut m1 = Manager::start(&c, "leader-a", &timing).await;
     m1.wait_leading().await;

@@ -3,9 +3,8 @@
 //! Component rendering, and every dashboard query run against a real Prometheus server scraping
 //! a real manager that is reconciling a workload on devcluster.
 
-mod support;
-
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::*;
 use pb::reconcile_result::Outcome;
 use serde_json::Value as Json;
 use serde_json::Value as Yaml;
@@ -13,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use support::*;
+// This suite keeps the names it was written with.
+use ctrlhub_tests::{start_cluster as cluster, wait_for as wait_until};
 
 const DASHBOARDS: [&str; 3] = ["ctrlhub-overview", "ctrlhub-tenant", "ctrlhub-traces"];
 const RULE_VARIABLES: [&str; 4] = ["job", "namespace", "tenant", "controller"];

@@ -2,11 +2,9 @@
 //! `kubectl apply --server-side` to devcluster, and the manager started with the rendered
 //! Deployment's own arguments and environment becomes ready there.
 
-mod support;
-
+use ctrlhub_tests::*;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use support::*;
 
 fn kubectl(
     cluster: &Cluster,
@@ -43,7 +41,7 @@ fn kubectl(
 // kubectl runs as a blocking child process; devcluster keeps serving on the other worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_overlays_apply_with_kubectl() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     install_monitoring_crds(&c);
     namespace(&c.client, "team-a", &[]).await;
     namespace(&c.client, "team-b", &[]).await;
@@ -198,7 +196,7 @@ fn resolve_env(pod: &str, entry: &serde_json::Value) -> String {
 // in-cluster config) and loopback ports instead of the container's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_starts_with_the_deployments_own_args_and_env() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     install_monitoring_crds(&c);
     let cache = tempfile::tempdir().expect("cache dir");
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -315,7 +313,7 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
     let (live, ready) = (probe_url("livenessProbe"), probe_url("readinessProbe"));
     let http = reqwest::Client::new();
     for url in [&live, &ready] {
-        wait_until(&format!("{url} answers 200"), || {
+        wait_for(&format!("{url} answers 200"), || {
             let (http, url) = (http.clone(), url.clone());
             async move {
                 http.get(&url)
@@ -327,7 +325,7 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
         .await;
     }
     // Leading, it labels its own pod, so the `ctrlhub` Service would route controllers to it.
-    wait_until("the manager labels its pod as leader", || async {
+    wait_for("the manager labels its pod as leader", || async {
         kubectl(
             &c,
             cache.path(),

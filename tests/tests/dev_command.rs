@@ -1,24 +1,15 @@
 //! `ctrlhub dev`, the README's main command, run as a user would (the real binary).
 
+use ctrlhub_tests::{PATIENCE, bin, free_port};
 use std::process::Stdio;
 use std::time::Duration;
 
-fn bin(name: &str) -> std::path::PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("debug").join(name)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// devcluster, manager and memcached controller come up, the sample gets its Deployment and an
 /// Available condition, and everything shuts down cleanly.
+/// How long the whole `ctrlhub dev` run may take: twice [`PATIENCE`], because it waits on a
+/// chain of conditions (devcluster, the manager, the controller, the sample Available) in turn.
+const DEV_RUN_PATIENCE: Duration = PATIENCE.saturating_mul(2);
+
 #[tokio::test]
 async fn ctrlhub_dev_reconciles_the_sample_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -34,7 +25,7 @@ async fn ctrlhub_dev_reconciles_the_sample_and_exits_cleanly() {
         .kill_on_drop(true)
         .spawn()
         .expect("ctrlhub dev starts");
-    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+    let out = tokio::time::timeout(DEV_RUN_PATIENCE, child.wait_with_output())
         .await
         .expect("ctrlhub dev finishes")
         .expect("output");

@@ -2,12 +2,10 @@
 //! takes the Lease, the memcached controller (SDK) reconnects and reconciliation resumes with no
 //! key lost. A tiny TCP proxy plays the Service that selects the leader pod.
 
-mod support;
-
+use ctrlhub_tests::*;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use std::process::Stdio;
 use std::sync::Arc;
-use support::*;
 
 /// Forward each new connection to whichever manager currently leads.
 async fn leader_proxy(managers: Arc<Vec<(String, String)>>) -> u16 {
@@ -93,7 +91,7 @@ async fn all_reconciled(client: &kube::Client, names: &[String], size: i32) -> b
 
 #[tokio::test]
 async fn leader_kill_hands_over_and_reconcile_resumes() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let timing = FAST_LEASE;
     let mut m1 = Manager::start(&c, "fo-a", &timing).await;
     m1.wait_leading().await;
@@ -127,7 +125,7 @@ async fn leader_kill_hands_over_and_reconcile_resumes() {
         .expect("controller starts");
 
     let api = memcached_api(&c.client);
-    wait_until("the controller installed its CRD", || async {
+    wait_for("the controller installed its CRD", || async {
         api.list(&Default::default()).await.is_ok()
     })
     .await;
@@ -135,7 +133,7 @@ async fn leader_kill_hands_over_and_reconcile_resumes() {
     for n in &names {
         apply_memcached(&api, n, 1).await;
     }
-    wait_until("first leader reconciles all", || {
+    wait_for("first leader reconciles all", || {
         all_reconciled(&c.client, &names, 1)
     })
     .await;
@@ -148,7 +146,7 @@ async fn leader_kill_hands_over_and_reconcile_resumes() {
     names.push("mc-new".into());
     apply_memcached(&api, "mc-new", 2).await;
     m2.wait_leading().await;
-    wait_until(
+    wait_for(
         "the new leader reconciles every change made around the handover",
         || all_reconciled(&c.client, &names, 2),
     )

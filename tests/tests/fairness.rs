@@ -2,15 +2,13 @@
 //! (ServiceAccount tokens, RBAC): the manager's dispatch seats are shared by weighted fair
 //! queueing, so one tenant's backlog cannot hold the seat another tenant's live change needs.
 
-mod support;
-
+use ctrlhub_tests::rbac::*;
+use ctrlhub_tests::*;
 use std::time::Duration;
-use support::rbac::*;
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_backlog_does_not_delay_another_tenants_live_change() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     // Two seats for the whole manager, far fewer than tenant A's credits: A's backlog keeps
     // both taken, so every seat B gets is one the fair queue gave it ahead of A.
     let mut args = RBAC_ARGS.to_vec();
@@ -57,7 +55,7 @@ async fn a_tenants_backlog_does_not_delay_another_tenants_live_change() {
         }
         done
     });
-    wait_until("tenant A is working through its backlog", || {
+    wait_for("tenant A is working through its backlog", || {
         let progress = progress.clone();
         async move { *progress.borrow() >= 5 }
     })

@@ -20,8 +20,7 @@
 //! Randomness (which objects change, which replica dies) comes from `StdRng` with a fixed seed
 //! per test. The tests take turns (one lock) because they measure timing on a 2-core machine.
 
-mod support;
-
+use ctrlhub_tests::*;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -34,7 +33,6 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::*;
 use tokio::process::Child;
 use tokio::sync::watch;
 
@@ -499,7 +497,7 @@ struct Scenario {
 
 impl Scenario {
     async fn new(seed: u64) -> Scenario {
-        let c = cluster().await;
+        let c = start_cluster().await;
         namespace(&c.client, NS, &[]).await;
         let api = Api::namespaced(c.client.clone(), NS);
         let logs = tempfile::Builder::new()
@@ -696,7 +694,7 @@ impl Scenario {
                 .unwrap_or(true);
             async move { ok }
         };
-        wait_until("every reconcile has ended", quiet).await;
+        wait_for("every reconcile has ended", quiet).await;
         let entries = self.entries();
         let violations = reconcile_log::check(&entries, &self.killed, &state);
         assert!(
@@ -726,7 +724,7 @@ impl Scenario {
     /// Wait until replicas have started at least `n` reconciles after `since`, so the next
     /// fault lands while work is in flight.
     async fn wait_for_starts_after(&self, since: u64, n: usize) {
-        wait_until("reconciles after the last change", || {
+        wait_for("reconciles after the last change", || {
             let count = self
                 .entries()
                 .iter()
@@ -862,7 +860,7 @@ async fn devcluster_closes_every_watch() {
         faults.close_watches();
         println!("round {round}: closed every watch twice");
     }
-    wait_until("the informer watched again after the closes", || {
+    wait_for("the informer watched again after the closes", || {
         let n = stats.request_count("watch", "configmaps");
         async move { n > watches_before }
     })
@@ -915,7 +913,7 @@ async fn devcluster_forces_410_on_resume() {
     // Our own list calls come later (in settle_and_check), so every list so far is the
     // manager's informer recovering from a 410.
     let stats = s.c.dc.stats();
-    wait_until("the 410s forced the informer to relist configmaps", || {
+    wait_for("the 410s forced the informer to relist configmaps", || {
         let n = stats.request_count("list", "configmaps");
         async move { n > relists_before }
     })
@@ -1019,7 +1017,7 @@ async fn partition(with_standby: bool) {
             }
         })
     };
-    wait_until("the partitioned leader steps down", || async {
+    wait_for("the partitioned leader steps down", || async {
         m1.status().await["leading"] == serde_json::json!(false)
     })
     .await;
@@ -1131,7 +1129,7 @@ async fn partition(with_standby: bool) {
 #[tokio::test]
 async fn huge_registration_durations_keep_dispatching() {
     let _turn = SERIAL.lock().await;
-    let c = cluster().await;
+    let c = start_cluster().await;
     let mut m = Manager::start(&c, "faults-durations", &[]).await;
     m.wait_leading().await;
     put_configmap(&c.client, "default", "huge", &[("v", "0")]).await;
@@ -1149,7 +1147,7 @@ async fn huge_registration_durations_keep_dispatching() {
         let mut r = Replica::connect(&m.grpc, reg)
             .await
             .unwrap_or_else(|e| panic!("{name}: the manager accepts the registration: {e}"));
-        let req = r.next(Duration::from_secs(10)).await;
+        let req = r.next(PATIENCE).await;
         assert!(
             req.is_some(),
             "{name}: with {field} = i64::MAX seconds the controller never got a request"

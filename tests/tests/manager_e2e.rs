@@ -1,16 +1,14 @@
 //! End-to-end behaviours of the manager beyond the contract table: shared watches, predicates,
 //! live namespace scope, owned-kind mapping and registration validation.
 
-mod support;
-
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 use std::time::Duration;
-use support::*;
 
 async fn setup() -> (Cluster, Manager) {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = Manager::start(&c, "m1", &[]).await;
     m.wait_leading().await;
     (c, m)
@@ -307,7 +305,7 @@ async fn missing_token_is_unauthenticated() {
 /// and naming a namespace outside it is refused.
 #[tokio::test]
 async fn watch_namespace_is_the_ceiling() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     namespace(&c.client, "allowed", &[]).await;
     namespace(&c.client, "forbidden", &[]).await;
     put_configmap(&c.client, "allowed", "a", &[("v", "0")]).await;
@@ -441,7 +439,7 @@ async fn metrics_use_controller_runtime_names_and_pass_promtool() {
             .await
             .expect("text")
     };
-    wait_until("both results counted", || async {
+    wait_for("both results counted", || async {
         let text = scrape().await;
         text.contains(r#"controller_runtime_reconcile_total{controller="metered",result="success",tenant="dev"} 1"#)
             && text.contains(r#"controller_runtime_reconcile_total{controller="metered",result="error",tenant="dev"} 1"#)
@@ -483,7 +481,7 @@ async fn metrics_use_controller_runtime_names_and_pass_promtool() {
 #[tokio::test]
 async fn leader_labels_its_own_pod_for_the_service() {
     use k8s_openapi::api::core::v1::Pod;
-    let c = cluster().await;
+    let c = start_cluster().await;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
     let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ctrlhub-0", "namespace": "default"},
         "spec": {"containers": [{"name": "manager", "image": "ctrlhub"}]}});
@@ -512,7 +510,7 @@ async fn leader_labels_its_own_pod_for_the_service() {
     )
     .await;
     m.wait_leading().await;
-    wait_until("the leader labels its pod", || async {
+    wait_for("the leader labels its pod", || async {
         pods.get("ctrlhub-0")
             .await
             .is_ok_and(|p| label(&p).as_deref() == Some("true"))
@@ -543,7 +541,7 @@ async fn failed_watches_are_counted_as_restarts_and_recovered_from() {
     r.done(&first.id).await;
     let series = r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"}"#;
     let restarts = || async { m.metric(series).await as u64 };
-    wait_until("both failed watches counted", || async {
+    wait_for("both failed watches counted", || async {
         restarts().await >= 2
     })
     .await;

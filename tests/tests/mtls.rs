@@ -2,9 +2,8 @@
 //! real manager serving TLS, controllers presenting client certificates, real handshakes on
 //! loopback. The bearer token still names the tenant; the certificate decides who may connect.
 
-mod support;
-
 use ctrlhub_sdk::{Action, Config, Controller, ReconcileError, Request, TlsFiles};
+use ctrlhub_tests::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -12,7 +11,6 @@ use rcgen::{
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use support::*;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// A certificate authority for the test.
@@ -135,7 +133,7 @@ async fn register_over(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutual_tls_admits_a_controller_with_a_certificate_from_the_client_ca() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let pki = Pki::new();
     let m = pki.manager(&c).await;
     let mut r = register_over(pki.channel(&m, Some(pki.ca.issue("team-a", false))).await)
@@ -149,7 +147,7 @@ async fn mutual_tls_admits_a_controller_with_a_certificate_from_the_client_ca() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutual_tls_refuses_a_controller_without_a_client_certificate() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let pki = Pki::new();
     let m = pki.manager(&c).await;
     let refused = register_over(pki.channel(&m, None).await).await;
@@ -164,7 +162,7 @@ async fn mutual_tls_refuses_a_controller_without_a_client_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutual_tls_refuses_a_certificate_from_another_ca() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let pki = Pki::new();
     let m = pki.manager(&c).await;
     let rogue = Ca::new("someone-else");
@@ -185,7 +183,7 @@ async fn reconcile(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sdk_connects_over_mutual_tls_from_its_pem_files() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let pki = Pki::new();
     let m = pki.manager(&c).await;
     let (cert, key) = pki.ca.issue("team-a", false);

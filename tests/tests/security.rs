@@ -2,14 +2,12 @@
 //! presenting ServiceAccount tokens from the TokenRequest API, Kubernetes RBAC as the policy.
 //! One test per threat; each fails if the check it names is removed.
 
-mod support;
-
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::rbac::*;
+use ctrlhub_tests::*;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, DeleteParams};
 use std::time::Duration;
-use support::rbac::*;
-use support::*;
 use tonic::Code;
 
 async fn refused(m: &Manager, register: pb::Register, auth: Option<&str>) -> tonic::Status {
@@ -21,7 +19,7 @@ async fn refused(m: &Manager, register: pb::Register, auth: Option<&str>) -> ton
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_token_is_unauthenticated() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-none").await;
     let status = refused(&m, configmaps_in("c", &[]), None).await;
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
@@ -33,7 +31,7 @@ async fn no_token_is_unauthenticated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_token_is_unauthenticated() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-malformed").await;
     for auth in ["Bearer not.a.token", "Basic dXNlcjpwYXNz", "Bearer "] {
         let status = refused(&m, configmaps_in("c", &[]), Some(auth)).await;
@@ -47,7 +45,7 @@ async fn malformed_token_is_unauthenticated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_for_another_audience_is_unauthenticated() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-audience").await;
     namespace(&c.client, "team-a", &[]).await;
     service_account(&c, "team-a", "ctl").await;
@@ -65,7 +63,7 @@ async fn token_for_another_audience_is_unauthenticated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_serviceaccount_token_is_unauthenticated() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-deleted").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
@@ -77,7 +75,7 @@ async fn deleted_serviceaccount_token_is_unauthenticated() {
         .await
         .expect("serviceaccount deleted");
     // Within the token cache TTL (1 s here) the token stops working.
-    wait_until("the deleted ServiceAccount's token is refused", || async {
+    wait_for("the deleted ServiceAccount's token is refused", || async {
         matches!(
             Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth)).await,
             Err(s) if s.code() == Code::Unauthenticated
@@ -88,7 +86,7 @@ async fn deleted_serviceaccount_token_is_unauthenticated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_without_rbac_is_denied_until_a_rolebinding_grants_it() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-grant").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     let status = refused(&m, configmaps_in("c", &["team-a"]), Some(&auth)).await;
@@ -103,20 +101,19 @@ async fn identity_without_rbac_is_denied_until_a_rolebinding_grants_it() {
     grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
     put_configmap(&c.client, "team-a", "app", &[("k", "v")]).await;
     // The deny is cached for 1 s; then the new RoleBinding is seen.
-    let mut replica =
-        ctrlhub_tests::wait_until("the RoleBinding takes effect", PATIENCE, || async {
-            Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth))
-                .await
-                .map_err(|s| format!("{s:?}"))
-        })
-        .await;
+    let mut replica = wait_until("the RoleBinding takes effect", PATIENCE, || async {
+        Replica::connect_with(&m.grpc, configmaps_in("c", &["team-a"]), Some(&auth))
+            .await
+            .map_err(|s| format!("{s:?}"))
+    })
+    .await;
     let r = replica.expect().await;
     assert_eq!(key(&r), "team-a/app");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_in_another_tenants_namespace_is_denied() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-other-ns").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     namespace(&c.client, "team-b", &[]).await;
@@ -128,7 +125,7 @@ async fn watch_in_another_tenants_namespace_is_denied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_namespaces_watch_with_only_namespaced_rights_is_denied() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-all-ns").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
@@ -137,7 +134,7 @@ async fn all_namespaces_watch_with_only_namespaced_rights_is_denied() {
     assert!(status.message().contains("all namespaces"), "{status:?}");
     // A cluster-wide grant is what all namespaces needs.
     grant_configmaps(&c, "team-a", "ctl", None).await;
-    wait_until("the ClusterRoleBinding takes effect", || async {
+    wait_for("the ClusterRoleBinding takes effect", || async {
         Replica::connect_with(&m.grpc, configmaps_in("c", &[]), Some(&auth))
             .await
             .is_ok()
@@ -147,7 +144,7 @@ async fn all_namespaces_watch_with_only_namespaced_rights_is_denied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_through_the_cache_are_denied_without_opt_in() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-secrets").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     // RBAC alone allows it (the Role covers secrets); the manager's opt-in list does not.
@@ -165,7 +162,7 @@ async fn secrets_through_the_cache_are_denied_without_opt_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kind_that_does_not_exist_looks_like_a_denied_one() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-probe").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     let mut missing = configmaps_in("c", &["team-a"]);
@@ -177,9 +174,9 @@ async fn a_kind_that_does_not_exist_looks_like_a_denied_one() {
     });
     let absent = refused(&m, missing.clone(), Some(&auth)).await;
     // Install it: now it exists, and the tenant is simply not allowed.
-    ctrlhub_tests::install_widget_crd(&c.client).await;
+    install_widget_crd(&c.client).await;
     let gvk = kube::api::GroupVersionKind::gvk("conformance.ctrlhub.dev", "v1", "Widget");
-    ctrlhub_tests::wait_until("the Widget kind is served", PATIENCE, || async {
+    wait_until("the Widget kind is served", PATIENCE, || async {
         kube::discovery::pinned_kind(&c.client, &gvk)
             .await
             .map(|_| ())
@@ -197,7 +194,7 @@ async fn a_kind_that_does_not_exist_looks_like_a_denied_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_permission_stops_delivery_within_the_recheck_interval() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-revoke").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
@@ -222,7 +219,7 @@ async fn revoked_permission_stops_delivery_within_the_recheck_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_naming_another_tenants_controller_gets_nothing_of_it() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-takeover").await;
     let a = tenant(&c, "team-a", "ctl").await;
     let b = tenant(&c, "team-b", "ctl2").await;
@@ -292,7 +289,7 @@ async fn a_tenant_naming_another_tenants_controller_gets_nothing_of_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_named_serviceaccounts_in_different_namespaces_never_share_state() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-same-name").await;
     let a = tenant(&c, "team-a", "ctl").await;
     let b = tenant(&c, "team-b", "ctl").await;
@@ -329,7 +326,7 @@ async fn limit_hits(m: &Manager, limit: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_message_is_resource_exhausted() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = limited_manager(&c, "sec-oversized", &["--max-message-bytes", "65536"]).await;
     let mut huge = register_configmaps("c", 1);
     huge.controller_name = "x".repeat(200_000);
@@ -348,7 +345,7 @@ async fn an_oversized_message_is_resource_exhausted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_method_is_unimplemented() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = limited_manager(&c, "sec-unknown", &[]).await;
     let channel = tonic::transport::Endpoint::from_shared(m.grpc.clone())
         .expect("endpoint")
@@ -373,7 +370,7 @@ async fn an_unknown_method_is_unimplemented() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_past_the_queue_limit_is_resource_exhausted_and_released() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = limited_manager(&c, "sec-flood", &["--max-queued-keys", "50"]).await;
     namespace(&c.client, "flood", &[]).await;
     let mut replica = Replica::connect(&m.grpc, configmaps_in("flooded", &["flood"]))
@@ -388,7 +385,7 @@ async fn a_flood_past_the_queue_limit_is_resource_exhausted_and_released() {
     assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
     assert!(ended.message().contains("50"), "{ended:?}");
     // The controller and its queue are gone, so the memory it pinned is released.
-    wait_until("the flooded controller is removed", || async {
+    wait_for("the flooded controller is removed", || async {
         m.status().await["controllers"]
             .as_array()
             .is_some_and(|cs| cs.iter().all(|c| c["name"] != "flooded"))
@@ -406,7 +403,7 @@ async fn a_flood_past_the_queue_limit_is_resource_exhausted_and_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_informer_limit_counts_distinct_watches() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = limited_manager(&c, "sec-informers", &["--tenant-limit", "dev/informers=2"]).await;
     let in_namespaces = |name: &str, namespaces: &[&str]| pb::Register {
         namespaces: Some(pb::NamespaceScope {
@@ -443,7 +440,7 @@ async fn tenant_informer_limit_counts_distinct_watches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_session_and_in_flight_limits_are_enforced() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = limited_manager(
         &c,
         "sec-sessions",
@@ -478,7 +475,7 @@ async fn tenant_session_and_in_flight_limits_are_enforced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_token_is_unauthenticated() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-expired").await;
     namespace(&c.client, "team-a", &[]).await;
     service_account(&c, "team-a", "ctl").await;
@@ -508,7 +505,7 @@ async fn expired_token_is_unauthenticated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_token_is_accepted_on_a_long_lived_session() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-rotate").await;
     let first = tenant(&c, "team-a", "ctl").await;
     grant_configmaps(&c, "team-a", "ctl", Some("team-a")).await;
@@ -608,7 +605,7 @@ async fn keys_until(replica: &mut Replica, wanted: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_selector_scope_admits_only_namespaces_the_tenant_may_watch() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-selector").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     namespace(&c.client, "sel-one", &[("team", "a")]).await;
@@ -644,7 +641,7 @@ async fn namespace_selector_scope_admits_only_namespaces_the_tenant_may_watch() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newly_labelled_namespace_delivers_only_if_the_tenant_may_watch_it() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-relabel").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     namespace(&c.client, "lab-denied", &[]).await;
@@ -680,7 +677,7 @@ async fn a_newly_labelled_namespace_delivers_only_if_the_tenant_may_watch_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_access_to_an_admitted_namespace_ends_the_selector_registration() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-selector-revoke").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     namespace(&c.client, "sel-one", &[("team", "a")]).await;
@@ -703,7 +700,7 @@ async fn revoking_access_to_an_admitted_namespace_ends_the_selector_registration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_selector_scope_with_a_cluster_wide_grant_admits_every_matching_namespace() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = rbac_manager(&c, "sec-selector-all").await;
     let auth = tenant(&c, "team-a", "ctl").await;
     namespace(&c.client, "sel-one", &[("team", "a")]).await;

@@ -4,19 +4,13 @@
 //!
 //! Needs Debian's `chromium` on PATH (`apt-get install chromium`).
 
-mod support;
-
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
-use support::*;
 use tokio::process::Command;
-
-/// How long one Chromium run may take before it is killed and the test fails.
-const BROWSER_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A controller message with markup in it: the page must show it as text, never run it.
 const ERROR_MESSAGE: &str =
@@ -27,13 +21,6 @@ const ERROR_MESSAGE_IN_DOM: &str =
 
 const IDENTITY: &str = "status-page-a";
 const CONTROLLER: &str = "pager";
-
-/// The workspace target directory (as `support::bin` finds it).
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
 
 /// `chromium` on PATH, or a failure that says how to install it.
 fn chromium() -> PathBuf {
@@ -49,7 +36,7 @@ fn chromium() -> PathBuf {
 }
 
 /// Run headless Chromium with `args` and return its stdout; killed (with everything it
-/// started) and failed after [`BROWSER_PATIENCE`].
+/// started) and failed after [`PATIENCE`].
 async fn run_chromium(args: &[String]) -> String {
     let profile = tempfile::tempdir().expect("chromium profile dir");
     let mut cmd = Command::new(chromium());
@@ -72,7 +59,7 @@ async fn run_chromium(args: &[String]) -> String {
     .kill_on_drop(true);
     let child = cmd.spawn().expect("chromium starts");
     let pid = child.id();
-    match tokio::time::timeout(BROWSER_PATIENCE, child.wait_with_output()).await {
+    match tokio::time::timeout(PATIENCE, child.wait_with_output()).await {
         Ok(out) => {
             let out = out.expect("chromium output");
             assert!(
@@ -89,7 +76,7 @@ async fn run_chromium(args: &[String]) -> String {
                     .args(["-KILL", "--", &format!("-{pid}")])
                     .status();
             }
-            panic!("chromium {args:?} did not finish within {BROWSER_PATIENCE:?}");
+            panic!("chromium {args:?} did not finish within {PATIENCE:?}");
         }
     }
 }
@@ -135,7 +122,7 @@ fn lists_key(list: &serde_json::Value, key: &str) -> bool {
 async fn status_page_shows_what_a_person_on_call_looks_for() {
     let browser = chromium();
     println!("browser: {}", browser.display());
-    let c = cluster().await;
+    let c = start_cluster().await;
     let m = Manager::start(&c, IDENTITY, &[]).await;
     m.wait_leading().await;
 
@@ -180,7 +167,7 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
         .len();
 
     // The JSON carries the same facts; wait on it so the browser sees a settled page.
-    wait_until(
+    wait_for(
         "status shows held, queued, failed keys and the full cache",
         || async {
             let s = m.status().await;
@@ -334,7 +321,7 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
 
     // A second manager on the same Lease: its page says standby and who leads instead.
     let standby = Manager::start(&c, "status-page-b", &[]).await;
-    wait_until("the standby has seen the holder", || async {
+    wait_for("the standby has seen the holder", || async {
         standby.status().await["leader"] == IDENTITY
     })
     .await;

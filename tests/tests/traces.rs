@@ -3,8 +3,7 @@
 //! reconcile must come out as one trace — the manager's root `reconcile` span, its CLIENT
 //! `dispatch` child, and the controller's SERVER `reconcile` span under that.
 
-mod support;
-
+use ctrlhub_tests::*;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -18,10 +17,8 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::{Span, Status as SpanStatus};
 use parking_lot::Mutex;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use support::*;
 
 /// A span as received, with the `service.name` of the resource that sent it.
 #[derive(Debug, Clone)]
@@ -228,12 +225,6 @@ fn render(spans: &[Received], found: &Found) -> String {
     out
 }
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
 fn memcached_api(client: &kube::Client) -> Api<DynamicObject> {
     let ar = ApiResource {
         group: "cache.example.com".into(),
@@ -272,7 +263,7 @@ async fn terminate(child: &mut tokio::process::Child) {
 async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
     let receiver = Receiver::default();
     let endpoint = receiver.start().await;
-    let c = cluster().await;
+    let c = start_cluster().await;
     let mut manager = Manager::start_with_env(
         &c,
         "traces",
@@ -316,7 +307,7 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
 
     let name = "traced";
     let api = memcached_api(&c.client);
-    wait_until("the Memcached CRD is served", || async {
+    wait_for("the Memcached CRD is served", || async {
         api.list(&Default::default()).await.is_ok()
     })
     .await;
@@ -329,11 +320,11 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
     )
     .await
     .expect("memcached applied");
-    wait_until("the controller reconciled the Memcached", || {
+    wait_for("the controller reconciled the Memcached", || {
         reconciled(&api, name)
     })
     .await;
-    wait_until("the manager exported a reconcile root span", || async {
+    wait_for("the manager exported a reconcile root span", || async {
         receiver.spans().iter().any(|r| {
             r.service == MANAGER
                 && r.span.name == "reconcile"
@@ -347,7 +338,7 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
     );
 
     terminate(&mut controller).await;
-    wait_until("one trace spans manager and controller", || async {
+    wait_for("one trace spans manager and controller", || async {
         find_trace(&receiver.spans(), name).is_some()
     })
     .await;
@@ -461,7 +452,7 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
 
 #[tokio::test]
 async fn without_an_otlp_endpoint_requests_carry_no_traceparent() {
-    let c = cluster().await;
+    let c = start_cluster().await;
     let manager = Manager::start(&c, "untraced", &[]).await;
     manager.wait_leading().await;
     let mut replica = Replica::connect(&manager.grpc, register_configmaps("untraced", 1))
@@ -483,7 +474,7 @@ async fn without_an_otlp_endpoint_requests_carry_no_traceparent() {
 async fn an_unsampled_trace_still_sends_its_traceparent_and_exports_nothing() {
     let receiver = Receiver::default();
     let endpoint = receiver.start().await;
-    let c = cluster().await;
+    let c = start_cluster().await;
     let mut manager = Manager::start_with_env(
         &c,
         "unsampled",
@@ -562,7 +553,7 @@ fn dispatch_of(spans: &[Received], root: &Received) -> Option<Received> {
 async fn a_failed_attempt_is_an_error_span_and_its_retry_links_to_it() {
     let receiver = Receiver::default();
     let endpoint = receiver.start().await;
-    let c = cluster().await;
+    let c = start_cluster().await;
     let manager = Manager::start_with_env(
         &c,
         "retries",
@@ -594,7 +585,7 @@ async fn a_failed_attempt_is_an_error_span_and_its_retry_links_to_it() {
     assert_eq!(second.attempt, 2);
     replica.done(&second.id).await;
 
-    wait_until("both attempts exported", || async {
+    wait_for("both attempts exported", || async {
         let spans = receiver.spans();
         [1, 2]
             .into_iter()
@@ -646,7 +637,7 @@ async fn a_failed_attempt_is_an_error_span_and_its_retry_links_to_it() {
 async fn events_mode_deliveries_carry_a_traceparent() {
     let receiver = Receiver::default();
     let endpoint = receiver.start().await;
-    let c = cluster().await;
+    let c = start_cluster().await;
     let manager = Manager::start_with_env(
         &c,
         "events",
@@ -673,7 +664,7 @@ async fn events_mode_deliveries_carry_a_traceparent() {
     };
     let parts: Vec<&str> = event.traceparent.split('-').collect();
     assert_eq!(parts.len(), 4, "traceparent {:?}", event.traceparent);
-    wait_until("the event's dispatch span is exported", || async {
+    wait_for("the event's dispatch span is exported", || async {
         receiver.spans().iter().any(|r| {
             r.span.name == "dispatch"
                 && kind(&r.span) == SpanKind::Client

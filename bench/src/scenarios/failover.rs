@@ -6,9 +6,10 @@
 //! when its session has ended meanwhile, as a real controller would.
 
 use crate::env::{Cluster, FAST_LEASE, Manager, load, widget_type};
-use crate::replica::{Replica, done_message, key, register};
 use crate::report::{Outcome, Row, Verdict};
 use anyhow::{Result, bail};
+use ctrlhub_tests::PATIENCE;
+use ctrlhub_tests::replica::{Replica, done_message, key, register};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,11 +49,8 @@ async fn replica(state: State, ns: String, stop: Arc<AtomicBool>) {
         let attempts = endpoints.into_iter().map(|ep| {
             let reg = register("failover", widget_type(), 8, Some(&ns));
             Box::pin(async move {
-                match tokio::time::timeout(
-                    Duration::from_millis(500),
-                    Replica::connect(&ep, reg, "Bearer dev"),
-                )
-                .await
+                match tokio::time::timeout(Duration::from_millis(500), Replica::connect(&ep, reg))
+                    .await
                 {
                     Ok(Ok(r)) => Ok((r, ep)),
                     _ => Err(()),
@@ -107,8 +105,8 @@ async fn first_dispatch_after(state: &State, endpoint: &str, t0: Instant) -> Res
         {
             return Ok(at.duration_since(t0));
         }
-        if t0.elapsed() > Duration::from_secs(60) {
-            bail!("no request dispatched through {endpoint} within 60 s");
+        if t0.elapsed() > PATIENCE {
+            bail!("no request dispatched through {endpoint} within {PATIENCE:?}");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -118,8 +116,8 @@ async fn first_dispatch_after(state: &State, endpoint: &str, t0: Instant) -> Res
 /// reconnect in the figures).
 async fn lease_taken_after(m: &Manager, t0: Instant) -> Result<Duration> {
     while !m.leading().await {
-        if t0.elapsed() > Duration::from_secs(60) {
-            bail!("{} does not lead within 60 s", m.identity);
+        if t0.elapsed() > PATIENCE {
+            bail!("{} does not lead within {PATIENCE:?}", m.identity);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -157,7 +155,7 @@ pub async fn run() -> Result<Outcome> {
     let mut a = a;
     let t0 = Instant::now();
     let stopping = tokio::spawn(async move {
-        a.proc.stop().await;
+        a.stop().await;
         a
     });
     let graceful_lease = lease_taken_after(&b, t0).await?;
@@ -177,7 +175,7 @@ pub async fn run() -> Result<Outcome> {
     eprintln!("failover: SIGKILL of the leader");
     let mut b = b;
     let t0 = Instant::now();
-    b.proc.kill().await;
+    b.kill().await;
     let crash_lease = lease_taken_after(&a2, t0).await?;
     let crash = first_dispatch_after(&state, &a2.grpc, t0).await?;
     eprintln!(

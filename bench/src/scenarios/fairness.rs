@@ -5,70 +5,30 @@
 //! credits, so A's backlog keeps every seat taken and each seat B gets is one the weighted fair
 //! queue gave it ahead of A.
 
-use super::PATIENCE;
+use super::LOAD_PATIENCE;
 use crate::env::{Cluster, Manager};
-use crate::replica::{Replica, object, register};
 use crate::report::{Outcome, Row, ms, percentiles};
 use anyhow::{Result, anyhow};
-use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::objects::{apply, configmap_object};
+use ctrlhub_tests::rbac::{configmap_reader, service_account_object};
+use ctrlhub_tests::replica::configmaps;
+use ctrlhub_tests::replica::{Replica, object, register};
+use ctrlhub_tests::{metric_value, poll_until};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use std::time::{Duration, Instant};
 
-fn configmaps() -> pb::ResourceType {
-    pb::ResourceType {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: String::new(),
-    }
-}
-
+/// ConfigMap `ns/name` with `data.v` = `v`.
 async fn put_configmap(client: &kube::Client, ns: &str, name: &str, v: &str) -> Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": {"v": v}});
-    api.patch(
-        name,
-        &PatchParams::apply("bench").force(),
-        &Patch::Apply(&cm),
-    )
-    .await?;
-    Ok(())
+    apply(client, &configmap_object(ns, name, &[("v", v)])).await
 }
 
 /// A tenant: namespace, ServiceAccount `ctl` allowed to list and watch ConfigMaps there, and a
 /// bearer token for it.
 async fn tenant(c: &Cluster, ns: &str) -> Result<String> {
     c.namespace(ns).await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), ns);
-    let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ctl", "namespace": ns}});
-    sas.patch(
-        "ctl",
-        &PatchParams::apply("bench").force(),
-        &Patch::Apply(&sa),
-    )
-    .await?;
-    let rbac = |kind: &str| {
-        ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "rbac.authorization.k8s.io",
-            "v1",
-            kind,
-        ))
-    };
-    let role = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "ctl", "namespace": ns},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]});
-    let binding = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "ctl", "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ctl"},
-        "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": ns}]});
-    for (kind, obj) in [("Role", role), ("RoleBinding", binding)] {
-        let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), ns, &rbac(kind));
-        api.patch(
-            "ctl",
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(&obj),
-        )
-        .await?;
+    apply(&c.client, &service_account_object(ns, "ctl")).await?;
+    for obj in configmap_reader(ns, "ctl", Some(ns)) {
+        apply(&c.client, &obj).await?;
     }
     let token =
         c.dc.issue_token(ns, "ctl", &["ctrlhub"], Duration::from_secs(3600))?;
@@ -84,7 +44,7 @@ async fn b_latencies(c: &Cluster, b: &mut Replica, updates: usize) -> Result<Vec
         put_configmap(&c.client, "tenant-b", "live", &value).await?;
         loop {
             let r = b
-                .next(PATIENCE)
+                .next(LOAD_PATIENCE)
                 .await
                 .ok_or_else(|| anyhow!("tenant B got no request"))?;
             b.done(&r.id).await;
@@ -102,16 +62,10 @@ const SEATS: usize = 32;
 
 /// `ctrlhub_dispatch_seat_waits_total` and `_grants_total` of `tenant`, from `/metrics`.
 async fn seat_counts(m: &Manager, tenant: &str) -> (u64, u64) {
-    let text = match reqwest::get(format!("{}/metrics", m.http)).await {
-        Ok(r) => r.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
+    let text = m.try_metrics().await.unwrap_or_default();
     let read = |name: &str| {
-        let prefix = format!("{name}{{tenant=\"{tenant}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+        let series = format!("{name}{{tenant=\"{tenant}\"}}");
+        metric_value(&text, &series).map_or(0, |v| v as u64)
     };
     (
         read("ctrlhub_dispatch_seat_waits_total"),
@@ -147,15 +101,15 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
     results.into_iter().collect::<Result<Vec<()>>>()?;
     eprintln!("  created in {:.1?}", created.elapsed());
 
-    let mut b = Replica::connect(
+    let mut b = Replica::connect_with(
         &m.grpc,
         register("live", configmaps(), 4, Some("tenant-b")),
-        &b_auth,
+        Some(&b_auth),
     )
     .await
     .map_err(|e| anyhow!("tenant B: {e}"))?;
     let first = b
-        .next(PATIENCE)
+        .next(LOAD_PATIENCE)
         .await
         .ok_or_else(|| anyhow!("tenant B got no first request"))?;
     b.done(&first.id).await;
@@ -167,10 +121,10 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut a_replicas = Vec::new();
     for _ in 0..3 {
-        let mut r = Replica::connect(
+        let mut r = Replica::connect_with(
             &m.grpc,
             register("flood", configmaps(), 64, Some("tenant-a")),
-            &a_auth,
+            Some(&a_auth),
         )
         .await
         .map_err(|e| anyhow!("tenant A: {e}"))?;
@@ -203,13 +157,18 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
             .map(|c| c["queued"].as_u64().unwrap_or(0) + c["dispatched"].as_u64().unwrap_or(0))
             .sum::<u64>()
     };
-    let wait_start = Instant::now();
-    while a_queued().await < (keys as u64 / 2).max(1) {
-        if wait_start.elapsed() > PATIENCE {
-            anyhow::bail!("tenant A's flood never reached half of its {keys} keys");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let half = (keys as u64 / 2).max(1);
+    poll_until(
+        "tenant A's flood to reach half of its keys",
+        LOAD_PATIENCE,
+        || async {
+            match a_queued().await {
+                queued if queued >= half => Ok(()),
+                queued => Err(format!("{queued} of {keys} keys queued or dispatched")),
+            }
+        },
+    )
+    .await?;
     // Measure B while A's backlog is non-empty.
     let mut flooded = Vec::new();
     loop {

@@ -3,7 +3,7 @@
 //! process runs on this machine). ctrlhub (3 replicas over gRPC) versus the in-process kube-rs
 //! controller, one after the other under the same load.
 
-use super::PATIENCE;
+use super::LOAD_PATIENCE;
 use crate::env::{Cluster, Collector, Manager, load, sdk_controllers};
 use crate::kubert;
 use crate::report::{Outcome, Row, Verdict, ms, percentiles};
@@ -32,7 +32,7 @@ impl Side {
 }
 
 async fn under_load(c: &Cluster, ns: &str, col: &Collector, rate: u32, secs: u64) -> Result<Side> {
-    col.wait_distinct(OBJECTS, PATIENCE).await?;
+    col.wait_distinct(OBJECTS, LOAD_PATIENCE).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     col.with(|t| t.recording = true);
     let stop = Arc::new(AtomicBool::new(false));

@@ -5,13 +5,13 @@
 //! figure. The controllers register with a predicate no object passes, so no work queue grows
 //! and only the cache is measured.
 
-use super::PATIENCE;
+use super::LOAD_PATIENCE;
 use crate::env::{Cluster, Manager, widget_type};
-use crate::replica::{Replica, register};
 use crate::report::{Outcome, Row, Verdict};
-use anyhow::{Result, bail};
+use anyhow::Result;
 use ctrlhub_proto::v1 as pb;
-use std::time::{Duration, Instant};
+use ctrlhub_tests::poll_until;
+use ctrlhub_tests::replica::{Replica, register};
 
 /// A predicate no Widget passes (label `bench.ctrlhub.io/never` exists on none).
 fn never() -> pb::Predicate {
@@ -28,7 +28,7 @@ async fn one(c: &Cluster, ns: &str, n: usize, metadata_only: bool) -> Result<(u6
     let flavour = if metadata_only { "meta" } else { "full" };
     let m = Manager::start(c, &format!("mem-{flavour}-{n}"), &[]).await?;
     m.wait_leading().await?;
-    let base = crate::env::settled_rss(&[m.proc.pid]).await;
+    let base = crate::env::settled_rss(&[m.process.pid()]).await;
     let reg = if metadata_only {
         // Primary: ConfigMaps of the (ConfigMap-free) namespace; Widgets are owned, hence cached
         // metadata-only.
@@ -54,23 +54,24 @@ async fn one(c: &Cluster, ns: &str, n: usize, metadata_only: bool) -> Result<(u6
         r.predicate = Some(never());
         r
     };
-    let _replica = Replica::connect(&m.grpc, reg, "Bearer dev")
+    let _replica = Replica::connect(&m.grpc, reg)
         .await
         .map_err(|e| anyhow::anyhow!("register: {e}"))?;
-    let start = Instant::now();
-    while m.informer_objects().await < n as u64 {
-        if start.elapsed() > PATIENCE {
-            bail!(
-                "informer holds {} of {n} objects",
-                m.informer_objects().await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until(
+        "the informer to hold every object",
+        LOAD_PATIENCE,
+        || async {
+            match m.informer_objects().await {
+                held if held >= n as u64 => Ok(()),
+                held => Err(format!("{held} of {n} objects")),
+            }
+        },
+    )
+    .await?;
     // Once the initial list's transient buffers are freed.
-    let loaded = crate::env::settled_rss(&[m.proc.pid]).await;
+    let loaded = crate::env::settled_rss(&[m.process.pid()]).await;
     let mut m = m;
-    m.proc.stop().await;
+    m.stop().await;
     Ok((base, loaded))
 }
 

@@ -11,8 +11,10 @@ pub mod throughput;
 
 use std::time::Duration;
 
-/// How long any single wait in a scenario may take before it is reported as a failure.
-pub const PATIENCE: Duration = Duration::from_secs(300);
+/// How long a wait on a scenario's whole load (every object reconciled, listed or cached) may
+/// take before it is reported as a failure: five times the suites' [`ctrlhub_tests::PATIENCE`],
+/// because a full-size scenario waits on 100,000 objects where a test waits on a handful.
+pub const LOAD_PATIENCE: Duration = ctrlhub_tests::PATIENCE.saturating_mul(5);
 
 /// Sizes for a full run or a `--quick` one.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,7 @@
 //! processes. Figures: list and watch requests devcluster served for Widgets, watches open, and
 //! the total resident memory of all processes once every controller has reconciled every object.
 
-use super::PATIENCE;
+use super::LOAD_PATIENCE;
 use crate::env::{Cluster, Collector, Manager, PLURAL, Proc, kube_controllers, sdk_controllers};
 use crate::report::{Outcome, Row, Verdict, mib};
 use anyhow::Result;
@@ -35,15 +35,15 @@ async fn measure(
     before: (u64, u64),
 ) -> Result<Side> {
     for col in cols {
-        col.wait_distinct(n, PATIENCE).await?;
+        col.wait_distinct(n, LOAD_PATIENCE).await?;
     }
     // Resident memory once the initial lists' buffers are freed; the settling also leaves time
     // for a late watch re-open to show in the counts.
     let rss_manager = match manager {
-        Some(m) => crate::env::settled_rss(&[m.proc.pid]).await,
+        Some(m) => crate::env::settled_rss(&[m.process.pid()]).await,
         None => 0,
     };
-    let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+    let pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
     let rss_procs = crate::env::settled_rss(&pids).await;
     let stats = c.dc.stats();
     Ok(Side {
@@ -88,7 +88,7 @@ pub async fn run(n: usize, controllers: usize) -> Result<Outcome> {
         p.stop().await;
     }
     let mut m = m;
-    m.proc.stop().await;
+    m.stop().await;
     eprintln!(
         "  ctrlhub: {} lists, {} watches, {} MiB",
         a.lists,

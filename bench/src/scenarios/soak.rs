@@ -2,7 +2,7 @@
 //! controller of three replicas for N minutes; the manager's resident memory at start and end,
 //! errors, reconcile rate, and update-to-reconcile latency, with progress every 30 s.
 
-use super::PATIENCE;
+use super::LOAD_PATIENCE;
 use crate::env::{Cluster, Collector, Manager, load, sdk_controllers};
 use crate::report::{Outcome, Row, mib, ms, percentiles};
 use anyhow::Result;
@@ -19,9 +19,9 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
     m.wait_leading().await?;
     let (col, tx) = Collector::new();
     let mut ctls = sdk_controllers(&m, "soak", ns, 3, 16, &tx)?;
-    col.wait_distinct(objects, PATIENCE).await?;
-    let rss_start = crate::env::settled_rss(&[m.proc.pid]).await;
-    let ctl_rss_start: u64 = ctls.iter().map(|p| p.rss()).sum();
+    col.wait_distinct(objects, LOAD_PATIENCE).await?;
+    let rss_start = crate::env::settled_rss(&[m.process.pid()]).await;
+    let ctl_rss_start: u64 = ctls.iter().map(crate::env::rss).sum();
     col.with(|t| t.recording = true);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -58,7 +58,7 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
             "writesPerSecond": (s - last.1) as f64 / secs,
             "reconcilesPerSecond": (r - last.2) as f64 / secs,
             "managerRssBytes": m.rss(),
-            "controllersRssBytes": ctls.iter().map(|p| p.rss()).sum::<u64>(),
+            "controllersRssBytes": ctls.iter().map(crate::env::rss).sum::<u64>(),
             "writeErrors": errors.load(Ordering::Relaxed),
             "reconcileErrors": status_errors,
             "controllersExited": exited,
@@ -71,7 +71,7 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
             (s - last.1) as f64 / secs,
             (r - last.2) as f64 / secs,
             mib(m.rss()),
-            mib(ctls.iter().map(|p| p.rss()).sum()),
+            mib(ctls.iter().map(crate::env::rss).sum()),
             errors.load(Ordering::Relaxed),
             status_errors,
             exited,
@@ -84,8 +84,8 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
     stop.store(true, Ordering::Relaxed);
     let _ = loader.await;
     let elapsed = start.elapsed();
-    let rss_end = crate::env::settled_rss(&[m.proc.pid]).await;
-    let ctl_rss_end: u64 = ctls.iter().map(|p| p.rss()).sum();
+    let rss_end = crate::env::settled_rss(&[m.process.pid()]).await;
+    let ctl_rss_end: u64 = ctls.iter().map(crate::env::rss).sum();
     let reconciles = col.with(|t| t.total) - reconciles_at_start;
     all_latencies.extend(col.with(|t| std::mem::take(&mut t.latencies)));
     let (p50, p99, max) = percentiles(&mut all_latencies);
@@ -145,7 +145,7 @@ pub async fn run(minutes: f64, rate: u32, objects: usize) -> Result<Outcome> {
 fn exited(procs: &mut [crate::env::Proc]) -> usize {
     procs
         .iter_mut()
-        .map(|p| p.child.try_wait().ok().flatten().is_some())
+        .map(|p| p.try_wait().ok().flatten().is_some())
         .filter(|&gone| gone)
         .count()
 }

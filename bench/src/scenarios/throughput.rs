@@ -7,13 +7,14 @@
 //! (timed from the first create); "backlog": the objects exist before the controller starts
 //! (timed from its start — for kopf, from starting the Python process).
 
-use super::PATIENCE;
+use super::LOAD_PATIENCE;
 use crate::env::{
     Cluster, Collector, Kopf, KopfMode, Manager, Proc, kopf_operator, sdk_controllers, widget,
 };
 use crate::kubert;
 use crate::report::{Outcome, Row, Verdict};
 use anyhow::{Context, Result, bail};
+use ctrlhub_tests::{PATIENCE, poll_until};
 use kube::api::PostParams;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -86,8 +87,8 @@ async fn start_side(
 
 /// Wait until the ctrlhub controller `name` has `sessions` sessions.
 async fn wait_sessions(m: &Manager, name: &str, sessions: u64) -> Result<()> {
-    let start = Instant::now();
-    loop {
+    let what = format!("controller {name} to have {sessions} sessions");
+    poll_until(&what, PATIENCE, || async {
         let status = m.status().await;
         let n: u64 = status["controllers"]
             .as_array()
@@ -97,13 +98,13 @@ async fn wait_sessions(m: &Manager, name: &str, sessions: u64) -> Result<()> {
             .map(|c| c["sessions"].as_u64().unwrap_or(0))
             .sum();
         if n >= sessions {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(format!("{n} sessions"))
         }
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!("controller {name} has {n} of {sessions} sessions after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await?;
+    Ok(())
 }
 
 async fn live(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Result<Run> {
@@ -117,7 +118,7 @@ async fn live(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Resul
     }
     let start = Instant::now();
     let create = c.create_widgets(ns, n, CREATE_CONCURRENCY).await?;
-    let last = col.wait_distinct(n, PATIENCE).await?;
+    let last = col.wait_distinct(n, LOAD_PATIENCE).await?;
     running.stop().await;
     Ok(Run {
         objects: n,
@@ -131,7 +132,7 @@ async fn backlog(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Re
     let (col, tx) = Collector::new();
     let start = Instant::now();
     let running = start_side(side, c, m, ns, &tx).await?;
-    let last = col.wait_distinct(n, PATIENCE).await?;
+    let last = col.wait_distinct(n, LOAD_PATIENCE).await?;
     running.stop().await;
     Ok(Run {
         objects: n,
@@ -144,8 +145,9 @@ async fn backlog(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Re
 /// kopf has listed the namespace and is watching (kopf offers no other readiness signal).
 const KOPF_SENTINEL: &str = "kopf-ready";
 
-/// How long kopf may take to start (a cold Python import of kopf and aiohttp is about 1 s).
-const KOPF_STARTUP: Duration = Duration::from_secs(120);
+/// How long kopf may take to start: twice [`PATIENCE`], because its first start on a machine
+/// shared with builders imports kopf and aiohttp cold (about 1 s when idle, far more when not).
+const KOPF_STARTUP: Duration = PATIENCE.saturating_mul(2);
 
 /// Wait until `n` distinct keys were reported, failing early (with the log) when kopf exits.
 async fn wait_kopf(
@@ -161,7 +163,7 @@ async fn wait_kopf(
         if count >= n {
             return Ok(last.unwrap_or_else(Instant::now));
         }
-        if let Some(status) = proc.child.try_wait()? {
+        if let Some(status) = proc.try_wait()? {
             bail!(
                 "kopf exited with {status} after {count} of {n} objects (log: {})",
                 log.display()
@@ -189,7 +191,7 @@ async fn kopf_live(c: &Cluster, k: &Kopf, mode: KopfMode, ns: &str, n: usize) ->
     wait_kopf(&col, &mut proc, &log, 1, KOPF_STARTUP).await?;
     let start = Instant::now();
     let create = c.create_widgets(ns, n, CREATE_CONCURRENCY).await?;
-    let last = wait_kopf(&col, &mut proc, &log, n + 1, PATIENCE).await?;
+    let last = wait_kopf(&col, &mut proc, &log, n + 1, LOAD_PATIENCE).await?;
     proc.stop().await;
     Ok(Run {
         objects: n,
@@ -203,7 +205,7 @@ async fn kopf_backlog(c: &Cluster, k: &Kopf, mode: KopfMode, ns: &str, n: usize)
     let (col, tx) = Collector::new();
     let start = Instant::now();
     let (mut proc, log) = kopf_operator(k, c, ns, mode, &tx)?;
-    let last = wait_kopf(&col, &mut proc, &log, n, PATIENCE).await?;
+    let last = wait_kopf(&col, &mut proc, &log, n, LOAD_PATIENCE).await?;
     proc.stop().await;
     Ok(Run {
         objects: n,

@@ -2,11 +2,16 @@
 //! TokenRequest API, RBAC objects granting them ConfigMaps, and a manager in `--auth kubernetes`
 //! mode with decision caches short enough for grants and revocations to show within seconds.
 
-use super::{Cluster, Manager, namespace, register_configmaps};
 use ctrlhub_proto::v1 as pb;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::cluster::Cluster;
+use crate::manager::Manager;
+use crate::objects::{apply, namespace};
+use crate::replica::{namespace_names, register_configmaps};
 
 /// Short decision TTLs so grants and revocations show within seconds; the defaults are 5 min and
 /// 30 s and only change how long a test would wait.
@@ -30,17 +35,16 @@ pub async fn rbac_manager(c: &Cluster, identity: &str) -> Manager {
     m
 }
 
+/// ServiceAccount `ns/name`, as JSON.
+pub fn service_account_object(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}})
+}
+
 /// Create (or keep) ServiceAccount `ns/name`.
 pub async fn service_account(c: &Cluster, ns: &str, name: &str) {
-    let api: Api<ServiceAccount> = Api::namespaced(c.client.clone(), ns);
-    let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}});
-    api.patch(
-        name,
-        &PatchParams::apply("tests").force(),
-        &Patch::Apply(&sa),
-    )
-    .await
-    .expect("serviceaccount applied");
+    apply(&c.client, &service_account_object(ns, name))
+        .await
+        .expect("serviceaccount applied");
 }
 
 /// A token from the TokenRequest API, as a projected volume would hold it.
@@ -68,46 +72,34 @@ pub async fn tenant(c: &Cluster, ns: &str, sa: &str) -> String {
     format!("Bearer {}", token(c, ns, sa, "ctrlhub").await)
 }
 
-/// Grant `sa` list and watch on ConfigMaps in `ns` (RoleBinding) or everywhere (`ns` = None).
-pub async fn grant_configmaps(c: &Cluster, sa_ns: &str, sa: &str, ns: Option<&str>) {
-    let rules = serde_json::json!([{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "watch"]}]);
-    let subject = serde_json::json!([{"kind": "ServiceAccount", "name": sa, "namespace": sa_ns}]);
+/// A Role and RoleBinding (or, with `ns` = None, a ClusterRole and ClusterRoleBinding) named
+/// `<sa_ns>-<sa>-reader` that let ServiceAccount `sa_ns/sa` get, list and watch ConfigMaps and
+/// Secrets in `ns` (everywhere), as JSON.
+pub fn configmap_reader(sa_ns: &str, sa: &str, ns: Option<&str>) -> [Value; 2] {
     let name = format!("{sa_ns}-{sa}-reader");
-    let (role, binding) = match ns {
+    let (role_kind, binding_kind, metadata) = match ns {
         Some(ns) => (
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": ns}, "rules": rules}),
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": subject}),
+            "Role",
+            "RoleBinding",
+            json!({"name": name, "namespace": ns}),
         ),
-        None => (
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules}),
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": subject}),
-        ),
+        None => ("ClusterRole", "ClusterRoleBinding", json!({"name": name})),
     };
-    for obj in [role, binding] {
-        apply_dynamic(c, &obj).await;
-    }
+    let rbac = "rbac.authorization.k8s.io";
+    [
+        json!({"apiVersion": format!("{rbac}/v1"), "kind": role_kind, "metadata": metadata,
+            "rules": [{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "watch"]}]}),
+        json!({"apiVersion": format!("{rbac}/v1"), "kind": binding_kind, "metadata": metadata,
+            "roleRef": {"apiGroup": rbac, "kind": role_kind, "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_ns}]}),
+    ]
 }
 
-/// Server-side apply an RBAC object given as JSON.
-pub async fn apply_dynamic(c: &Cluster, obj: &serde_json::Value) {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let kind = obj["kind"].as_str().expect("kind");
-    let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
-    let ar = ApiResource::from_gvk(&gvk);
-    let name = obj["metadata"]["name"].as_str().expect("name");
-    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(c.client.clone(), ns, &ar),
-        None => Api::all_with(c.client.clone(), &ar),
-    };
-    api.patch(
-        name,
-        &PatchParams::apply("tests").force(),
-        &Patch::Apply(obj),
-    )
-    .await
-    .expect("rbac object applied");
+/// Grant `sa` list and watch on ConfigMaps in `ns` (RoleBinding) or everywhere (`ns` = None).
+pub async fn grant_configmaps(c: &Cluster, sa_ns: &str, sa: &str, ns: Option<&str>) {
+    for obj in configmap_reader(sa_ns, sa, ns) {
+        apply(&c.client, &obj).await.expect("rbac object applied");
+    }
 }
 
 /// Delete the RoleBinding [`grant_configmaps`] made in `ns`.
@@ -128,13 +120,7 @@ pub async fn revoke_configmaps(c: &Cluster, sa_ns: &str, sa: &str, ns: &str) {
 pub fn configmaps_in(name: &str, namespaces: &[&str]) -> pb::Register {
     let mut r = register_configmaps(name, 8);
     if !namespaces.is_empty() {
-        r.namespaces = Some(pb::NamespaceScope {
-            scope: Some(pb::namespace_scope::Scope::Names(
-                pb::namespace_scope::Names {
-                    names: namespaces.iter().map(|n| n.to_string()).collect(),
-                },
-            )),
-        });
+        r.namespaces = Some(namespace_names(namespaces));
     }
     r
 }

@@ -1,0 +1,247 @@
+//! The real `ctrlhub` binary as a child process: how it is launched, its HTTP endpoints
+//! (`/healthz`, `/status`, `/metrics`), leadership, and its end (SIGTERM, SIGKILL, signals).
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::Command;
+
+use crate::cluster::Cluster;
+use crate::process::{ChildProcess, bin, try_free_port};
+use crate::wait::{PATIENCE, TimedOut, poll_until};
+
+/// Lease timings short enough for failover to finish quickly (renew deadline below the lease
+/// duration, as the manager requires): 3 s lease, 2 s renew deadline, 500 ms retry.
+pub const FAST_LEASE: [&str; 6] = [
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
+
+/// How a manager is launched: which binary, where it logs, and its environment.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The `ctrlhub` binary.
+    pub binary: PathBuf,
+    /// Where the manager's log file goes (`<dir>/ctrlhub-<identity>-<port>.log`).
+    pub log_dir: PathBuf,
+    /// The manager's `RUST_LOG`.
+    pub rust_log: String,
+    /// The static bearer token it accepts (`--token`), if any.
+    pub token: Option<String>,
+    /// Extra environment variables (e.g. `OTEL_*`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// The suites' launch: `target/debug/ctrlhub`, debug logs in the temporary directory,
+    /// static token `dev`.
+    pub fn for_tests() -> Launch {
+        Launch {
+            binary: bin("ctrlhub"),
+            log_dir: std::env::temp_dir(),
+            rust_log: "info,ctrlhub=debug".into(),
+            token: Some("dev".into()),
+            env: Vec::new(),
+        }
+    }
+
+    /// The `ctrlhub run` command for `identity` against `cluster` on the given ports.
+    fn command(&self, cluster: &Cluster, identity: &str, ports: (u16, u16)) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(&cluster.kubeconfig)
+            .arg("--grpc-addr")
+            .arg(format!("127.0.0.1:{}", ports.0))
+            .arg("--http-addr")
+            .arg(format!("127.0.0.1:{}", ports.1))
+            .args(self.token.iter().flat_map(|t| ["--token", t.as_str()]))
+            .args(["--identity", identity])
+            // Only what the caller asks for: not the namespace or trace export of whoever runs us.
+            .env_remove("WATCH_NAMESPACE")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("RUST_LOG", &self.rust_log)
+            .stdout(Stdio::null());
+        cmd
+    }
+}
+
+/// A `ctrlhub run` child process.
+pub struct Manager {
+    /// The process.
+    pub process: ChildProcess,
+    /// gRPC endpoint, e.g. `http://127.0.0.1:PORT`.
+    pub grpc: String,
+    /// HTTP base URL.
+    pub http: String,
+    /// Lease identity.
+    pub identity: String,
+    /// The manager's log file (cargo test cannot capture a child's stderr).
+    pub log: PathBuf,
+}
+
+impl Manager {
+    /// Launches a manager as `launch` says with `extra` args appended (e.g. lease timings,
+    /// `--auth`); returns once `/healthz` answers, or an error after [`PATIENCE`].
+    pub async fn launch(
+        cluster: &Cluster,
+        identity: &str,
+        extra: &[&str],
+        launch: &Launch,
+    ) -> Result<Manager> {
+        let ports = (try_free_port()?, try_free_port()?);
+        let log = launch
+            .log_dir
+            .join(format!("ctrlhub-{identity}-{}.log", ports.1));
+        let mut cmd = launch.command(cluster, identity, ports);
+        cmd.args(extra);
+        let m = Manager {
+            process: ChildProcess::spawn(&mut cmd, &log)?,
+            grpc: format!("http://127.0.0.1:{}", ports.0),
+            http: format!("http://127.0.0.1:{}", ports.1),
+            identity: identity.to_string(),
+            log,
+        };
+        m.healthy()
+            .await
+            .with_context(|| format!("manager log: {}", m.log.display()))?;
+        Ok(m)
+    }
+
+    /// Waits until `/healthz` answers with success.
+    async fn healthy(&self) -> Result<(), TimedOut> {
+        let http = reqwest::Client::new();
+        let url = format!("{}/healthz", self.http);
+        poll_until("manager /healthz", PATIENCE, || async {
+            match http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) => Err(r.status().to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// Start a manager for a test; `extra` args are appended (e.g. lease timings, WATCH_NAMESPACE).
+    pub async fn start(cluster: &Cluster, identity: &str, extra: &[&str]) -> Manager {
+        Self::start_with_env(cluster, identity, extra, &[]).await
+    }
+
+    /// [`Manager::start`] with extra environment variables (e.g. `OTEL_*`). Trace export is off
+    /// unless `env` turns it on, whatever the test process's own environment says.
+    pub async fn start_with_env(
+        cluster: &Cluster,
+        identity: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Manager {
+        let mut launch = Launch::for_tests();
+        launch.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let m = Self::launch(cluster, identity, extra, &launch)
+            .await
+            .unwrap_or_else(|e| panic!("manager {identity} starts: {e:#}"));
+        println!("manager {identity} logs to {}", m.log.display());
+        m
+    }
+
+    /// `/status` as JSON.
+    pub async fn try_status(&self) -> Result<Value> {
+        let status = reqwest::get(format!("{}/status", self.http)).await?;
+        Ok(status.json().await?)
+    }
+
+    /// `/status` as JSON, panicking when the manager does not answer.
+    pub async fn status(&self) -> Value {
+        self.try_status().await.expect("status reachable as JSON")
+    }
+
+    /// The `/metrics` exposition text.
+    pub async fn try_metrics(&self) -> Result<String> {
+        let metrics = reqwest::get(format!("{}/metrics", self.http)).await?;
+        Ok(metrics.text().await?)
+    }
+
+    /// The value of one series of `/metrics`, named with its labels as the exposition writes
+    /// them (sorted), e.g. `ctrlhub_sessions{controller="c",tenant="dev"}`; 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.try_metrics().await.expect("metrics reachable");
+        metric_value(&text, series).unwrap_or(0.0)
+    }
+
+    /// Whether this manager says it leads (see [`is_leading`]).
+    pub async fn leading(&self) -> bool {
+        is_leading(&self.http).await
+    }
+
+    /// Waits until this manager leads, or an error after [`PATIENCE`].
+    pub async fn try_wait_leading(&self) -> Result<(), TimedOut> {
+        let what = format!("manager {} leads", self.identity);
+        poll_until(&what, PATIENCE, || async {
+            self.leading()
+                .await
+                .then_some(())
+                .ok_or("not leading".into())
+        })
+        .await
+    }
+
+    /// Wait until this manager leads, panicking after [`PATIENCE`].
+    pub async fn wait_leading(&self) {
+        self.try_wait_leading()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// SIGTERM and wait for exit (graceful: releases the lease).
+    pub async fn stop(&mut self) {
+        self.process.stop().await;
+    }
+
+    /// Send `signal` (a `kill -SIGNAL` name such as "STOP" or "CONT") to the manager process.
+    pub fn signal(&self, signal: &str) {
+        self.process.signal(signal);
+    }
+
+    /// SIGKILL (crash: the lease must expire).
+    pub async fn kill(&mut self) {
+        self.process.kill().await;
+    }
+}
+
+/// The value of `series` (name and labels as exposed) in the Prometheus exposition `text`.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether the manager serving HTTP at `http` says it leads (false if it does not answer
+/// within a second): how the test proxies play the leader-selecting Service.
+pub async fn is_leading(http: &str) -> bool {
+    let leading = async {
+        let s: Value = reqwest::get(format!("{http}/status"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        Some(s["leading"] == json!(true))
+    };
+    tokio::time::timeout(Duration::from_secs(1), leading)
+        .await
+        .ok()
+        .flatten()
+        == Some(true)
+}
