@@ -97,31 +97,39 @@ pub struct Metrics {
     limit_hits: IntCounterVec,
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+/// Registers `metric` (built by the static definitions below) under `name`.
+///
+/// Panics only on a programming error in those definitions (an invalid name or a duplicate).
+fn register<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    name: &str,
+    metric: Result<M, prometheus::Error>,
+) -> M {
+    let m = metric.unwrap_or_else(|e| panic!("metric {name}: {e}"));
     registry
-        .register(Box::new(c.clone()))
+        .register(Box::new(m.clone()))
         .unwrap_or_else(|e| panic!("registering {name}: {e}"));
-    c
+    m
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        registry,
+        name,
+        IntCounterVec::new(Opts::new(name, help), labels),
+    )
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    registry
-        .register(Box::new(g.clone()))
-        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
-    g
+    register(
+        registry,
+        name,
+        IntGaugeVec::new(Opts::new(name, help), labels),
+    )
 }
 
 fn fgauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    let g = GaugeVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    registry
-        .register(Box::new(g.clone()))
-        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
-    g
+    register(registry, name, GaugeVec::new(Opts::new(name, help), labels))
 }
 
 fn histogram(
@@ -131,18 +139,20 @@ fn histogram(
     labels: &[&str],
     buckets: Vec<f64>,
 ) -> HistogramVec {
-    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    registry
-        .register(Box::new(h.clone()))
-        .unwrap_or_else(|e| panic!("registering {name}: {e}"));
-    h
+    let opts = HistogramOpts::new(name, help).buckets(buckets);
+    register(registry, name, HistogramVec::new(opts, labels))
+}
+
+/// A single unlabelled gauge.
+fn plain_gauge(registry: &Registry, name: &str, help: &str) -> Gauge {
+    register(registry, name, Gauge::new(name, help))
 }
 
 impl Metrics {
     /// All metrics registered in a fresh registry (with process metrics).
     ///
-    /// Panics only on a programming error in the static definitions above.
+    /// A table of metric definitions (names, help and labels follow controller-runtime), so it is
+    /// long by nature. Panics only on a programming error in those definitions.
     pub fn new() -> Self {
         let r = Registry::new();
         #[cfg(target_os = "linux")]
@@ -154,18 +164,16 @@ impl Metrics {
         }
         let cr = ["controller", "tenant"];
         let wq = ["name", "tenant"];
-        let informers = Gauge::new(
+        let informers = plain_gauge(
+            &r,
             "ctrlhub_informers",
             "Informers running (one list/watch each).",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let _ = r.register(Box::new(informers.clone()));
-        let dispatch_seats = Gauge::new(
+        );
+        let dispatch_seats = plain_gauge(
+            &r,
             "ctrlhub_dispatch_seats",
             "Requests the manager keeps in flight across all tenants (0 = unlimited).",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let _ = r.register(Box::new(dispatch_seats.clone()));
+        );
         Metrics {
             reconcile_total: counter(
                 &r,
