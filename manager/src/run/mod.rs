@@ -10,7 +10,7 @@ use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
 use crate::http::{self, HttpState};
 use crate::informer::Cache;
-use crate::leader::{Elector, LeaderConfig};
+use crate::leader::{Elector, LeaderConfig, LeaderState};
 use crate::metrics::Metrics;
 use crate::tenancy::accessreview::{AccessReviewAuthorizer, DecisionTtl};
 use crate::tenancy::tokenreview::TokenReviewAuthenticator;
@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Options of `ctrlhub run`.
@@ -230,7 +231,50 @@ impl RunArgs {
     }
 
     /// Run the manager until `stop` fires: then drain sessions, release the lease and return.
+    ///
+    /// The wiring, in order: client → leader election → caches, metrics and the controller
+    /// table → leadership follower → gRPC service → listeners → servers → wait → shutdown.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        self.check_timings()?;
+        let client = self.client().await?;
+        let identity = self
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("ctrlhub-{}", &uuid::Uuid::new_v4().to_string()[..8]));
+        let election = self.start_election(&client, &identity);
+        let pod_label = self.pod_label(&client, &identity);
+        let cache = Cache::new(client.clone());
+        let metrics = Arc::new(Metrics::new());
+        let controllers =
+            self.controller_table(&cache, election.leading.clone(), &stop, &metrics)?;
+        follow_leadership(
+            controllers.clone(),
+            election.leading.clone(),
+            stop.clone(),
+            pod_label.clone(),
+        );
+        let service = self.service(&controllers, &client, &election.state, &metrics);
+        let grpc_listener = bind("gRPC", self.grpc_addr).await?;
+        let http_listener = bind("HTTP", self.http_addr).await?;
+        tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
+        let grpc = self.serve_grpc(grpc_listener, service)?;
+        let http_state = HttpState {
+            controllers: controllers.clone(),
+            cache: cache.clone(),
+            leader: election.state.clone(),
+            identity,
+            metrics,
+            lease_name: self.lease_name.clone(),
+        };
+        let http = serve_http(http_listener, http_state, stop.clone());
+
+        stop.cancelled().await;
+        shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
+        Ok(())
+    }
+
+    /// The leader must stop dispatching before its lease can expire elsewhere.
+    fn check_timings(&self) -> anyhow::Result<()> {
         if self.renew_deadline >= self.lease_duration {
             anyhow::bail!(
                 "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?})",
@@ -238,36 +282,50 @@ impl RunArgs {
                 self.lease_duration
             );
         }
-        let client = self.client().await?;
-        let identity = self
-            .identity
-            .clone()
-            .unwrap_or_else(|| format!("ctrlhub-{}", &uuid::Uuid::new_v4().to_string()[..8]));
+        Ok(())
+    }
+
+    /// Starts the Lease election on its own task.
+    fn start_election(&self, client: &kube::Client, identity: &str) -> Election {
         let elector = Elector::new(
             client.clone(),
             LeaderConfig {
                 namespace: self.lease_namespace.clone(),
                 name: self.lease_name.clone(),
-                identity: identity.clone(),
+                identity: identity.to_string(),
                 lease_duration: self.lease_duration,
                 renew_deadline: self.renew_deadline,
                 retry_period: self.retry_period,
             },
         );
-        let leading = elector.leading();
-        let leader_state = elector.state();
-        let election_stop = CancellationToken::new();
-        let election = tokio::spawn(elector.run(election_stop.clone()));
+        let stop = CancellationToken::new();
+        Election {
+            leading: elector.leading(),
+            state: elector.state(),
+            stop: stop.clone(),
+            task: tokio::spawn(elector.run(stop)),
+        }
+    }
 
-        let pod_label = self.leader_pod_label.clone().map(|label| {
+    /// The leader's pod label, when `--leader-pod-label` asks the Service to follow the leader.
+    fn pod_label(&self, client: &kube::Client, identity: &str) -> Option<Arc<PodLabel>> {
+        self.leader_pod_label.clone().map(|label| {
             Arc::new(PodLabel {
                 pods: kube::Api::namespaced(client.clone(), &self.lease_namespace),
-                pod: identity.clone(),
+                pod: identity.to_string(),
                 label,
             })
-        });
-        let cache = Cache::new(client.clone());
-        let metrics = Arc::new(Metrics::new());
+        })
+    }
+
+    /// The controller table with the configured tenant limits and dispatch seats.
+    fn controller_table(
+        &self,
+        cache: &Arc<Cache>,
+        leading: watch::Receiver<bool>,
+        stop: &CancellationToken,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<Arc<ControllerTable>> {
         let limits = TenantLimits::new(Limits {
             sessions: self.max_sessions_per_tenant,
             controllers: self.max_controllers_per_tenant,
@@ -277,54 +335,32 @@ impl RunArgs {
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;
-        let seat_pool = SeatPool::new(self.max_dispatch_seats, weights);
-        let controllers = ControllerTable::with_seat_pool(
+        Ok(ControllerTable::with_seat_pool(
             cache.clone(),
             self.ceiling(),
-            leading.clone(),
+            leading,
             stop.child_token(),
             metrics.clone(),
             limits,
-            seat_pool,
-        );
-        {
-            // Sessions live only on the leader: when it steps down, every session must reconnect.
-            let controllers = controllers.clone();
-            let mut leading = leading.clone();
-            let stop = stop.clone();
-            let pod_label = pod_label.clone();
-            tokio::spawn(async move {
-                // Start from "not leading" and look before waiting: the election may already
-                // have been won when this task starts, and the pod must be labelled then too.
-                let mut was = false;
-                loop {
-                    let now = *leading.borrow_and_update();
-                    if was && !now {
-                        controllers.revoke_all(
-                            RevokeReason::LeadershipLost,
-                            "this manager lost the leader lease; reconnect to the new leader",
-                        );
-                    }
-                    if was != now
-                        && let Some(p) = &pod_label
-                    {
-                        p.set(now).await;
-                    }
-                    was = now;
-                    tokio::select! {
-                        r = leading.changed() => if r.is_err() { return },
-                        _ = stop.cancelled() => return,
-                    }
-                }
-            });
-        }
-        let service = Service(Arc::new(match self.auth {
+            SeatPool::new(self.max_dispatch_seats, weights),
+        ))
+    }
+
+    /// The gRPC service with the authenticator and authorizer `--auth` selects.
+    fn service(
+        &self,
+        controllers: &Arc<ControllerTable>,
+        client: &kube::Client,
+        leader: &watch::Receiver<LeaderState>,
+        metrics: &Arc<Metrics>,
+    ) -> Service {
+        let state = match self.auth {
             AuthMode::Static => ServiceState::new(
                 controllers.clone(),
                 client.clone(),
                 Arc::new(StaticTokens::new([(self.token.clone(), "dev".to_string())])),
                 Arc::new(AllowAll),
-                leader_state.clone(),
+                leader.clone(),
                 metrics.clone(),
             ),
             AuthMode::Kubernetes => ServiceState::new(
@@ -335,85 +371,152 @@ impl RunArgs {
                     self.audience.clone(),
                     self.token_cache_ttl,
                 )),
-                Arc::new(AccessReviewAuthorizer::new(
-                    client.clone(),
-                    DecisionTtl {
-                        allow: self.authz_allow_ttl,
-                        deny: self.authz_deny_ttl,
-                    },
-                    self.secrets_tenants
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .map(String::from),
-                )),
-                leader_state.clone(),
+                Arc::new(self.access_review(client)),
+                leader.clone(),
                 metrics.clone(),
             )
             .with_rbac(self.authz_allow_ttl),
-        }));
-        let grpc_listener = tokio::net::TcpListener::bind(self.grpc_addr)
-            .await
-            .with_context(|| format!("binding gRPC {}", self.grpc_addr))?;
-        let http_listener = tokio::net::TcpListener::bind(self.http_addr)
-            .await
-            .with_context(|| format!("binding HTTP {}", self.http_addr))?;
-        tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
+        };
+        Service(Arc::new(state))
+    }
 
+    /// RBAC through SubjectAccessReview, with the tenants allowed to watch Secrets.
+    fn access_review(&self, client: &kube::Client) -> AccessReviewAuthorizer {
+        AccessReviewAuthorizer::new(
+            client.clone(),
+            DecisionTtl {
+                allow: self.authz_allow_ttl,
+                deny: self.authz_deny_ttl,
+            },
+            self.secrets_tenants
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from),
+        )
+    }
+
+    /// Serves `ctrlhub.v1` on its own task until the returned server is stopped.
+    fn serve_grpc(
+        &self,
+        listener: tokio::net::TcpListener,
+        service: Service,
+    ) -> anyhow::Result<Server> {
         let mut server = tonic::transport::Server::builder();
         if let Some(tls) = self.grpc_tls()? {
             server = server
                 .tls_config(tls)
                 .context("configuring TLS for the gRPC server")?;
         }
-        let grpc_stop = CancellationToken::new();
-        let grpc = {
-            let stop = grpc_stop.clone();
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
-            tokio::spawn(
-                server
-                    .http2_keepalive_interval(Some(Duration::from_secs(20)))
-                    .add_service(
-                        ControllerManagerServer::new(service)
-                            .max_decoding_message_size(self.max_message_bytes),
-                    )
-                    .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
-            )
-        };
-        let http_state = Arc::new(HttpState {
-            controllers: controllers.clone(),
-            cache: cache.clone(),
-            leader: leader_state,
-            identity,
-            metrics,
-            lease_name: self.lease_name.clone(),
-        });
-        let http = {
+        let stop = CancellationToken::new();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let shutdown = {
             let stop = stop.clone();
-            tokio::spawn(async move {
-                axum::serve(http_listener, http::router(http_state))
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await
-            })
+            async move { stop.cancelled().await }
         };
-
-        stop.cancelled().await;
-        tracing::info!("shutting down: revoking sessions, releasing the lease");
-        // Closed, not only revoked: a controller told to reconnect must not attach here again
-        // in the moments before the gRPC server stops, or it would wait for that server's
-        // graceful timeout instead of reaching the successor.
-        controllers.close("the manager is shutting down; reconnect to the next leader");
-        // Give sessions a moment to deliver Revoked before the transport closes.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        grpc_stop.cancel();
-        if let Some(p) = &pod_label {
-            // Stop attracting controllers before the lease is released to a successor.
-            p.set(false).await;
-        }
-        election_stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
-        Ok(())
+        let service =
+            ControllerManagerServer::new(service).max_decoding_message_size(self.max_message_bytes);
+        let task = tokio::spawn(async move {
+            let _ = server
+                .http2_keepalive_interval(Some(Duration::from_secs(20)))
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await;
+        });
+        Ok(Server { stop, task })
     }
+}
+
+/// The running election: what it reports and how to stop it.
+struct Election {
+    leading: watch::Receiver<bool>,
+    state: watch::Receiver<LeaderState>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A server running on its own task.
+struct Server {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn bind(what: &str, addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {what} {addr}"))
+}
+
+/// Sessions live only on the leader: when it steps down, every session must reconnect; the pod
+/// label follows leadership so the Service routes controllers to the leader.
+fn follow_leadership(
+    controllers: Arc<ControllerTable>,
+    mut leading: watch::Receiver<bool>,
+    stop: CancellationToken,
+    pod_label: Option<Arc<PodLabel>>,
+) {
+    tokio::spawn(async move {
+        // Start from "not leading" and look before waiting: the election may already have been
+        // won when this task starts, and the pod must be labelled then too.
+        let mut was = false;
+        loop {
+            let now = *leading.borrow_and_update();
+            if was && !now {
+                controllers.revoke_all(
+                    RevokeReason::LeadershipLost,
+                    "this manager lost the leader lease; reconnect to the new leader",
+                );
+            }
+            if was != now
+                && let Some(p) = &pod_label
+            {
+                p.set(now).await;
+            }
+            was = now;
+            tokio::select! {
+                r = leading.changed() => if r.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// Serves probes, metrics and the status page until `stop` fires.
+fn serve_http(
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, http::router(Arc::new(state)))
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    })
+}
+
+/// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each
+/// task a bounded time to finish.
+async fn shut_down(
+    controllers: &ControllerTable,
+    grpc: Server,
+    pod_label: Option<&PodLabel>,
+    election: Election,
+    http: tokio::task::JoinHandle<()>,
+) {
+    tracing::info!("shutting down: revoking sessions, releasing the lease");
+    // Closed, not only revoked: a controller told to reconnect must not attach here again in
+    // the moments before the gRPC server stops, or it would wait for that server's graceful
+    // timeout instead of reaching the successor.
+    controllers.close("the manager is shutting down; reconnect to the next leader");
+    // Give sessions a moment to deliver Revoked before the transport closes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    grpc.stop.cancel();
+    if let Some(p) = pod_label {
+        // Stop attracting controllers before the lease is released to a successor.
+        p.set(false).await;
+    }
+    election.stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), election.task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
 }
