@@ -10,7 +10,7 @@ use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +54,36 @@ fn sample(size: u32) -> serde_json::Value {
 impl DevArgs {
     /// Run everything until `stop` fires (or the sample is ready, with `--exit-when-ready`).
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let (cluster, kubeconfig) = self.start_cluster().await?;
+        let manager_stop = stop.child_token();
+        let manager = self
+            .start_manager(&kubeconfig, manager_stop.clone())
+            .await?;
+        let controller_stop = stop.child_token();
+        let controller = self.start_controller(&kubeconfig, controller_stop.clone());
+        let client = cluster
+            .client()
+            .await
+            .context("kube client for devcluster")?;
+        let memcacheds = self.apply_sample(&client).await?;
+        self.print_next_steps(&kubeconfig);
+        let ready = self.follow_sample(&client, memcacheds, &stop).await;
+
+        say("shutting down: controller drains, manager releases the lease...");
+        controller_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+        manager_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
+        cluster.shutdown().await;
+        say("stopped");
+        if self.exit_when_ready && !ready {
+            anyhow::bail!("the sample never became Available");
+        }
+        Ok(())
+    }
+
+    /// Starts devcluster and writes the kubeconfig kubectl and the manager use.
+    async fn start_cluster(&self) -> anyhow::Result<(devcluster::DevCluster, PathBuf)> {
         say("starting devcluster (in-memory Kubernetes API server)...");
         let cluster = devcluster::DevCluster::start(devcluster::Options {
             listen: self.api_addr,
@@ -74,10 +104,31 @@ impl DevArgs {
             cluster.url(),
             kubeconfig.display()
         ));
+        Ok((cluster, kubeconfig))
+    }
 
-        let manager_stop = stop.child_token();
-        let run = RunArgs {
-            kubeconfig: Some(kubeconfig.clone()),
+    /// Starts the manager (as `ctrlhub run` with its defaults and a static `dev` token) and waits
+    /// until it leads.
+    async fn start_manager(
+        &self,
+        kubeconfig: &Path,
+        stop: CancellationToken,
+    ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+        say(format!(
+            "starting the manager: gRPC {} , HTTP {}",
+            self.grpc_addr, self.http_addr
+        ));
+        let manager = tokio::spawn(self.manager_args(kubeconfig).run(stop));
+        wait_for_leader(&format!("http://{}/status", self.http_addr), &manager).await?;
+        say("manager is the leader and accepts controllers");
+        Ok(manager)
+    }
+
+    /// `ctrlhub run`'s defaults, pointed at devcluster, with the static token `dev`.
+    fn manager_args(&self, kubeconfig: &Path) -> RunArgs {
+        let limits = crate::tenancy::Limits::default();
+        RunArgs {
+            kubeconfig: Some(kubeconfig.to_path_buf()),
             grpc_addr: self.grpc_addr,
             http_addr: self.http_addr,
             watch_namespace: String::new(),
@@ -88,11 +139,11 @@ impl DevArgs {
             authz_allow_ttl: Duration::from_secs(300),
             authz_deny_ttl: Duration::from_secs(30),
             secrets_tenants: String::new(),
-            max_sessions_per_tenant: crate::tenancy::Limits::default().sessions,
-            max_controllers_per_tenant: crate::tenancy::Limits::default().controllers,
-            max_informers_per_tenant: crate::tenancy::Limits::default().informers,
-            max_queued_keys: crate::tenancy::Limits::default().queued_keys,
-            max_in_flight_per_tenant: crate::tenancy::Limits::default().in_flight,
+            max_sessions_per_tenant: limits.sessions,
+            max_controllers_per_tenant: limits.controllers,
+            max_informers_per_tenant: limits.informers,
+            max_queued_keys: limits.queued_keys,
+            max_in_flight_per_tenant: limits.in_flight,
             tenant_limits: Vec::new(),
             max_dispatch_seats: crate::dispatch::seats::DEFAULT_SEATS,
             tenant_weights: Vec::new(),
@@ -107,32 +158,30 @@ impl DevArgs {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             leader_pod_label: None,
-        };
-        say(format!(
-            "starting the manager: gRPC {} , HTTP {}",
-            self.grpc_addr, self.http_addr
-        ));
-        let manager = tokio::spawn(run.run(manager_stop.clone()));
-        wait_for_leader(&format!("http://{}/status", self.http_addr), &manager).await?;
-        say("manager is the leader and accepts controllers");
+        }
+    }
 
+    /// Starts the memcached demo controller: it connects over gRPC and installs its CRD.
+    fn start_controller(
+        &self,
+        kubeconfig: &Path,
+        stop: CancellationToken,
+    ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
         say("starting the memcached controller (connects over gRPC, installs its CRD)...");
-        let controller_stop = stop.child_token();
         let args = memcached_controller::Args {
             manager: format!("http://{}", self.grpc_addr),
             token: "dev".into(),
-            kubeconfig: Some(kubeconfig.clone()),
+            kubeconfig: Some(kubeconfig.to_path_buf()),
             install_crd: true,
             print_crd: false,
             max_concurrent_reconciles: 4,
             namespaces: Vec::new(),
         };
-        let controller = tokio::spawn(memcached_controller::run(args, controller_stop.clone()));
+        tokio::spawn(memcached_controller::run(args, stop))
+    }
 
-        let client = cluster
-            .client()
-            .await
-            .context("kube client for devcluster")?;
+    /// Applies the sample Memcached once the controller's CRD is served.
+    async fn apply_sample(&self, client: &kube::Client) -> anyhow::Result<Api<DynamicObject>> {
         let ar = kube::api::ApiResource {
             group: "cache.example.com".into(),
             version: "v1alpha1".into(),
@@ -143,14 +192,9 @@ impl DevArgs {
         let memcacheds: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
         let applied = async {
             loop {
-                match memcacheds
-                    .patch(
-                        "memcached-sample",
-                        &PatchParams::apply("ctrlhub-dev"),
-                        &Patch::Apply(sample(self.size)),
-                    )
-                    .await
-                {
+                let params = PatchParams::apply("ctrlhub-dev");
+                let patch = Patch::Apply(sample(self.size));
+                match memcacheds.patch("memcached-sample", &params, &patch).await {
                     Ok(_) => return,
                     // The CRD is installed by the controller; wait for it to be served.
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -164,14 +208,17 @@ impl DevArgs {
             "applied Memcached default/memcached-sample (spec.size={})",
             self.size
         ));
+        Ok(memcacheds)
+    }
+
+    fn print_next_steps(&self, kubeconfig: &Path) {
+        let kubeconfig = kubeconfig.display();
         say("next steps:");
         say(format!(
-            "  kubectl --kubeconfig {} get memcacheds,deployments",
-            kubeconfig.display()
+            "  kubectl --kubeconfig {kubeconfig} get memcacheds,deployments"
         ));
         say(format!(
-            "  kubectl --kubeconfig {} patch memcached memcached-sample --type=merge -p '{{\"spec\":{{\"size\":5}}}}'",
-            kubeconfig.display()
+            "  kubectl --kubeconfig {kubeconfig} patch memcached memcached-sample --type=merge -p '{{\"spec\":{{\"size\":5}}}}'"
         ));
         say(format!(
             "  curl http://{}/status    (controllers, queues, informers)",
@@ -182,56 +229,70 @@ impl DevArgs {
             self.http_addr
         ));
         say("  Ctrl-C stops everything");
+    }
 
-        let mut events = watcher(memcacheds.clone(), watcher::Config::default()).boxed();
+    /// Prints the sample's status as the controller reconciles it, until `stop` (or, with
+    /// `--exit-when-ready`, until it is Available). Returns whether it became Available.
+    async fn follow_sample(
+        &self,
+        client: &kube::Client,
+        memcacheds: Api<DynamicObject>,
+        stop: &CancellationToken,
+    ) -> bool {
+        let mut events = watcher(memcacheds, watcher::Config::default()).boxed();
         let mut last = String::new();
         let mut ready = false;
         loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                ev = events.next() => match ev {
-                    Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
-                        let whole = serde_json::to_value(&obj).unwrap_or_default();
-                        let line = describe(&whole);
-                        if line != last {
-                            say(format!("memcached-sample: {line}"));
-                            last = line;
-                        }
-                        let available = whole.pointer("/status/conditions").and_then(|c| c.as_array()).is_some_and(|c| {
-                            c.iter().any(|c| c["type"] == "Available" && c["status"] == "True")
-                        });
-                        if available && !ready {
-                            ready = true;
-                            let deps: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), "default");
-                            if let Ok(d) = deps.get("memcached-sample").await {
-                                say(format!("Deployment default/memcached-sample has spec.replicas={}", d.spec.and_then(|s| s.replicas).unwrap_or_default()));
-                            }
-                            if let Ok(status) = reqwest_status(&format!("http://{}/status", self.http_addr)).await {
-                                say(format!("manager status: {status}"));
-                            }
-                            if self.exit_when_ready {
-                                break;
-                            }
+            let ev = tokio::select! {
+                _ = stop.cancelled() => return ready,
+                ev = events.next() => ev,
+            };
+            match ev {
+                Some(Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
+                    let whole = serde_json::to_value(&obj).unwrap_or_default();
+                    let line = describe(&whole);
+                    if line != last {
+                        say(format!("memcached-sample: {line}"));
+                        last = line;
+                    }
+                    if is_available(&whole) && !ready {
+                        ready = true;
+                        self.report_ready(client).await;
+                        if self.exit_when_ready {
+                            return ready;
                         }
                     }
-                    Some(Ok(watcher::Event::Delete(_))) => say("memcached-sample deleted"),
-                    Some(_) => {}
-                    None => break,
-                },
+                }
+                Some(Ok(watcher::Event::Delete(_))) => say("memcached-sample deleted"),
+                Some(_) => {}
+                None => return ready,
             }
         }
-        say("shutting down: controller drains, manager releases the lease...");
-        controller_stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
-        manager_stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
-        cluster.shutdown().await;
-        say("stopped");
-        if self.exit_when_ready && !ready {
-            anyhow::bail!("the sample never became Available");
-        }
-        Ok(())
     }
+
+    /// Once the sample is Available: its Deployment's size and the manager's status.
+    async fn report_ready(&self, client: &kube::Client) {
+        let deps: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(client.clone(), "default");
+        if let Ok(d) = deps.get("memcached-sample").await {
+            let replicas = d.spec.and_then(|s| s.replicas).unwrap_or_default();
+            say(format!(
+                "Deployment default/memcached-sample has spec.replicas={replicas}"
+            ));
+        }
+        if let Ok(status) = reqwest_status(&format!("http://{}/status", self.http_addr)).await {
+            say(format!("manager status: {status}"));
+        }
+    }
+}
+
+fn is_available(obj: &serde_json::Value) -> bool {
+    obj.pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Available" && c["status"] == "True")
+        })
 }
 
 fn describe(obj: &serde_json::Value) -> String {
