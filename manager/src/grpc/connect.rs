@@ -1,0 +1,344 @@
+//! One Connect stream, in order: authenticate → leader check → read Register → translate →
+//! authorize → attach to the controller → reply Registered → re-check loop (under RBAC) → pump
+//! requests out and results in until either side ends.
+
+use super::convert::{
+    credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb, readable_to_pb,
+    register_error_to_status, request_to_pb, result_message, revoked_to_pb,
+};
+use super::registering::{Grant, RbacNamespaceGate, denied, watched_resources};
+use super::{ConnectStream, Service};
+use crate::dispatch::controllers::{AdmittedNamespaces, Attached};
+use crate::dispatch::dispatcher::{Completion, Controller, Outbound, RevokeReason};
+use crate::dispatch::queue::Outcome;
+use crate::registration::{Invalid, Registration};
+use crate::tenancy::{Identity, NamespaceGate};
+use ctrlhub_proto::v1 as pb;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::{Request as GrpcRequest, Response, Status, Streaming};
+
+/// How long a new stream may take to send its Register.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the session task sends to the controller.
+type Replies = mpsc::Sender<Result<pb::ManagerMessage, Status>>;
+
+impl Service {
+    /// Authenticate, register and start a session (the body of Connect).
+    pub(super) async fn open(
+        &self,
+        req: GrpcRequest<Streaming<pb::ControllerMessage>>,
+    ) -> Result<Response<ConnectStream>, Status> {
+        let identity = self.authenticate(&req).await?;
+        self.require_leader()?;
+        let mut inbound = req.into_inner();
+        let register = self.read_register(&mut inbound, &identity).await?;
+        let registration = self.registration(&register, &identity).await?;
+        let grant = self.authorize(&identity, &registration).await?;
+        let credits = credits(register.max_in_flight, registration.max_concurrent);
+        let attached = self
+            .controllers
+            .attach_gated(
+                &identity.tenant,
+                registration.clone(),
+                credits,
+                self.gate(grant, &identity, &registration),
+            )
+            .map_err(register_error_to_status)?;
+        let session_id = format!("{}-{}", attached.controller.id.name, uuid::Uuid::new_v4());
+        self.sessions.lock().insert(
+            session_id.clone(),
+            (identity.clone(), attached.controller.clone()),
+        );
+        tracing::info!(controller = %attached.controller.id, session = %session_id, credits = attached.credits, "session attached");
+        let registered = pb::Registered {
+            session_id: session_id.clone(),
+            leader_identity: self.leader.borrow().holder.clone().unwrap_or_default(),
+            effective: Some(effective_to_pb(&register, &registration, attached.credits)),
+            readable: readable_to_pb(&registration),
+        };
+        let recheck = self.spawn_recheck(&identity, &registration, &attached);
+        let (tx, rx) = mpsc::channel(256);
+        let pump = Pump {
+            service: self.clone(),
+            controller: attached.controller,
+            session: attached.session,
+            session_id,
+            scope: attached.scope,
+            tx,
+        };
+        tokio::spawn(pump.run(attached.outbound, inbound, registered, recheck));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    /// The first message, which must be Register, within [`REGISTER_TIMEOUT`].
+    async fn read_register(
+        &self,
+        inbound: &mut Streaming<pb::ControllerMessage>,
+        identity: &Identity,
+    ) -> Result<pb::Register, Status> {
+        let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded("no Register message within 30s of opening the stream")
+            })?
+            .map_err(|e| {
+                if e.code() == tonic::Code::OutOfRange {
+                    self.metrics.limit_hit(&identity.tenant, "message_bytes");
+                }
+                inbound_error(e)
+            })?
+            .ok_or_else(|| Status::cancelled("the stream closed before Register"))?;
+        match first.message {
+            Some(pb::controller_message::Message::Register(r)) => Ok(*r),
+            _ => Err(Status::invalid_argument(
+                "register: the first message on a Connect stream must be Register",
+            )),
+        }
+    }
+
+    /// The registration `register` asks for. Under RBAC a kind that is not served is answered
+    /// exactly like a denied one, so tenants cannot probe what exists.
+    async fn registration(
+        &self,
+        register: &pb::Register,
+        identity: &Identity,
+    ) -> Result<Registration, Status> {
+        match self.translate(register).await {
+            Ok(r) => Ok(r),
+            Err(Invalid {
+                unserved: Some((group, kind)),
+                ..
+            }) if self.conceal_unserved => {
+                let ns = match register.namespaces.as_ref().and_then(|n| n.scope.as_ref()) {
+                    Some(pb::namespace_scope::Scope::Names(n)) => {
+                        n.names.first().cloned().unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
+                Err(denied(identity, &group, &kind, &ns))
+            }
+            Err(e) => Err(Status::invalid_argument(e.to_string())),
+        }
+    }
+
+    /// The per-namespace RBAC check of a selector scope granted namespace by namespace.
+    fn gate(
+        &self,
+        grant: Grant,
+        identity: &Identity,
+        registration: &Registration,
+    ) -> Option<Arc<dyn NamespaceGate>> {
+        (grant == Grant::PerNamespace).then(|| {
+            Arc::new(RbacNamespaceGate {
+                authz: self.authz.clone(),
+                who: identity.clone(),
+                resources: watched_resources(registration)
+                    .map(|r| (r.group.clone(), r.plural.clone()))
+                    .collect(),
+            }) as Arc<dyn NamespaceGate>
+        })
+    }
+
+    /// Under RBAC, re-authorizes the registration every re-check interval and revokes the
+    /// controller's sessions once access is gone; stopped when the session ends.
+    fn spawn_recheck(
+        &self,
+        identity: &Identity,
+        registration: &Registration,
+        attached: &Attached,
+    ) -> Option<AbortOnDrop> {
+        let every = self.recheck?;
+        let (service, who, reg, controller, scope) = (
+            self.clone(),
+            identity.clone(),
+            registration.clone(),
+            attached.controller.clone(),
+            attached.scope.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match service.reauthorize(&who, &reg, scope.as_ref()).await {
+                    Err(denied) if denied.code() == tonic::Code::PermissionDenied => {
+                        tracing::warn!(controller = %controller.id, user = %who.username, "permission revoked; ending the registration's sessions");
+                        controller.revoke_all(RevokeReason::PermissionRevoked, denied.message());
+                        return;
+                    }
+                    // An API outage is not a revocation: keep the session, ask again.
+                    _ => {}
+                }
+            }
+        });
+        Some(AbortOnDrop(task.abort_handle()))
+    }
+}
+
+/// Stops the re-authorization task when its session ends.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What one turn of the pump decided.
+enum Step {
+    Continue,
+    /// End the session, with this status unless it is None or OK (then the stream just ends).
+    End(Option<Status>),
+}
+
+/// One attached session: forwards the controller's work out and applies its results as they
+/// come in, until either side ends.
+struct Pump {
+    service: Service,
+    controller: Arc<Controller>,
+    session: u64,
+    session_id: String,
+    scope: Option<AdmittedNamespaces>,
+    tx: Replies,
+}
+
+impl Pump {
+    async fn run(
+        self,
+        mut outbound: mpsc::UnboundedReceiver<Outbound>,
+        mut inbound: Streaming<pb::ControllerMessage>,
+        registered: pb::Registered,
+        _recheck: Option<AbortOnDrop>,
+    ) {
+        let registered = pb::manager_message::Message::Registered(Box::new(registered));
+        let _ = self.tx.send(Ok(msg(registered))).await;
+        let end = loop {
+            let step = tokio::select! {
+                out = outbound.recv() => self.outbound(out).await,
+                incoming = inbound.message() => self.inbound(incoming),
+            };
+            if let Step::End(status) = step {
+                break status;
+            }
+        };
+        self.finish(end).await;
+    }
+
+    /// Whether `namespace` is outside an admitted selector scope.
+    fn withheld(&self, namespace: &str) -> bool {
+        self.scope.as_ref().is_some_and(|s| !s.contains(namespace))
+    }
+
+    /// Forwards one piece of the controller's work, or ends the session.
+    async fn outbound(&self, out: Option<Outbound>) -> Step {
+        let c = &self.controller;
+        let message = match out {
+            Some(Outbound::Reconcile(r)) if self.withheld(&r.key.namespace) => {
+                // Resync and retries re-deliver keys the controller has cached, from every
+                // namespace: one outside the admitted scope (never admitted, or left it) must not
+                // leave the manager, so it is settled here unseen.
+                tracing::debug!(controller = %c.id, namespace = %r.key.namespace, "key outside the namespace scope withheld");
+                c.complete(self.session, &r.id, Outcome::Done, "");
+                return Step::Continue;
+            }
+            Some(Outbound::Reconcile(r)) => {
+                pb::manager_message::Message::Reconcile(request_to_pb(&r))
+            }
+            Some(Outbound::Event { id, delivery, .. })
+                if self.withheld(&delivery.key.namespace) =>
+            {
+                tracing::debug!(controller = %c.id, namespace = %delivery.key.namespace, "event outside the namespace scope withheld");
+                c.ack(self.session, &id);
+                return Step::Continue;
+            }
+            Some(Outbound::Event {
+                id,
+                delivery,
+                deadline,
+                trace,
+            }) => pb::manager_message::Message::Event(event_to_pb(&id, &delivery, deadline, trace)),
+            Some(Outbound::Revoke { reason, message }) => {
+                let (revoked, status) = revoked_to_pb(reason, message);
+                let _ = self
+                    .tx
+                    .send(Ok(msg(pb::manager_message::Message::Revoked(revoked))))
+                    .await;
+                return Step::End(Some(status));
+            }
+            Some(Outbound::Drained) => return Step::End(Some(Status::ok("drained"))),
+            None => return Step::End(None),
+        };
+        match self.tx.send(Ok(msg(message))).await {
+            Ok(()) => Step::Continue,
+            Err(_) => Step::End(None),
+        }
+    }
+
+    /// Applies one message from the controller, or ends the session.
+    fn inbound(&self, incoming: Result<Option<pb::ControllerMessage>, Status>) -> Step {
+        use pb::controller_message::Message as M;
+        let c = &self.controller;
+        let m = match incoming {
+            Ok(Some(m)) => m,
+            Ok(None) => return Step::End(None),
+            // tonic refuses an oversized message before reading it (OUT_OF_RANGE); gRPC's code
+            // for a message over the receiver's limit is RESOURCE_EXHAUSTED.
+            Err(e) if e.code() == tonic::Code::OutOfRange => {
+                self.service
+                    .metrics
+                    .limit_hit(&c.id.tenant, "message_bytes");
+                return Step::End(Some(inbound_error(e)));
+            }
+            Err(e) => {
+                tracing::debug!(controller = %c.id, error = %e, "session stream error");
+                return Step::End(None);
+            }
+        };
+        match m.message {
+            Some(M::Result(result)) => match outcome_from_pb(&result) {
+                Ok(outcome) => {
+                    let message = result_message(&result);
+                    if c.complete(self.session, &result.id, outcome, message)
+                        == Completion::Discarded
+                    {
+                        tracing::debug!(controller = %c.id, id = %result.id, "late or unknown result discarded");
+                    }
+                }
+                Err(e) => return Step::End(Some(Status::invalid_argument(e.to_string()))),
+            },
+            Some(M::Credit(credit)) => c.set_credits(self.session, credit.max_in_flight),
+            Some(M::Drain(_)) => c.drain(self.session),
+            Some(M::EventAck(ack)) if c.ack(self.session, &ack.id) == Completion::Discarded => {
+                tracing::debug!(controller = %c.id, id = %ack.id, "late or unknown ack discarded");
+            }
+            Some(M::EventAck(_)) => {}
+            Some(M::Register(_)) => {
+                return Step::End(Some(Status::invalid_argument(
+                    "register: a session registers once; open a new Connect stream to change the registration",
+                )));
+            }
+            None => {}
+        }
+        Step::Continue
+    }
+
+    /// Detaches the session (its in-flight keys are re-queued) and ends the stream with `end`.
+    async fn finish(self, end: Option<Status>) {
+        self.service
+            .controllers
+            .detach(&self.controller, self.session);
+        self.service.sessions.lock().remove(&self.session_id);
+        tracing::info!(controller = %self.controller.id, session = %self.session_id, "session ended");
+        if let Some(status) = end
+            && status.code() != tonic::Code::Ok
+        {
+            let _ = self.tx.send(Err(status)).await;
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Registering: a `Register` becomes a [`Registration`] (resolving kinds through discovery),
+//! then is authorized for the identity that sent it, up front and again while it lives.
+
+use super::ServiceState;
+use super::convert::{
+    backoff_from_pb, deadline_from_pb, mapping_from_pb, mode_from_pb, namespaces_from_pb,
+    resync_from_pb, translate_predicate_opt, translate_selector,
+};
+use crate::dispatch::controllers::AdmittedNamespaces;
+use crate::registration::{
+    self, Invalid, NamespaceScope, Owned, Registration, ResourceRef, Watched,
+};
+use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity, NamespaceGate};
+use ctrlhub_proto::v1 as pb;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Status;
+
+impl ServiceState {
+    /// The domain registration a `Register` asks for, with every kind resolved.
+    pub(super) async fn translate(&self, r: &pb::Register) -> Result<Registration, Invalid> {
+        registration::validate_name(&r.controller_name)?;
+        let mode = mode_from_pb(r)?;
+        let primary = self.resolve(r.primary.as_ref(), "register.primary").await?;
+        let owns = self.owns(r).await?;
+        let watches = self.watches(r).await?;
+        let namespaces = namespaces_from_pb(r.namespaces.as_ref())?;
+        if !primary.namespaced && !matches!(namespaces, NamespaceScope::All) {
+            return Err(Invalid::new(
+                "register.namespaces",
+                format!(
+                    "{} is cluster-scoped; leave the namespace scope unset",
+                    primary.kind
+                ),
+            ));
+        }
+        let label_selector = match &r.label_selector {
+            Some(sel) => Some(translate_selector(sel, "register.label_selector")?),
+            None => None,
+        };
+        Ok(Registration {
+            name: r.controller_name.clone(),
+            mode,
+            primary,
+            owns,
+            watches,
+            namespaces,
+            label_selector,
+            predicate: translate_predicate_opt(r.predicate.as_ref(), "register.predicate")?,
+            // 0 = no controller-wide bound: capacity is the sum of the sessions' credits.
+            max_concurrent: r.max_concurrent_reconciles,
+            deadline: deadline_from_pb(r.request_deadline.as_ref())?,
+            resync: resync_from_pb(r.resync_period.as_ref())?,
+            backoff: backoff_from_pb(r.backoff.as_ref())?,
+            include_object: r.include_object,
+        })
+    }
+
+    async fn owns(&self, r: &pb::Register) -> Result<Vec<Owned>, Invalid> {
+        let mut owns = Vec::with_capacity(r.owns.len());
+        for (i, o) in r.owns.iter().enumerate() {
+            let field = format!("register.owns[{i}]");
+            let predicate =
+                translate_predicate_opt(o.predicate.as_ref(), &format!("{field}.predicate"))?;
+            owns.push(Owned {
+                resource: self
+                    .resolve(o.resource.as_ref(), &format!("{field}.resource"))
+                    .await?,
+                controller_only: o.controller_only,
+                predicate,
+            });
+        }
+        Ok(owns)
+    }
+
+    async fn watches(&self, r: &pb::Register) -> Result<Vec<Watched>, Invalid> {
+        let mut watches = Vec::with_capacity(r.watches.len());
+        for (i, w) in r.watches.iter().enumerate() {
+            let field = format!("register.watches[{i}]");
+            let mapping = mapping_from_pb(w, &field)?;
+            let predicate =
+                translate_predicate_opt(w.predicate.as_ref(), &format!("{field}.predicate"))?;
+            watches.push(Watched {
+                resource: self
+                    .resolve(w.resource.as_ref(), &format!("{field}.resource"))
+                    .await?,
+                mapping,
+                predicate,
+            });
+        }
+        Ok(watches)
+    }
+
+    /// The served resource a `ResourceType` names (discovery, cached per group/version/kind).
+    async fn resolve(
+        &self,
+        rt: Option<&pb::ResourceType>,
+        field: &str,
+    ) -> Result<ResourceRef, Invalid> {
+        let rt =
+            rt.ok_or_else(|| Invalid::new(field, "is required: give group, version and kind"))?;
+        if rt.version.is_empty() {
+            return Err(Invalid::new(
+                format!("{field}.version"),
+                "is required (e.g. \"v1\")",
+            ));
+        }
+        if rt.kind.is_empty() {
+            return Err(Invalid::new(
+                format!("{field}.kind"),
+                "is required (e.g. \"ConfigMap\")",
+            ));
+        }
+        let cache_key = (rt.group.clone(), rt.version.clone(), rt.kind.clone());
+        if let Some(found) = self.discovered.lock().get(&cache_key) {
+            return Ok(found.clone());
+        }
+        let gvk = kube::api::GroupVersionKind::gvk(&rt.group, &rt.version, &rt.kind);
+        let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk).await.map_err(|_| {
+            let gv = if rt.group.is_empty() { rt.version.clone() } else { format!("{}/{}", rt.group, rt.version) };
+            Invalid::new(field, format!("kind {} in {gv} is not served by the API server (check group, version and kind, and that its CRD is installed)", rt.kind))
+                .unserved(&rt.group, &rt.kind)
+        })?;
+        if !rt.plural.is_empty() && rt.plural != ar.plural {
+            return Err(Invalid::new(
+                format!("{field}.plural"),
+                format!(
+                    "is {:?} but the API server serves {} as {:?}",
+                    rt.plural, rt.kind, ar.plural
+                ),
+            ));
+        }
+        let resolved = ResourceRef {
+            group: ar.group,
+            version: ar.version,
+            kind: ar.kind,
+            plural: ar.plural,
+            namespaced: caps.scope == kube::discovery::Scope::Namespaced,
+        };
+        self.discovered.lock().insert(cache_key, resolved.clone());
+        Ok(resolved)
+    }
+
+    /// Whether `who` may register `reg`, and how. A namespace-label-selector scope is accepted
+    /// without a cluster-wide grant: then each namespace enters it only after its own check
+    /// (see [`RbacNamespaceGate`]).
+    pub(super) async fn authorize(
+        &self,
+        who: &Identity,
+        reg: &Registration,
+    ) -> Result<Grant, Status> {
+        match &reg.namespaces {
+            NamespaceScope::Names(names) => {
+                self.require(who, reg, names).await?;
+                Ok(Grant::Full)
+            }
+            NamespaceScope::All => {
+                self.require(who, reg, &[String::new()]).await?;
+                Ok(Grant::Full)
+            }
+            NamespaceScope::Selector(_) => {
+                // A kind refused whatever RBAC says would be denied in every namespace: refuse
+                // it now rather than accept a registration that can never deliver.
+                if let Some(r) = watched_resources(reg)
+                    .find(|r| self.authz.refused_outright(who, &r.group, &r.plural))
+                {
+                    return Err(denied(who, &r.group, &r.kind, ""));
+                }
+                match self.require(who, reg, &[String::new()]).await {
+                    Ok(()) => Ok(Grant::Full),
+                    Err(s) if s.code() == tonic::Code::PermissionDenied => Ok(Grant::PerNamespace),
+                    Err(s) => Err(s),
+                }
+            }
+        }
+    }
+
+    /// Re-authorize a live registration on the re-check interval: an error with
+    /// PERMISSION_DENIED means access it relies on is gone. For a gated selector scope that is
+    /// every namespace admitted so far (whoever's check admitted it: replicas share the scope).
+    pub(super) async fn reauthorize(
+        &self,
+        who: &Identity,
+        reg: &Registration,
+        scope: Option<&AdmittedNamespaces>,
+    ) -> Result<(), Status> {
+        match (&reg.namespaces, scope) {
+            (NamespaceScope::Names(names), _) => self.require(who, reg, names).await,
+            (NamespaceScope::Selector(_), Some(scope)) if scope.is_gated() => {
+                self.require(who, reg, &scope.namespaces()).await
+            }
+            // All namespaces, or a selector scope filled without checks on a cluster-wide grant:
+            // losing that grant ends the registration, and reconnecting gets per-namespace checks.
+            _ => self.require(who, reg, &[String::new()]).await,
+        }
+    }
+
+    /// PERMISSION_DENIED unless `who` may list and watch every resource of `reg` in each of
+    /// `namespaces` ("" = all namespaces).
+    async fn require(
+        &self,
+        who: &Identity,
+        reg: &Registration,
+        namespaces: &[String],
+    ) -> Result<(), Status> {
+        for r in watched_resources(reg) {
+            for ns in namespaces {
+                let allowed = self
+                    .authz
+                    .allowed(who, Access::Watch, &r.group, &r.plural, ns)
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                if !allowed {
+                    return Err(denied(who, &r.group, &r.kind, ns));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What registering was allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Grant {
+    /// Everything the registration asks for, in every namespace it covers.
+    Full,
+    /// A namespace label selector without a cluster-wide grant: each namespace enters the scope
+    /// only after its own check, and admitted namespaces are what the re-check covers.
+    PerNamespace,
+}
+
+/// The resources a registration lists and watches: its primary, what it owns, what it watches.
+pub(super) fn watched_resources(reg: &Registration) -> impl Iterator<Item = &ResourceRef> {
+    std::iter::once(&reg.primary)
+        .chain(reg.owns.iter().map(|o| &o.resource))
+        .chain(reg.watches.iter().map(|w| &w.resource))
+}
+
+/// Admits a namespace into a label-selector scope when the registering identity may list and
+/// watch every resource of the registration there: the same check a registration naming that
+/// namespace passes, made as the namespace enters the scope instead of up front.
+pub(super) struct RbacNamespaceGate {
+    pub(super) authz: Arc<dyn Authorizer>,
+    pub(super) who: Identity,
+    /// (group, plural) of each watched resource.
+    pub(super) resources: Vec<(String, String)>,
+}
+
+impl NamespaceGate for RbacNamespaceGate {
+    fn admit<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<bool, AuthzError>> {
+        Box::pin(async move {
+            for (group, plural) in &self.resources {
+                if !self
+                    .authz
+                    .allowed(&self.who, Access::Watch, group, plural, namespace)
+                    .await?
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    fn retry_after(&self) -> Duration {
+        // A deny is cached this long: asking sooner would get the cached answer.
+        self.authz.deny_ttl()
+    }
+}
+
+/// A registration's denial. A kind the API server does not serve gets this same answer under
+/// RBAC, so the message names only what the tenant sent and what to do.
+pub(super) fn denied(who: &Identity, group: &str, kind: &str, ns: &str) -> Status {
+    let kind = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
+    Status::permission_denied(format!(
+        "{} may not list and watch {kind} in {}: ask for a Role granting list and watch there, bound to this identity",
+        who.username,
+        namespace_phrase(ns)
+    ))
+}
+
+/// `plural.group`, or just `plural` for the core group, as kubectl spells a resource.
+pub(super) fn resource_name(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+pub(super) fn namespace_phrase(ns: &str) -> String {
+    if ns.is_empty() {
+        "all namespaces".to_string()
+    } else {
+        format!("namespace {ns}")
+    }
+}
