@@ -15,13 +15,15 @@
 //! - `registration`: what a controller registered, as domain types (scope, predicates, mapping).
 //! - `metrics`, `key`: Prometheus series and object keys, used by every stage.
 
-pub mod dispatch;
-pub mod grpc;
-pub mod http;
-pub mod informer;
+pub(crate) mod dispatch;
+pub(crate) mod grpc;
+pub(crate) mod http;
+pub(crate) mod informer;
 pub mod key;
-pub mod leader;
-pub mod metrics;
+pub(crate) mod leader;
+pub(crate) mod metrics;
+// Public for the fuzz targets, which drive registration rules and predicates directly.
 pub mod registration;
+// Public for the binary: `ctrlhub run` and `ctrlhub dev`.
 pub mod run;
-pub mod tenancy;
+pub(crate) mod tenancy;

@@ -204,7 +204,7 @@ pub fn key_attributes(namespace: &str, name: &str) -> Vec<KeyValue> {
 }
 
 /// Longest error message kept as a span's status description.
-const MAX_STATUS_MESSAGE: usize = 256;
+pub const MAX_STATUS_MESSAGE: usize = 256;
 
 /// `message` cut to at most [`MAX_STATUS_MESSAGE`] bytes on a char boundary.
 pub fn status_message(message: &str) -> String {

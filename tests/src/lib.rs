@@ -9,7 +9,7 @@
 //! - [`rbac`]: tenants as ServiceAccounts with tokens and RBAC grants;
 //! - [`objects`]: namespaces, ConfigMaps and other objects applied as JSON;
 //! - [`raw`]: raw HTTPS requests and watch streams;
-//! - [`widget`]: the conformance suites' `Widget` custom resource;
+//! - [`widget`](mod@widget): the conformance suites' `Widget` custom resource;
 //! - [`process`]: binaries, free ports and child process handles;
 //! - [`wait`]: [`PATIENCE`], the one bound on how long anything waits for a condition.
 //!

@@ -247,26 +247,7 @@ fn related_subscriber(
 }
 
 impl ControllerTable {
-    /// A controllers over `cache`; `ceiling` is WATCH_NAMESPACE (None = all namespaces).
-    pub fn new(
-        cache: Arc<Cache>,
-        ceiling: Option<Vec<String>>,
-        leading: watch::Receiver<bool>,
-        stop: CancellationToken,
-        metrics: Arc<crate::metrics::Metrics>,
-    ) -> Arc<Self> {
-        Self::with_seat_pool(
-            cache,
-            ceiling,
-            leading,
-            stop,
-            metrics,
-            TenantLimits::default(),
-            SeatPool::unlimited(),
-        )
-    }
-
-    /// A controllers enforcing `limits` (instead of the defaults) whose controllers share the
+    /// A controller table enforcing `limits` (instead of the defaults) whose controllers share the
     /// dispatch seats of `seat_pool`.
     pub fn with_seat_pool(
         cache: Arc<Cache>,
@@ -335,24 +316,9 @@ impl ControllerTable {
         &self.cache
     }
 
-    /// Find a controller.
-    pub fn get(&self, id: &ControllerId) -> Option<Arc<Controller>> {
-        self.controllers().get(id).cloned()
-    }
-
     /// Attach a session of `tenant` with `registration`. Replicas with the same registration
-    /// share one controller; a different registration under the same name supersedes it.
-    pub fn attach(
-        &self,
-        tenant: &str,
-        registration: Registration,
-        credits: u32,
-    ) -> Result<Attached, RegisterError> {
-        self.attach_gated(tenant, registration, credits, None)
-    }
-
-    /// [`ControllerTable::attach`], where a namespace-label-selector scope admits each matching
-    /// namespace only once `gate` allows it (None: every matching namespace enters at once, for
+    /// share one controller; a different registration under the same name supersedes it. A
+    /// namespace-label-selector scope admits each matching namespace only once `gate` allows it (None: every matching namespace enters at once, for
     /// an identity allowed cluster-wide). A gated registration never joins an ungated controller
     /// of the same name: that one delivers from namespaces nobody checked for this session, so
     /// the gated one supersedes it.

@@ -152,11 +152,6 @@ impl Reasons {
         self.0 & reason.bit() != 0
     }
 
-    /// True when no reason was recorded.
-    pub fn is_empty(&self) -> bool {
-        self.0 == 0
-    }
-
     /// The reasons in a fixed order, so wire messages are deterministic.
     pub fn iter(&self) -> impl Iterator<Item = Reason> + '_ {
         Reason::ALL.into_iter().filter(|r| self.contains(*r))
@@ -206,6 +201,8 @@ enum State {
     Processing {
         handout_id: HandoutId,
         priority: Priority,
+        /// Read by the inspection API only (longest-running and unfinished work).
+        #[cfg_attr(not(test), allow(dead_code))]
         started_at: Instant,
         /// Set by an add during processing: deliver again right after `done`.
         dirty: Option<Dirty>,
@@ -295,17 +292,13 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         }
     }
 
+    #[cfg(test)]
     /// Sets how many consecutive Live pops may pass a waiting Background item.
     ///
     /// Clamped to at least 1: zero would invert the priorities rather than disable them.
     pub fn with_live_burst(mut self, live_burst: u32) -> Self {
         self.live_burst = live_burst.max(1);
         self
-    }
-
-    /// The backoff this queue applies to errors.
-    pub fn backoff(&self) -> Backoff {
-        self.backoff
     }
 
     /// Records that `key` needs reconciling.
@@ -384,6 +377,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.entries.insert(key, entry);
     }
 
+    #[cfg(test)]
     /// Makes `key` ready after `delay`, at Live priority.
     ///
     /// Keeps the earlier of an existing timer and this one; does nothing to a key that is
@@ -472,6 +466,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         })
     }
 
+    #[cfg(test)]
     /// Finishes the current hand-out of `key`, whichever it is.
     ///
     /// Returns false (and changes nothing) if `key` is not being processed. Callers that can
@@ -611,6 +606,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         }
     }
 
+    #[cfg(test)]
     /// Forgets `key` entirely: its place in the queue, timers, backoff and terminal verdict.
     ///
     /// A key in flight stays exclusive until its worker reports back (so a re-added key is never
@@ -670,6 +666,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         !self.is_empty() || self.next_ready_at().is_some_and(|at| at <= now)
     }
 
+    #[cfg(test)]
     /// Ready keys in one lane.
     pub fn depth(&self, priority: Priority) -> usize {
         match priority {
@@ -708,6 +705,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.in_flight
     }
 
+    #[cfg(test)]
     /// Whether `key` is currently handed out.
     pub fn is_processing(&self, key: &K) -> bool {
         matches!(
@@ -716,11 +714,13 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         )
     }
 
+    #[cfg(test)]
     /// Whether `key` is parked after a terminal error.
     pub fn is_terminal(&self, key: &K) -> bool {
         self.entries.get(key).is_some_and(|e| e.terminal)
     }
 
+    #[cfg(test)]
     /// The current hand-out of `key`, so a deadline timer can report [`Outcome::Lost`] for
     /// exactly the handout it was armed for.
     pub fn current_handout(&self, key: &K) -> Option<HandoutId> {
@@ -730,6 +730,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         }
     }
 
+    #[cfg(test)]
     /// Consecutive errors recorded for `key` (the backoff exponent).
     pub fn failures(&self, key: &K) -> u32 {
         self.entries.get(key).map_or(0, |e| e.failures)
@@ -746,18 +747,21 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.retries_total
     }
 
+    #[cfg(test)]
     /// How long the oldest in-flight key has been processing
     /// (`workqueue_longest_running_processor_seconds`); zero when idle.
     pub fn longest_running(&self, now: Instant) -> Duration {
         self.processing_ages(now).max().unwrap_or_default()
     }
 
+    #[cfg(test)]
     /// Total time in-flight keys have been processing (`workqueue_unfinished_work_seconds`),
     /// which grows when workers are stuck.
     pub fn unfinished_work(&self, now: Instant) -> Duration {
         self.processing_ages(now).sum()
     }
 
+    #[cfg(test)]
     fn processing_ages(&self, now: Instant) -> impl Iterator<Item = Duration> + '_ {
         self.entries.values().filter_map(move |e| match e.state {
             State::Processing { started_at, .. } => Some(now.saturating_duration_since(started_at)),

@@ -277,6 +277,7 @@ impl SeatPool {
         })
     }
 
+    #[cfg(test)]
     /// Unlimited seats: nothing waits (tests and embedding without a budget).
     pub fn unlimited() -> Arc<Self> {
         Self::new(0, Weights::default())
@@ -321,6 +322,7 @@ impl SeatPool {
         out
     }
 
+    #[cfg(test)]
     /// Seats in use across all tenants.
     pub fn in_use(&self) -> usize {
         self.lock().in_use
@@ -402,6 +404,7 @@ impl Flow {
         inner.serve_waiting(s.capacity, &s.weights, now);
     }
 
+    #[cfg(test)]
     /// Seats granted to this flow and not yet taken.
     pub fn pending(&self) -> usize {
         self.seat_pool
@@ -427,6 +430,7 @@ pub struct Seat {
 }
 
 impl Seat {
+    #[cfg(test)]
     /// Free the seat as of `now` (dropping it frees it as of the current time).
     pub fn release_at(mut self, now: Instant) {
         self.free(now);

@@ -91,14 +91,10 @@ impl PendingLinks {
         }
     }
 
+    #[cfg(test)]
     /// Keys with links waiting (for tests and bounds checks).
     pub fn len(&self) -> usize {
         self.by_key.len()
-    }
-
-    /// Whether no links are waiting.
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
     }
 }
 

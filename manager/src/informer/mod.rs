@@ -27,7 +27,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::watch as signal;
@@ -132,7 +132,6 @@ pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 #[derive(Default)]
 struct Store {
     objects: HashMap<ObjectKey, CachedObject>,
-    by_owner: HashMap<String, HashSet<ObjectKey>>,
     subscribers: Vec<(u64, Subscriber)>,
     /// Objects received since the current (re)list began. Held as bytes too, so that a list of
     /// 100k objects never has them all parsed at once.
@@ -150,41 +149,17 @@ pub struct Informer {
 }
 
 impl Store {
-    fn unindex_owners(&mut self, key: &ObjectKey, obj: &CachedObject) {
-        for uid in obj.owner_uids() {
-            if let Some(set) = self.by_owner.get_mut(&uid) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.by_owner.remove(&uid);
-                }
-            }
-        }
-    }
-
     fn insert(&mut self, key: ObjectKey, obj: CachedObject) -> Option<CachedObject> {
-        let owners = obj.owner_uids();
         if let Some(old) = self.objects.get_mut(&key) {
             // Replace in place: the stored key stays where it is (no new allocation per update).
-            let old = std::mem::replace(old, obj);
-            self.unindex_owners(&key, &old);
-            self.index_owners(&key, owners);
-            return Some(old);
+            return Some(std::mem::replace(old, obj));
         }
-        self.index_owners(&key, owners);
         self.objects.insert(key, obj);
         None
     }
 
-    fn index_owners(&mut self, key: &ObjectKey, owners: Vec<String>) {
-        for uid in owners {
-            self.by_owner.entry(uid).or_default().insert(key.clone());
-        }
-    }
-
     fn remove(&mut self, key: &ObjectKey) -> Option<CachedObject> {
-        let old = self.objects.remove(key)?;
-        self.unindex_owners(key, &old);
-        Some(old)
+        self.objects.remove(key)
     }
 
     /// Store an object and announce it: Added if new, Modified if its resourceVersion moved,
@@ -234,11 +209,6 @@ impl Informer {
         self.lock().objects.len()
     }
 
-    /// Whether the store is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// How many times the watcher (re)listed, including the first list.
     pub fn relists(&self) -> u64 {
         self.relists.load(Ordering::Relaxed)
@@ -252,13 +222,6 @@ impl Informer {
     /// Whether the first list completed.
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
-    }
-
-    /// Wait until the first list completed.
-    pub async fn wait_synced(&self) {
-        let mut rx = self.synced.subscribe();
-        // The sender lives as long as self, so this only ends when synced.
-        let _ = rx.wait_for(|s| *s).await;
     }
 
     /// One cached object.
@@ -285,15 +248,6 @@ impl Informer {
     /// Keys of every cached object.
     pub fn keys(&self) -> Vec<ObjectKey> {
         self.lock().objects.keys().cloned().collect()
-    }
-
-    /// Keys of the objects whose ownerReferences name `uid`.
-    pub fn owned_by(&self, uid: &str) -> Vec<ObjectKey> {
-        self.lock()
-            .by_owner
-            .get(uid)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
     }
 
     fn apply(&self, event: Event<Value>) {
@@ -481,11 +435,6 @@ impl Cache {
             id,
             informer,
         }
-    }
-
-    /// Find a running informer (for cached reads).
-    pub fn informer(&self, key: &InformerKey) -> Option<Arc<Informer>> {
-        self.informers().get(key).map(|(i, _)| i.clone())
     }
 
     /// Every running informer, for status and metrics.

@@ -4,7 +4,7 @@
 //! memory; the bytes cost their length. Dispatch and cached reads send these bytes as they are,
 //! so an object is no longer re-serialized for every request. Code that needs its fields
 //! (predicates, mappers) gets them from the parsed `Value` the live event carries; the store
-//! reads back the resourceVersion and owners it indexes with a borrowing partial parse.
+//! reads back the resourceVersion with a borrowing partial parse.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 /// A cached object: its JSON in one shared allocation. Cloning it is a reference-count bump.
 ///
-/// Nothing else is kept beside the bytes: a separate resourceVersion and owner list cost two
-/// more allocations per object (about 110 B with the `Arc` that held them), more than reading
-/// them back out of the JSON when an event needs them.
+/// Nothing else is kept beside the bytes: a separate resourceVersion would cost another
+/// allocation per object, more than reading it back out of the JSON when it is needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedObject {
     json: Arc<[u8]>,
@@ -33,14 +32,6 @@ struct Identity<'a> {
 struct IdentityMeta<'a> {
     #[serde(borrow, default)]
     resource_version: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    owner_references: Vec<OwnerUid<'a>>,
-}
-
-#[derive(Deserialize)]
-struct OwnerUid<'a> {
-    #[serde(borrow, default)]
-    uid: Option<std::borrow::Cow<'a, str>>,
 }
 
 impl CachedObject {
@@ -69,16 +60,6 @@ impl CachedObject {
             .unwrap_or_default()
     }
 
-    /// The uids its ownerReferences name.
-    pub fn owner_uids(&self) -> Vec<String> {
-        self.identity()
-            .metadata
-            .owner_references
-            .into_iter()
-            .filter_map(|r| r.uid.map(|u| u.into_owned()))
-            .collect()
-    }
-
     /// Parse the object. The bytes were written by [`CachedObject::from_value`], so they always
     /// parse; Null stands in should that ever not hold.
     pub fn value(&self) -> Value {
@@ -92,7 +73,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn keeps_json_identity_and_owners() {
+    fn keeps_json_and_resource_version() {
         let v = json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "42",
@@ -101,7 +82,6 @@ mod tests {
         });
         let o = CachedObject::from_value(&v);
         assert_eq!(o.resource_version(), "42");
-        assert_eq!(o.owner_uids(), ["u1", "u2"]);
         assert_eq!(o.value(), v);
         assert_eq!(serde_json::from_slice::<Value>(o.json()).ok(), Some(v));
     }
@@ -115,6 +95,5 @@ mod tests {
             Some(r#"{"kind":"X","apiVersion":"v1","metadata":{"name":"b"}}"#)
         );
         assert_eq!(o.resource_version(), "");
-        assert!(o.owner_uids().is_empty());
     }
 }

@@ -51,14 +51,10 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
         self.entries.insert(key, (value, now + ttl));
     }
 
+    #[cfg(test)]
     /// Entries held, expired or not.
     pub fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    /// True when nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 

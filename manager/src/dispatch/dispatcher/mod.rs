@@ -93,6 +93,7 @@ pub struct Controller {
 }
 
 impl Controller {
+    #[cfg(test)]
     /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
     pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
         Self::with_seat_pool(id, registration, metrics, &SeatPool::unlimited())
