@@ -13,7 +13,8 @@
 //! - `leader`: Lease-based leader election.
 //! - `informer`: the shared caches and the objects they hold.
 //! - `registration`: what a controller registered, as domain types (scope, predicates, mapping).
-//! - `metrics`, `key`: Prometheus series and object keys, used by every stage.
+//! - `metrics`, `key`, `throttle`: Prometheus series, object keys, and throttles for what tenants
+//!   make the manager repeat; used by every stage.
 
 pub(crate) mod dispatch;
 pub(crate) mod grpc;
@@ -27,3 +28,4 @@ pub mod registration;
 // Public for the binary: `ctrlhub run` and `ctrlhub dev`.
 pub mod run;
 pub(crate) mod tenancy;
+pub(crate) mod throttle;

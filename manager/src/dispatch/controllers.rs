@@ -1,7 +1,7 @@
 //! Who registered what: controllers by (tenant, name), their sessions, and the informer
 //! subscriptions that feed their queues through scope, predicates and mapping.
 
-use crate::dispatch::dispatcher::{Controller, ControllerId, Outbound, RevokeReason};
+use crate::dispatch::dispatcher::{Controller, ControllerId, Outbox, RevokeReason};
 use crate::dispatch::seats::SeatPool;
 use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
 use crate::registration::mapping;
@@ -53,7 +53,7 @@ pub struct Attached {
     /// Its session id.
     pub session: u64,
     /// What it receives.
-    pub outbound: mpsc::UnboundedReceiver<Outbound>,
+    pub outbound: Outbox,
     /// The credits granted: what it asked for, capped by its tenant's in-flight limit.
     pub credits: u32,
     /// The namespaces admitted into the controller's scope when it is a namespace label
@@ -338,6 +338,9 @@ impl ControllerTable {
         }
         let namespaces = self.effective_namespaces(&registration)?;
         let limits = self.limits.for_tenant(tenant);
+        limits
+            .check_deadline(registration.deadline)
+            .map_err(|e| Invalid::new("register.request_deadline", e.to_string()))?;
         let (controller, credits) = {
             let mut controllers = self.controllers();
             let credits = self.check_tenant_limits(&controllers, &id, &limits, credits)?;
@@ -523,8 +526,7 @@ impl ControllerTable {
         credits: u32,
     ) -> Result<Attached, RegisterError> {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        controller.add_session(session, credits.max(1), tx);
+        let rx = controller.add_session(session, credits.max(1));
         if self.is_closed() {
             // close() ran between the check above and here and may have missed this session.
             self.detach(&controller, session);
@@ -550,6 +552,29 @@ impl ControllerTable {
             credits: credits.max(1),
             scope,
         })
+    }
+
+    /// Set a session's credits from a Credit message, clamped so the tenant's sessions never
+    /// hold more than its in-flight limit between them. Returns the credits granted.
+    pub fn set_credits(&self, controller: &Arc<Controller>, session: u64, asked: u32) -> u32 {
+        let tenant = controller.id.tenant.as_str();
+        let limits = self.limits.for_tenant(tenant);
+        // Under the table's lock, as attach checks the same sum, so the two cannot race past it.
+        let controllers = self.controllers();
+        let elsewhere: u64 = controllers
+            .values()
+            .filter(|c| c.id.tenant == tenant && !Arc::ptr_eq(c, controller))
+            .map(|c| c.total_credits())
+            .sum::<u64>()
+            + controller.credits_except(session);
+        let left = limits.in_flight.saturating_sub(elsewhere);
+        let granted = asked.min(u32::try_from(left).unwrap_or(u32::MAX));
+        if granted < asked {
+            self.metrics.limit_hit(tenant, "in_flight");
+            tracing::debug!(controller = %controller.id, asked, granted, "credit clamped to the tenant's in-flight limit");
+        }
+        controller.set_credits(session, granted);
+        granted
     }
 
     /// Detach a session; the controller goes away with its last session.

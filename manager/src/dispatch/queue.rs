@@ -79,9 +79,12 @@ pub enum Outcome {
     },
     /// Failed in a way retrying cannot fix; wait for the object to change.
     Terminal,
-    /// The worker vanished or missed its deadline: the work was not done, so deliver again at
-    /// once. It counts as an attempt but not as a failure, so the backoff does not grow.
+    /// The worker's session ended first: the work was not done, so deliver again at once. It
+    /// counts as an attempt but not as a failure, so the backoff does not grow.
     Lost,
+    /// The worker missed its deadline: deliver again, after the key's backoff, which grows. A
+    /// controller that never answers must not turn its keys into a redelivery loop.
+    Missed,
 }
 
 /// Why a key is being delivered; several reasons can collapse into one delivery.
@@ -589,6 +592,13 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 self.retries_total += 1;
                 entry.reasons.insert(Reason::Redelivery);
                 next = None;
+            }
+            Outcome::Missed => {
+                let delay = self.backoff.delay(entry.failures);
+                entry.failures = entry.failures.saturating_add(1);
+                entry.retries = entry.retries.saturating_add(1);
+                self.retries_total += 1;
+                keep(later(now, delay), Reason::Redelivery);
             }
         }
         next

@@ -16,6 +16,15 @@
 //! has work waiting. Virtual time is the smallest start tag among seats in service, so a tenant
 //! that was idle gets no credit for the time it did not use, and one that was served alone
 //! while nobody competed is ahead by at most the seats it holds.
+//!
+//! Fair queueing decides who goes next; it does not stop a tenant from *holding* what it got, and
+//! a controller that never answers holds its seats until its deadlines. So each tenant with
+//! sessions also has a *guaranteed share*: `capacity × weight / Σ weights` of the tenants with
+//! sessions, but never more than its sessions can use (their credits). The part of every other
+//! tenant's guarantee it is not using now is never lent, and of the rest at least
+//! [`HEADROOM_DIVISOR`]th stays free for tenants that have not asked yet: a tenant beyond its own
+//! guarantee only borrows what is left after both. A tenant with work therefore always finds its
+//! guaranteed seats free, whatever another tenant holds or how long it holds them.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -34,6 +43,10 @@ const FIRST_ESTIMATE: f64 = 0.001;
 const ESTIMATE_GAIN: f64 = 0.2;
 /// Floor for a seat's charge, so a stream of instant requests still advances its tenant's tag.
 const MIN_CHARGE: f64 = 0.000_01;
+/// Borrowing beyond a tenant's guarantee stops while fewer than `capacity / HEADROOM_DIVISOR`
+/// seats are free, so a tenant that connects while another holds everything it may borrow still
+/// gets seats at once instead of waiting for the borrower's deadlines.
+pub const HEADROOM_DIVISOR: usize = 8;
 
 /// Tenant weights: a default and per-tenant overrides.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +124,8 @@ pub struct TenantSeats {
     pub in_use: usize,
     /// Its controllers waiting for a seat.
     pub waiting: usize,
+    /// Seats it is guaranteed now (its share by weight, at most what its sessions can use).
+    pub guaranteed: usize,
     /// Seats granted to it since the manager started.
     pub granted: u64,
     /// Grants that had to wait for a seat to be freed.
@@ -140,6 +155,10 @@ struct Inner {
     tenants: HashMap<Arc<str>, TenantState>,
     /// Seats granted to waiting flows and not yet taken, by flow.
     grants: HashMap<u64, Vec<Grant>>,
+    /// What each flow's sessions can hold at once (its demand), by flow, with its tenant.
+    demands: HashMap<u64, (Arc<str>, u64)>,
+    /// Σ over tenants of the guaranteed seats they are not using: never lent to a borrower.
+    unused_guarantees: usize,
 }
 
 struct TenantState {
@@ -153,6 +172,17 @@ struct TenantState {
     in_use: usize,
     granted: u64,
     waited: u64,
+    /// Σ of its flows' demands: how many seats its sessions could hold at once.
+    demand: u64,
+    /// Seats guaranteed to it now (see the module docs).
+    guaranteed: usize,
+}
+
+impl TenantState {
+    /// Guaranteed seats it is not using.
+    fn unused_guarantee(&self) -> usize {
+        self.guaranteed.saturating_sub(self.in_use)
+    }
 }
 
 struct Waiter {
@@ -186,7 +216,65 @@ impl Inner {
                 in_use: 0,
                 granted: 0,
                 waited: 0,
+                demand: 0,
+                guaranteed: 0,
             })
+    }
+
+    /// Change `tenant`'s seats in use by `delta`, keeping the unused-guarantee total in step.
+    fn add_in_use(&mut self, tenant: &Arc<str>, delta: isize) {
+        let Some(t) = self.tenants.get_mut(tenant) else {
+            return;
+        };
+        let before = t.unused_guarantee();
+        t.in_use = t.in_use.saturating_add_signed(delta);
+        let after = t.unused_guarantee();
+        self.unused_guarantees = self.unused_guarantees + after - before;
+    }
+
+    /// Whether `tenant` may take one of the free seats now: within its guarantee, or (borrowing)
+    /// only if what stays free covers every other tenant's unused guarantee and the headroom.
+    fn may_take(&self, tenant: &str, capacity: usize) -> bool {
+        if capacity == 0 {
+            return true;
+        }
+        let free = capacity.saturating_sub(self.in_use);
+        if free == 0 {
+            return false;
+        }
+        let Some(t) = self.tenants.get(tenant) else {
+            return free > capacity / HEADROOM_DIVISOR + self.unused_guarantees;
+        };
+        if t.in_use < t.guaranteed {
+            return true;
+        }
+        let reserved = self.unused_guarantees - t.unused_guarantee();
+        free > reserved.max(capacity / HEADROOM_DIVISOR)
+    }
+
+    /// Recompute every tenant's guarantee from the weights and demands of the tenants with
+    /// sessions. Runs when a demand changes (sessions come, go or change credits), not per
+    /// request; O(tenants).
+    fn share_out(&mut self, capacity: usize) {
+        let total: f64 = self
+            .tenants
+            .values()
+            .filter(|t| t.demand > 0)
+            .map(|t| t.weight)
+            .sum();
+        // The headroom is nobody's guarantee, not even a lone tenant's.
+        let shared = capacity - capacity / HEADROOM_DIVISOR;
+        let mut unused = 0;
+        for t in self.tenants.values_mut() {
+            t.guaranteed = if capacity == 0 || t.demand == 0 {
+                0
+            } else {
+                let share = ((shared as f64) * t.weight / total).floor().max(1.0) as usize;
+                share.min(usize::try_from(t.demand).unwrap_or(usize::MAX))
+            };
+            unused += t.unused_guarantee();
+        }
+        self.unused_guarantees = unused;
     }
 
     /// Give `tenant` a seat now: tag it and put it in service.
@@ -196,9 +284,9 @@ impl Inner {
         let start = t.finish.max(v);
         let charge = t.estimate.max(MIN_CHARGE) / t.weight;
         t.finish = start + charge;
-        t.in_use += 1;
         t.granted += 1;
         let finish = t.finish;
+        self.add_in_use(tenant, 1);
         self.idle_time = self.idle_time.max(finish);
         self.in_use += 1;
         *self.in_service.entry(start.to_bits()).or_default() += 1;
@@ -220,8 +308,8 @@ impl Inner {
                 self.in_service.remove(&bits);
             }
         }
+        self.add_in_use(tenant, -1);
         if let Some(t) = self.tenants.get_mut(tenant) {
-            t.in_use = t.in_use.saturating_sub(1);
             match held {
                 Some(secs) => {
                     // Correct the charge to what the seat really cost, as APF does on completion.
@@ -240,7 +328,7 @@ impl Inner {
             let next = self
                 .tenants
                 .iter()
-                .filter(|(_, t)| !t.waiting.is_empty())
+                .filter(|(name, t)| !t.waiting.is_empty() && self.may_take(name, capacity))
                 .min_by(|(a_name, a), (b_name, b)| {
                     let (sa, sb) = (a.finish.max(v), b.finish.max(v));
                     sa.total_cmp(&sb)
@@ -314,6 +402,7 @@ impl SeatPool {
                 weight: t.weight as u32,
                 in_use: t.in_use,
                 waiting: t.waiting.len(),
+                guaranteed: t.guaranteed,
                 granted: t.granted,
                 waited: t.waited,
             })
@@ -357,7 +446,7 @@ impl Flow {
         let mut inner = s.lock();
         let grant = match inner.grants.get_mut(&self.id).and_then(Vec::pop) {
             Some(g) => g,
-            None if s.capacity == 0 || inner.in_use < s.capacity => {
+            None if inner.may_take(&self.tenant, s.capacity) => {
                 inner.grant(&self.tenant, &s.weights, now)
             }
             None => {
@@ -404,6 +493,30 @@ impl Flow {
         inner.serve_waiting(s.capacity, &s.weights, now);
     }
 
+    /// How many seats this flow's sessions could hold at once (their credits, capped by the
+    /// controller's max concurrency): what its tenant's guarantee is sized by.
+    pub fn set_demand(&self, demand: u64) {
+        self.set_demand_at(demand, Instant::now());
+    }
+
+    /// [`Flow::set_demand`] with the clock given.
+    pub fn set_demand_at(&self, demand: u64, now: Instant) {
+        let s = &self.seat_pool;
+        let mut inner = s.lock();
+        let old = match demand {
+            0 => inner.demands.remove(&self.id),
+            d => inner.demands.insert(self.id, (self.tenant.clone(), d)),
+        }
+        .map_or(0, |(_, d)| d);
+        if old == demand {
+            return;
+        }
+        let t = inner.tenant(&self.tenant, &s.weights);
+        t.demand = t.demand - old + demand;
+        inner.share_out(s.capacity);
+        inner.serve_waiting(s.capacity, &s.weights, now);
+    }
+
     #[cfg(test)]
     /// Seats granted to this flow and not yet taken.
     pub fn pending(&self) -> usize {
@@ -417,6 +530,7 @@ impl Flow {
 
 impl Drop for Flow {
     fn drop(&mut self) {
+        self.set_demand(0);
         self.withdraw();
     }
 }
@@ -668,6 +782,68 @@ mod tests {
         drop(b);
         assert_eq!(s.in_use(), 0);
         assert!(a.acquire().is_some());
+    }
+
+    /// Take seats for `flow` until it is refused.
+    fn take_all(flow: &Flow) -> Vec<Seat> {
+        std::iter::from_fn(|| flow.acquire()).take(10_000).collect()
+    }
+
+    #[test]
+    fn a_tenant_holding_every_seat_it_can_never_keeps_another_from_its_guarantee() {
+        let s = SeatPool::new(256, Weights::default());
+        let hog = s.flow("hog", Arc::new(Notify::new()));
+        hog.set_demand(300);
+        let held = take_all(&hog);
+        assert_eq!(held.len(), 224, "a lone tenant leaves the headroom free");
+        // A tenant arriving while the hog holds all it can, and never answers.
+        let b = s.flow("team-b", Arc::new(Notify::new()));
+        b.set_demand(4);
+        let b_seats = take_all(&b);
+        assert_eq!(b_seats.len(), 4, "B gets its whole demand at once");
+        assert!(hog.acquire().is_none(), "the hog borrows no further");
+        drop(b_seats);
+        assert_eq!(take_all(&b).len(), 4, "and gets it again every time");
+    }
+
+    #[test]
+    fn borrowing_stops_at_the_unused_guarantees_of_others() {
+        let s = SeatPool::new(16, Weights::default());
+        let a = s.flow("tenant-a", Arc::new(Notify::new()));
+        let b = s.flow("tenant-b", Arc::new(Notify::new()));
+        a.set_demand(100);
+        b.set_demand(4);
+        // A's guarantee is 7 of the 14 shared seats; B's 4 are kept free for it.
+        let a_seats = take_all(&a);
+        assert_eq!(a_seats.len(), 12);
+        assert_eq!(take_all(&b).len(), 4);
+        drop(a_seats);
+        // B's sessions go away: nothing is kept for it any more, A borrows up to the headroom.
+        b.set_demand(0);
+        assert_eq!(take_all(&a).len(), 14);
+    }
+
+    #[test]
+    fn a_freed_seat_goes_to_a_waiting_tenant_within_its_guarantee_before_a_borrower() {
+        let s = SeatPool::new(8, Weights::default());
+        let a = s.flow("tenant-a", Arc::new(Notify::new()));
+        let b = s.flow("tenant-b", Arc::new(Notify::new()));
+        a.set_demand(100);
+        let mut a_seats = take_all(&a);
+        assert_eq!(a_seats.len(), 7, "everything but the headroom");
+        assert!(
+            b.acquire().is_none(),
+            "the headroom is for tenants with sessions"
+        );
+        b.set_demand(4);
+        // B is guaranteed 3 of the 7 shared seats: it takes the headroom at once and waits
+        // for the rest; A waits to borrow.
+        let headroom = take_all(&b);
+        assert_eq!(headroom.len(), 1);
+        assert!(a.acquire().is_none());
+        a_seats.pop();
+        assert_eq!(b.pending(), 1, "the freed seat goes to B");
+        assert_eq!(a.pending(), 0);
     }
 
     #[test]

@@ -240,6 +240,7 @@ pub fn outcome(o: Outcome) -> (&'static str, bool) {
         Outcome::Error { .. } => ("error", true),
         Outcome::Terminal => ("terminal", false),
         Outcome::Lost => ("lost", true),
+        Outcome::Missed => ("deadline", true),
     }
 }
 

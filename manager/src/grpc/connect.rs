@@ -9,18 +9,27 @@ use super::convert::{
 use super::registering::{Grant, RbacNamespaceGate, denied, watched_resources};
 use super::{ConnectStream, Service};
 use crate::dispatch::controllers::{AdmittedNamespaces, Attached};
-use crate::dispatch::dispatcher::{Completion, Controller, Outbound, RevokeReason};
+use crate::dispatch::dispatcher::{Completion, Controller, Outbound, Outbox, RevokeReason};
 use crate::dispatch::queue::Outcome;
 use crate::registration::{Invalid, Registration};
 use crate::tenancy::{Identity, NamespaceGate};
 use ctrlhub_proto::v1 as pb;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
 /// How long a new stream may take to send its Register.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Messages encoded for a session and not yet taken by the transport. Small, because the
+/// session's outbox already buffers requests: a controller that stops reading pins at most this
+/// plus the outbox plus HTTP/2's flow-control window.
+const REPLY_BUFFER: usize = 4;
+
+/// How long an ending session waits to hand its final status to a controller that is not
+/// reading before giving up on it.
+const FINAL_STATUS_WAIT: Duration = Duration::from_secs(5);
 
 /// What the session task sends to the controller.
 type Replies = mpsc::Sender<Result<pb::ManagerMessage, Status>>;
@@ -60,7 +69,7 @@ impl Service {
             readable: readable_to_pb(&registration),
         };
         let recheck = self.spawn_recheck(&identity, &registration, &attached);
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel(REPLY_BUFFER);
         let pump = Pump {
             service: self.clone(),
             controller: attached.controller,
@@ -190,6 +199,13 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What one turn of the pump got.
+enum Next {
+    Control(Option<Outbound>),
+    Work(Option<Outbound>),
+    Inbound(Result<Option<pb::ControllerMessage>, Status>),
+}
+
 /// What one turn of the pump decided.
 enum Step {
     Continue,
@@ -211,7 +227,7 @@ struct Pump {
 impl Pump {
     async fn run(
         self,
-        mut outbound: mpsc::UnboundedReceiver<Outbound>,
+        mut outbox: Outbox,
         mut inbound: Streaming<pb::ControllerMessage>,
         registered: pb::Registered,
         _recheck: Option<AbortOnDrop>,
@@ -219,9 +235,17 @@ impl Pump {
         let registered = pb::manager_message::Message::Registered(Box::new(registered));
         let _ = self.tx.send(Ok(msg(registered))).await;
         let end = loop {
-            let step = tokio::select! {
-                out = outbound.recv() => self.outbound(out).await,
-                incoming = inbound.message() => self.inbound(incoming),
+            let next = tokio::select! {
+                // An ending session ends at once, whatever work is waiting.
+                biased;
+                control = outbox.control.recv() => Next::Control(control),
+                out = outbox.work.next() => Next::Work(out),
+                incoming = inbound.message() => Next::Inbound(incoming),
+            };
+            let step = match next {
+                Next::Control(control) => self.control(control),
+                Next::Work(out) => self.outbound(out, &mut outbox.control).await,
+                Next::Inbound(incoming) => self.inbound(incoming),
             };
             if let Step::End(status) = step {
                 break status;
@@ -235,9 +259,55 @@ impl Pump {
         self.scope.as_ref().is_some_and(|s| !s.contains(namespace))
     }
 
-    /// Forwards one piece of the controller's work, or ends the session.
-    async fn outbound(&self, out: Option<Outbound>) -> Step {
+    /// A Revoke or Drained: tells the controller (if it has room to hear it) and ends.
+    fn control(&self, control: Option<Outbound>) -> Step {
+        match control {
+            Some(Outbound::Revoke { reason, message }) => {
+                let (revoked, status) = revoked_to_pb(reason, message);
+                // A controller that does not read has no room left: it just loses the stream.
+                let _ = self
+                    .tx
+                    .try_send(Ok(msg(pb::manager_message::Message::Revoked(revoked))));
+                Step::End(Some(status))
+            }
+            Some(Outbound::Drained) => Step::End(Some(Status::ok("drained"))),
+            Some(_) | None => Step::End(None),
+        }
+    }
+
+    /// Forwards one piece of the controller's work, or ends the session. While the controller
+    /// is not reading, the send waits (so its outbox fills and dispatch passes it over), but a
+    /// Revoke still ends it.
+    async fn outbound(
+        &self,
+        out: Option<Outbound>,
+        control: &mut mpsc::UnboundedReceiver<Outbound>,
+    ) -> Step {
+        let Some(message) = self.work_message(out) else {
+            return Step::Continue;
+        };
+        let message = match message {
+            Ok(m) => m,
+            Err(step) => return step,
+        };
+        tokio::select! {
+            biased;
+            control = control.recv() => self.control(control),
+            sent = self.tx.send(Ok(msg(message))) => match sent {
+                Ok(()) => Step::Continue,
+                Err(_) => Step::End(None),
+            },
+        }
+    }
+
+    /// The protobuf message for a piece of work; None when it is not to be sent (outside the
+    /// scope, or already past its deadline, which re-queued it); Err to end the session.
+    fn work_message(
+        &self,
+        out: Option<Outbound>,
+    ) -> Option<Result<pb::manager_message::Message, Step>> {
         let c = &self.controller;
+        let now = SystemTime::now();
         let message = match out {
             Some(Outbound::Reconcile(r)) if self.withheld(&r.key.namespace) => {
                 // Resync and retries re-deliver keys the controller has cached, from every
@@ -245,8 +315,11 @@ impl Pump {
                 // leave the manager, so it is settled here unseen.
                 tracing::debug!(controller = %c.id, namespace = %r.key.namespace, "key outside the namespace scope withheld");
                 c.complete(self.session, &r.id, Outcome::Done, "");
-                return Step::Continue;
+                return None;
             }
+            // It waited in the outbox past its deadline: it has been handed out again already.
+            Some(Outbound::Reconcile(r)) if r.deadline <= now => return None,
+            Some(Outbound::Event { deadline, .. }) if deadline <= now => return None,
             Some(Outbound::Reconcile(r)) => {
                 pb::manager_message::Message::Reconcile(request_to_pb(&r))
             }
@@ -255,7 +328,7 @@ impl Pump {
             {
                 tracing::debug!(controller = %c.id, namespace = %delivery.key.namespace, "event outside the namespace scope withheld");
                 c.ack(self.session, &id);
-                return Step::Continue;
+                return None;
             }
             Some(Outbound::Event {
                 id,
@@ -263,21 +336,12 @@ impl Pump {
                 deadline,
                 trace,
             }) => pb::manager_message::Message::Event(event_to_pb(&id, &delivery, deadline, trace)),
-            Some(Outbound::Revoke { reason, message }) => {
-                let (revoked, status) = revoked_to_pb(reason, message);
-                let _ = self
-                    .tx
-                    .send(Ok(msg(pb::manager_message::Message::Revoked(revoked))))
-                    .await;
-                return Step::End(Some(status));
+            // Control messages come on their own channel; the work channel only closes.
+            Some(Outbound::Revoke { .. } | Outbound::Drained) | None => {
+                return Some(Err(Step::End(None)));
             }
-            Some(Outbound::Drained) => return Step::End(Some(Status::ok("drained"))),
-            None => return Step::End(None),
         };
-        match self.tx.send(Ok(msg(message))).await {
-            Ok(()) => Step::Continue,
-            Err(_) => Step::End(None),
-        }
+        Some(Ok(message))
     }
 
     /// Applies one message from the controller, or ends the session.
@@ -312,7 +376,11 @@ impl Pump {
                 }
                 Err(e) => return Step::End(Some(Status::invalid_argument(e.to_string()))),
             },
-            Some(M::Credit(credit)) => c.set_credits(self.session, credit.max_in_flight),
+            Some(M::Credit(credit)) => {
+                self.service
+                    .controllers
+                    .set_credits(c, self.session, credit.max_in_flight);
+            }
             Some(M::Drain(_)) => c.drain(self.session),
             Some(M::EventAck(ack)) if c.ack(self.session, &ack.id) == Completion::Discarded => {
                 tracing::debug!(controller = %c.id, id = %ack.id, "late or unknown ack discarded");
@@ -338,7 +406,7 @@ impl Pump {
         if let Some(status) = end
             && status.code() != tonic::Code::Ok
         {
-            let _ = self.tx.send(Err(status)).await;
+            let _ = tokio::time::timeout(FINAL_STATUS_WAIT, self.tx.send(Err(status))).await;
         }
     }
 }

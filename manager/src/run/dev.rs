@@ -144,6 +144,8 @@ impl DevArgs {
             max_informers_per_tenant: limits.informers,
             max_queued_keys: limits.queued_keys,
             max_in_flight_per_tenant: limits.in_flight,
+            min_request_deadline: limits.min_deadline,
+            max_request_deadline: limits.max_deadline,
             tenant_limits: Vec::new(),
             max_dispatch_seats: crate::dispatch::seats::DEFAULT_SEATS,
             tenant_weights: Vec::new(),

@@ -79,8 +79,16 @@ pub struct RunArgs {
     /// Default limit: requests in flight (sum of session credits) per tenant.
     #[arg(long, default_value_t = Limits::default().in_flight)]
     pub max_in_flight_per_tenant: u64,
+    /// Default bound: the shortest request deadline a registration may ask for.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub min_request_deadline: Duration,
+    /// Default bound: the longest request deadline a registration may ask for (how long a
+    /// controller that never answers keeps what it was handed).
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    pub max_request_deadline: Duration,
     /// Per-tenant override, repeatable: TENANT/LIMIT=N with LIMIT one of sessions, controllers,
-    /// queued-keys, in-flight.
+    /// queued-keys, in-flight, informers; or TENANT/LIMIT=DURATION with LIMIT min-deadline or
+    /// max-deadline.
     #[arg(long = "tenant-limit")]
     pub tenant_limits: Vec<String>,
     /// Requests the manager keeps in flight across all tenants (dispatch seats); when all are
@@ -332,6 +340,8 @@ impl RunArgs {
             queued_keys: self.max_queued_keys,
             in_flight: self.max_in_flight_per_tenant,
             informers: self.max_informers_per_tenant,
+            min_deadline: self.min_request_deadline,
+            max_deadline: self.max_request_deadline,
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;

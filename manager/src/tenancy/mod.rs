@@ -11,6 +11,7 @@ pub mod decision_cache;
 pub mod tokenreview;
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -185,6 +186,12 @@ pub struct Limits {
     /// Distinct informers (resource, namespace, label selector, metadata-only) the tenant's
     /// controllers hold at once: each is an API watch and a cache the manager pays for.
     pub informers: usize,
+    /// Shortest request deadline a registration may ask for: a shorter one turns every request
+    /// into a missed deadline and a redelivery.
+    pub min_deadline: Duration,
+    /// Longest request deadline a registration may ask for: how long a controller that never
+    /// answers can keep the seats and keys it was handed.
+    pub max_deadline: Duration,
 }
 
 impl Default for Limits {
@@ -195,14 +202,50 @@ impl Default for Limits {
             queued_keys: 1_000_000,
             in_flight: 4096,
             informers: 128,
+            min_deadline: Duration::from_secs(1),
+            max_deadline: Duration::from_secs(15 * 60),
         }
+    }
+}
+
+impl Limits {
+    /// Whether `deadline` is within this tenant's bounds; the error says which and how to fix.
+    pub fn check_deadline(&self, deadline: Duration) -> Result<(), DeadlineOutOfBounds> {
+        if deadline < self.min_deadline || deadline > self.max_deadline {
+            return Err(DeadlineOutOfBounds {
+                given: deadline,
+                min: self.min_deadline,
+                max: self.max_deadline,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A request deadline outside the tenant's bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DeadlineOutOfBounds {
+    given: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl fmt::Display for DeadlineOutOfBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is outside this tenant's bounds ({} to {}): choose a deadline in that range, or ask the operator for other bounds (--tenant-limit TENANT/min-deadline= or max-deadline=)",
+            humantime::format_duration(self.given),
+            humantime::format_duration(self.min),
+            humantime::format_duration(self.max)
+        )
     }
 }
 
 /// A malformed `--tenant-limit`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000)"
+    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, or TENANT/LIMIT=DURATION with LIMIT min-deadline or max-deadline (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
 )]
 pub struct LimitSpecError {
     given: String,
@@ -240,14 +283,29 @@ impl TenantLimits {
             if tenant.is_empty() {
                 return Err(err("empty tenant"));
             }
-            let value: u64 = value
-                .trim()
-                .parse()
-                .map_err(|_| err("the value is not a whole number"))?;
             let limits = self
                 .overrides
                 .entry(tenant.to_string())
                 .or_insert(self.defaults);
+            let duration = || {
+                humantime::parse_duration(value.trim())
+                    .map_err(|_| err("the value is not a duration such as 500ms, 30s or 1h"))
+            };
+            match name.trim() {
+                "min-deadline" => {
+                    limits.min_deadline = duration()?;
+                    continue;
+                }
+                "max-deadline" => {
+                    limits.max_deadline = duration()?;
+                    continue;
+                }
+                _ => {}
+            }
+            let value: u64 = value
+                .trim()
+                .parse()
+                .map_err(|_| err("the value is not a whole number"))?;
             let as_usize = usize::try_from(value).unwrap_or(usize::MAX);
             match name.trim() {
                 "sessions" => limits.sessions = as_usize,
@@ -285,6 +343,33 @@ mod tests {
         assert_eq!(
             limits.for_tenant("system:serviceaccount:team-b:ctl"),
             Limits::default()
+        );
+    }
+
+    #[test]
+    fn deadline_bounds_are_durations_and_checked_inclusively() {
+        let limits = TenantLimits::new(Limits::default())
+            .with_overrides(["t/min-deadline=100ms", "t/max-deadline=1h"])
+            .expect("valid");
+        let t = limits.for_tenant("t");
+        assert_eq!(t.min_deadline, Duration::from_millis(100));
+        assert!(t.check_deadline(Duration::from_millis(100)).is_ok());
+        assert!(t.check_deadline(Duration::from_secs(3600)).is_ok());
+        let e = t
+            .check_deadline(Duration::from_millis(1))
+            .expect_err("below the minimum");
+        assert!(e.to_string().contains("100ms to 1h"), "{e}");
+        let d = Limits::default();
+        assert!(
+            d.check_deadline(Duration::from_secs(100 * 365 * 24 * 3600))
+                .is_err()
+        );
+        assert!(d.check_deadline(Duration::from_secs(60)).is_ok());
+        assert!(
+            TenantLimits::default()
+                .with_overrides(["t/max-deadline=3"])
+                .is_err(),
+            "a bare number is not a duration"
         );
     }
 

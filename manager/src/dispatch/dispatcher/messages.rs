@@ -8,7 +8,106 @@ use crate::informer::ObjectKey;
 use crate::informer::object::CachedObject;
 use serde_json::Value;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
+use tokio::sync::{Notify, mpsc};
+
+/// Requests and events a session's stream may have waiting to be written, beyond what the
+/// controller holds in flight. A session that does not read fills it and then receives nothing
+/// more (its keys go to other sessions or wait), so what a stalled reader pins is bounded.
+pub const OUTBOX_CAPACITY: usize = 16;
+
+/// The dispatcher's end of a session's outbound channels (kept in its session slot).
+pub(super) struct Mailbox {
+    work: mpsc::Sender<Outbound>,
+    control: mpsc::UnboundedSender<Outbound>,
+    /// Set when dispatch skipped the session for a full outbox: the edge then wakes the
+    /// dispatcher as soon as it takes a message.
+    starved: Arc<AtomicBool>,
+}
+
+impl Mailbox {
+    /// Whether the outbox can take another request now; when not, the edge will wake the
+    /// dispatcher once it can.
+    pub(super) fn has_room(&self) -> bool {
+        if self.work.capacity() > 0 {
+            return true;
+        }
+        self.starved.store(true, Ordering::Release);
+        false
+    }
+
+    /// A place in the outbox for a request to be completed once the controller's lock is
+    /// released.
+    pub(super) fn reserve(&self) -> Option<mpsc::OwnedPermit<Outbound>> {
+        self.work.clone().try_reserve_owned().ok()
+    }
+
+    /// Queue an event now; false if the outbox is full or the session gone.
+    pub(super) fn try_send(&self, message: Outbound) -> bool {
+        self.work.try_send(message).is_ok()
+    }
+
+    /// Tell the session to end or that it drained; never blocked by a full outbox.
+    pub(super) fn control(&self, message: Outbound) {
+        // Only Revoke and Drained go here, a handful per session at most.
+        let _ = self.control.send(message);
+    }
+}
+
+/// The gRPC edge's end of a session's outbound channels.
+pub struct Outbox {
+    /// Revoke and Drained.
+    pub control: mpsc::UnboundedReceiver<Outbound>,
+    /// Requests and events.
+    pub work: WorkOutbox,
+}
+
+/// Requests and events for a session, at most [`OUTBOX_CAPACITY`] waiting.
+pub struct WorkOutbox {
+    rx: mpsc::Receiver<Outbound>,
+    starved: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+}
+
+impl WorkOutbox {
+    #[cfg(test)]
+    /// The next request or event if one is waiting (unit tests drive dispatch by hand).
+    pub fn try_next(&mut self) -> Option<Outbound> {
+        self.rx.try_recv().ok()
+    }
+
+    /// The next request or event; wakes the dispatcher if it was waiting for room.
+    pub async fn next(&mut self) -> Option<Outbound> {
+        let next = self.rx.recv().await;
+        if self.starved.swap(false, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+        next
+    }
+}
+
+/// A session's outbound channels; `wake` is its controller's dispatch task.
+pub(super) fn mailbox(wake: Arc<Notify>) -> (Mailbox, Outbox) {
+    let (work_tx, work_rx) = mpsc::channel(OUTBOX_CAPACITY);
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let starved = Arc::new(AtomicBool::new(false));
+    (
+        Mailbox {
+            work: work_tx,
+            control: control_tx,
+            starved: starved.clone(),
+        },
+        Outbox {
+            control: control_rx,
+            work: WorkOutbox {
+                rx: work_rx,
+                starved,
+                wake,
+            },
+        },
+    )
+}
 
 /// The object a request carries.
 #[derive(Debug, Clone)]

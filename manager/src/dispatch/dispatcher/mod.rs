@@ -21,7 +21,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use messages::{Completion, Outbound, Payload, Request, RevokeReason, TraceContext};
+pub use messages::{Completion, Outbound, Outbox, Payload, Request, RevokeReason, TraceContext};
 pub use results::{RECENT_ERRORS, RecentError};
 
 use crate::dispatch::event_queue::EventType;
@@ -39,7 +39,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 pub use crate::key::ControllerId;
 
@@ -90,7 +90,12 @@ pub struct Controller {
     recent_errors: Mutex<VecDeque<RecentError>>,
     queue_limit: std::sync::atomic::AtomicUsize,
     overflowed: std::sync::atomic::AtomicBool,
+    /// Missed deadlines are logged once per period, not once per request.
+    deadline_log: Mutex<crate::throttle::LogEvery>,
 }
+
+/// How often a controller that keeps missing deadlines gets a log line.
+const DEADLINE_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Controller {
     #[cfg(test)]
@@ -124,6 +129,7 @@ impl Controller {
             recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
             queue_limit: std::sync::atomic::AtomicUsize::new(0),
             overflowed: std::sync::atomic::AtomicBool::new(false),
+            deadline_log: Mutex::new(crate::throttle::LogEvery::new(DEADLINE_LOG_PERIOD)),
         })
     }
 
@@ -254,6 +260,16 @@ impl Controller {
             .sum()
     }
 
+    /// Credits of every attached session but `session`.
+    pub fn credits_except(&self, session: u64) -> u64 {
+        self.lock()
+            .sessions
+            .iter()
+            .filter(|(id, _)| **id != session)
+            .map(|(_, s)| u64::from(s.credits))
+            .sum()
+    }
+
     /// Remember the last state of a deleted primary so its request can carry a tombstone.
     pub fn observe_primary(&self, event: &CacheEvent) {
         let mut st = self.lock();
@@ -309,9 +325,11 @@ impl Controller {
             .find_map(|i| i.get(&key.namespace, &key.name))
     }
 
-    /// Attach a replica's session; returns its id.
-    pub fn add_session(&self, session: u64, credits: u32, tx: mpsc::UnboundedSender<Outbound>) {
-        self.lock().sessions.insert(
+    /// Attach a replica's session; returns what it receives.
+    pub fn add_session(&self, session: u64, credits: u32) -> Outbox {
+        let (tx, outbox) = messages::mailbox(self.wake.clone());
+        let mut st = self.lock();
+        st.sessions.insert(
             session,
             SessionSlot {
                 credits,
@@ -320,15 +338,37 @@ impl Controller {
                 tx,
             },
         );
+        self.update_demand(&st);
+        drop(st);
         self.wake.notify_one();
+        outbox
     }
 
     /// Change a session's credits (absolute).
     pub fn set_credits(&self, session: u64, credits: u32) {
-        if let Some(s) = self.lock().sessions.get_mut(&session) {
+        let mut st = self.lock();
+        if let Some(s) = st.sessions.get_mut(&session) {
             s.credits = credits;
         }
+        self.update_demand(&st);
+        drop(st);
         self.wake.notify_one();
+    }
+
+    /// Tell the seat pool how many seats this controller's sessions could hold at once, which
+    /// sizes its tenant's guaranteed share.
+    fn update_demand(&self, st: &State) {
+        let credits: u64 = st
+            .sessions
+            .values()
+            .filter(|s| !s.draining)
+            .map(|s| u64::from(s.credits))
+            .sum();
+        let demand = match self.registration.max_concurrent {
+            0 => credits,
+            max => credits.min(u64::from(max)),
+        };
+        self.flow.set_demand(demand);
     }
 
     /// Stop sending new work to a session; it gets `Drained` once its in-flight results are in.
@@ -337,9 +377,10 @@ impl Controller {
         if let Some(s) = st.sessions.get_mut(&session) {
             s.draining = true;
             if s.in_flight == 0 {
-                let _ = s.tx.send(Outbound::Drained);
+                s.tx.control(Outbound::Drained);
             }
         }
+        self.update_demand(&st);
     }
 
     /// Detach a session; everything it held is re-queued at once (at-least-once).
@@ -347,6 +388,7 @@ impl Controller {
         let now = Instant::now();
         let mut st = self.lock();
         st.sessions.remove(&session);
+        self.update_demand(&st);
         let lost: Vec<String> = st
             .in_flight
             .iter()
@@ -380,7 +422,7 @@ impl Controller {
     pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
         let st = self.lock();
         for s in st.sessions.values() {
-            let _ = s.tx.send(Outbound::Revoke {
+            s.tx.control(Outbound::Revoke {
                 reason,
                 message: message.to_string(),
             });

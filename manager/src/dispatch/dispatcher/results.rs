@@ -47,7 +47,7 @@ impl Controller {
             key: key.clone(),
             attempt,
             kind,
-            message: message.to_owned(),
+            message: truncate(message, MAX_ERROR_MESSAGE).to_owned(),
         });
     }
 
@@ -117,7 +117,7 @@ impl Controller {
             Outcome::Done => (ResultLabel::Success, false),
             Outcome::RequeueAfter(d) if d.is_zero() => (ResultLabel::Requeue, false),
             Outcome::RequeueAfter(_) => (ResultLabel::RequeueAfter, false),
-            Outcome::Error { .. } | Outcome::Lost => (ResultLabel::Error, false),
+            Outcome::Error { .. } | Outcome::Lost | Outcome::Missed => (ResultLabel::Error, false),
             Outcome::Terminal => (ResultLabel::Error, true),
         };
         self.metrics.reconciled(
@@ -133,6 +133,7 @@ impl Controller {
             Outcome::Error { .. } => &self.counters.errors,
             Outcome::Terminal => &self.counters.terminal,
             Outcome::Lost => &self.counters.redelivered,
+            Outcome::Missed => &self.counters.deadline_misses,
         };
         c.fetch_add(1, Ordering::Relaxed);
         match outcome {
@@ -141,5 +142,33 @@ impl Controller {
             _ => {}
         }
         tracing::debug!(controller = %self.id, key = %f.key, ?outcome, took = ?f.started.elapsed(), "result");
+    }
+}
+
+/// How much of a controller's error message the recent-errors ring keeps: the ring is kept
+/// per controller, and a message may be as large as a gRPC message.
+const MAX_ERROR_MESSAGE: usize = 1024;
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_messages_are_cut_on_a_character_boundary() {
+        assert_eq!(super::truncate("short", 1024), "short");
+        let long = "é".repeat(1000);
+        let cut = super::truncate(&long, 1023);
+        assert_eq!(cut.len(), 1022);
+        assert!(long.starts_with(cut));
     }
 }

@@ -23,6 +23,8 @@ use tokio::sync::watch;
 /// to be completed with its payload and sent once the lock is released.
 struct Reserved {
     session: u64,
+    /// Its place in the session's outbox.
+    permit: tokio::sync::mpsc::OwnedPermit<Outbound>,
     handout: Handout<ObjectKey>,
     /// The request id.
     id: String,
@@ -94,9 +96,10 @@ impl Controller {
             .filter(|(_, f)| f.deadline <= now)
             .map(|(id, _)| id.clone())
             .collect();
+        let missed = expired.len();
         for id in expired {
             if let Some(mut f) = st.in_flight.remove(&id) {
-                tracing::warn!(controller = %self.id, key = %f.key, "request missed its deadline; re-queued");
+                tracing::debug!(controller = %self.id, key = %f.key, "request missed its deadline; re-queued");
                 st.end_trace(
                     &mut f,
                     "deadline",
@@ -107,10 +110,17 @@ impl Controller {
                     .deadline_misses
                     .fetch_add(1, Ordering::Relaxed);
                 self.metrics.deadline_missed(&self.id.name, &self.id.tenant);
-                st.requeue_lost(&f, now);
+                st.requeue_missed(&f, now);
                 self.record_error(&f.key, f.attempt, "deadline", "");
                 st.release_credit(f.session);
             }
+        }
+        if missed > 0
+            && let Some(held_back) = self.deadline_log.lock().hit(now)
+        {
+            // One line per period however many deadlines a controller misses: the count is in
+            // ctrlhub_deadline_misses_total.
+            tracing::warn!(controller = %self.id, missed, held_back, "requests missed their deadline; re-queued with backoff");
         }
     }
 
@@ -173,14 +183,12 @@ impl Controller {
         let attempt = delivery.attempt;
         let trace = self.start_attempt(st, AttemptKind::Event, &key, attempt, &id, session);
         let sent = st.sessions.get(&session).is_some_and(|slot| {
-            slot.tx
-                .send(Outbound::Event {
-                    id: id.clone(),
-                    delivery,
-                    deadline,
-                    trace: TraceContext::of(trace.as_ref()),
-                })
-                .is_ok()
+            slot.tx.try_send(Outbound::Event {
+                id: id.clone(),
+                delivery,
+                deadline,
+                trace: TraceContext::of(trace.as_ref()),
+            })
         });
         if !sent {
             st.events.lost(&key);
@@ -219,6 +227,7 @@ impl Controller {
         seat: Seat,
         now: Instant,
     ) -> Option<Reserved> {
+        let permit = st.sessions.get(&session)?.tx.reserve()?;
         let handout = st.queue.pop(now)?;
         let id = self.next_request_id();
         let tombstone = st.tombstones.get(&handout.key).cloned();
@@ -250,6 +259,7 @@ impl Controller {
         );
         Some(Reserved {
             session,
+            permit,
             handout,
             id,
             tombstone,
@@ -261,19 +271,26 @@ impl Controller {
     /// lock is released, then send them under it. A request whose session went away meanwhile
     /// is handed back to the queue at once.
     fn send_keys(&self, reserved: Vec<Reserved>) {
-        let requests: Vec<(u64, Request)> = reserved
+        let requests: Vec<(u64, _, Request)> = reserved
             .into_iter()
-            .map(|r| (r.session, self.request(r)))
+            .map(|r| {
+                (
+                    r.session,
+                    r.permit,
+                    self.request_of(r.handout, r.id, r.tombstone, r.trace),
+                )
+            })
             .collect();
         let mut st = self.lock();
-        for (session, request) in requests {
-            let sent = st
-                .sessions
-                .get(&session)
-                .is_some_and(|slot| slot.tx.send(Outbound::Reconcile(request.clone())).is_ok());
+        for (session, permit, request) in requests {
+            // A session still attached still reads its outbox: detaching it re-queues what it
+            // held, this request included, so nothing is lost if it goes right after.
+            let sent = st.sessions.contains_key(&session);
+            let id = request.id.clone();
             if sent {
+                permit.send(Outbound::Reconcile(request));
                 self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
-            } else if let Some(mut f) = st.in_flight.remove(&request.id) {
+            } else if let Some(mut f) = st.in_flight.remove(&id) {
                 // The session went away between reservation and sending.
                 st.queue
                     .done_handout(&f.key, f.handout, Outcome::Lost, Instant::now());
@@ -289,14 +306,13 @@ impl Controller {
     }
 
     /// The request for a reserved key (reads the informer: call without the lock).
-    fn request(&self, r: Reserved) -> Request {
-        let Reserved {
-            handout,
-            id,
-            tombstone,
-            trace,
-            ..
-        } = r;
+    fn request_of(
+        &self,
+        handout: Handout<ObjectKey>,
+        id: String,
+        tombstone: Option<(Arc<Value>, bool)>,
+        trace: TraceContext,
+    ) -> Request {
         self.metrics.dispatched(
             &self.id.name,
             &self.id.tenant,

@@ -1,7 +1,7 @@
 //! What a controller's lock guards: its queues, its sessions and what each holds, plus the small
 //! operations every path that ends a request shares.
 
-use super::messages::Outbound;
+use super::messages::{Mailbox, Outbound};
 use crate::dispatch::event_queue::EventQueue;
 use crate::dispatch::queue::{Outcome, WorkQueue};
 use crate::dispatch::seats::Seat;
@@ -11,15 +11,14 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
 
-/// An attached session: its credits, what it holds, and its outbound channel (read through
+/// An attached session: its credits, what it holds, and its outbound channels (read through
 /// [`super::inspect::Inspection`]).
 pub struct SessionSlot {
     pub(super) credits: u32,
     pub(super) in_flight: u32,
     pub(super) draining: bool,
-    pub(super) tx: mpsc::UnboundedSender<Outbound>,
+    pub(super) tx: Mailbox,
 }
 
 /// A request (or EVENTS-mode delivery) handed to a session and not yet answered (read through
@@ -72,11 +71,19 @@ impl State {
 
     /// Hand a lost delivery out again at once (at-least-once), in whichever queue it came from.
     pub(super) fn requeue_lost(&mut self, f: &InFlight, now: Instant) {
+        self.requeue(f, Outcome::Lost, now);
+    }
+
+    /// Hand a delivery whose deadline passed out again, a key after its backoff.
+    pub(super) fn requeue_missed(&mut self, f: &InFlight, now: Instant) {
+        self.requeue(f, Outcome::Missed, now);
+    }
+
+    fn requeue(&mut self, f: &InFlight, outcome: Outcome, now: Instant) {
         if f.event {
             self.events.lost(&f.key);
         } else {
-            self.queue
-                .done_handout(&f.key, f.handout, Outcome::Lost, now);
+            self.queue.done_handout(&f.key, f.handout, outcome, now);
         }
     }
 
@@ -111,7 +118,7 @@ impl State {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.in_flight = s.in_flight.saturating_sub(1);
             if s.draining && s.in_flight == 0 {
-                let _ = s.tx.send(Outbound::Drained);
+                s.tx.control(Outbound::Drained);
             }
         }
     }
@@ -123,7 +130,7 @@ pub(super) fn pick_session(st: &mut State) -> Option<u64> {
     let best = st
         .sessions
         .iter()
-        .filter(|(_, s)| !s.draining && s.in_flight < s.credits)
+        .filter(|(_, s)| !s.draining && s.in_flight < s.credits && s.tx.has_room())
         .max_by_key(|(id, s)| {
             (
                 s.credits - s.in_flight,

@@ -2,6 +2,7 @@ use super::*;
 use crate::dispatch::queue::{Backoff, Outcome};
 use crate::dispatch::seats::Weights;
 use crate::registration::{Mode, NamespaceScope, ResourceRef};
+use messages::OUTBOX_CAPACITY;
 use std::time::Duration;
 
 fn registration(max_concurrent: u32) -> Registration {
@@ -39,9 +40,9 @@ fn controller(max_concurrent: u32) -> Arc<Controller> {
     )
 }
 
-fn recv_all(rx: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<Request> {
+fn recv_all(rx: &mut Outbox) -> Vec<Request> {
     let mut out = Vec::new();
-    while let Ok(m) = rx.try_recv() {
+    while let Some(m) = rx.work.try_next() {
         if let Outbound::Reconcile(r) = m {
             out.push(r);
         }
@@ -52,10 +53,8 @@ fn recv_all(rx: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<Request> {
 #[test]
 fn keys_spread_over_sessions_and_never_twice_in_flight() {
     let c = controller(10);
-    let (tx1, mut rx1) = mpsc::unbounded_channel();
-    let (tx2, mut rx2) = mpsc::unbounded_channel();
-    c.add_session(1, 2, tx1);
-    c.add_session(2, 2, tx2);
+    let mut rx1 = c.add_session(1, 2);
+    let mut rx2 = c.add_session(2, 2);
     c.enqueue((0..6).map(|i| ObjectKey::new("ns", format!("k{i}"))), false);
     c.enqueue([ObjectKey::new("ns", "k0")], false);
     c.dispatch_once(true);
@@ -76,15 +75,13 @@ fn keys_spread_over_sessions_and_never_twice_in_flight() {
 #[test]
 fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
     let c = controller(10);
-    let (tx1, mut rx1) = mpsc::unbounded_channel();
-    c.add_session(1, 5, tx1);
+    let mut rx1 = c.add_session(1, 5);
     c.enqueue([ObjectKey::new("ns", "a")], false);
     c.dispatch_once(true);
     let first = recv_all(&mut rx1);
     assert_eq!(first.len(), 1);
     c.remove_session(1);
-    let (tx2, mut rx2) = mpsc::unbounded_channel();
-    c.add_session(2, 5, tx2);
+    let mut rx2 = c.add_session(2, 5);
     c.dispatch_once(true);
     let again = recv_all(&mut rx2);
     assert_eq!(again.len(), 1);
@@ -102,8 +99,7 @@ fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
 #[test]
 fn standby_does_not_dispatch() {
     let c = controller(10);
-    let (tx1, mut rx1) = mpsc::unbounded_channel();
-    c.add_session(1, 5, tx1);
+    let mut rx1 = c.add_session(1, 5);
     c.enqueue([ObjectKey::new("ns", "a")], false);
     c.dispatch_once(false);
     assert!(recv_all(&mut rx1).is_empty());
@@ -114,8 +110,7 @@ fn standby_does_not_dispatch() {
 #[test]
 fn a_key_requeued_after_a_delay_is_dispatched_once_due() {
     let c = controller(10);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    c.add_session(1, 5, tx);
+    let mut rx = c.add_session(1, 5);
     c.enqueue([ObjectKey::new("ns", "later")], false);
     c.dispatch_once(true);
     let first = recv_all(&mut rx);
@@ -138,10 +133,8 @@ fn a_key_requeued_after_a_delay_is_dispatched_once_due() {
 #[test]
 fn max_concurrent_bounds_all_sessions() {
     let c = controller(3);
-    let (tx1, mut rx1) = mpsc::unbounded_channel();
-    let (tx2, mut rx2) = mpsc::unbounded_channel();
-    c.add_session(1, 10, tx1);
-    c.add_session(2, 10, tx2);
+    let mut rx1 = c.add_session(1, 10);
+    let mut rx2 = c.add_session(2, 10);
     c.enqueue(
         (0..10).map(|i| ObjectKey::new("ns", format!("k{i}"))),
         false,
@@ -151,7 +144,7 @@ fn max_concurrent_bounds_all_sessions() {
 }
 
 #[test]
-fn another_tenants_backlog_does_not_hold_the_next_free_seat() {
+fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sessions() {
     let seats = SeatPool::new(2, Weights::default());
     let tenant = |t: &str| {
         Controller::with_seat_pool(
@@ -165,41 +158,66 @@ fn another_tenants_backlog_does_not_hold_the_next_free_seat() {
         )
     };
     let (a, b) = (tenant("tenant-a"), tenant("tenant-b"));
-    let (txa, mut rxa) = mpsc::unbounded_channel();
-    let (txb, mut rxb) = mpsc::unbounded_channel();
-    a.add_session(1, 50, txa);
-    b.add_session(2, 50, txb);
+    let mut rxa = a.add_session(1, 50);
+    let mut rxb = b.add_session(2, 50);
     a.enqueue(
         (0..100).map(|i| ObjectKey::new("ns", format!("k{i}"))),
         false,
     );
     a.dispatch_once(true);
     let first = recv_all(&mut rxa);
-    assert_eq!(first.len(), 2, "A takes every free seat, and no more");
+    assert_eq!(first.len(), 1, "A takes its own share; B's stays free");
     b.enqueue([ObjectKey::new("ns", "live")], false);
     b.dispatch_once(true);
-    assert!(recv_all(&mut rxb).is_empty(), "no seat is free yet");
-    // A's backlog waits too, but the seat A frees goes to B, whose tag is behind.
-    a.dispatch_once(true);
-    assert_eq!(
-        a.complete(1, &first[0].id, Outcome::Done, ""),
-        Completion::Accepted
-    );
-    a.dispatch_once(true);
-    assert!(
-        recv_all(&mut rxa).is_empty(),
-        "A took the seat B was waiting for"
-    );
-    b.dispatch_once(true);
     let got = recv_all(&mut rxb);
-    assert_eq!(got.len(), 1);
+    assert_eq!(got.len(), 1, "B's live change goes out at once");
     assert_eq!(got[0].key.name, "live");
-    // B's result frees its seat, and A's backlog goes on.
+    assert_eq!(seats.in_use(), 2);
+    // B idle again: its seat is still kept for it while it has sessions.
     assert_eq!(
         b.complete(2, &got[0].id, Outcome::Done, ""),
         Completion::Accepted
     );
     a.dispatch_once(true);
-    assert_eq!(recv_all(&mut rxa).len(), 1);
-    assert_eq!(seats.in_use(), 2);
+    assert!(recv_all(&mut rxa).is_empty(), "A borrowed B's seat");
+    assert_eq!(
+        a.complete(1, &first[0].id, Outcome::Done, ""),
+        Completion::Accepted
+    );
+    a.dispatch_once(true);
+    assert_eq!(
+        recv_all(&mut rxa).len(),
+        1,
+        "A's backlog goes on in its share"
+    );
+}
+
+#[test]
+fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
+    let c = controller(0);
+    let mut slow = c.add_session(1, 1000);
+    c.enqueue(
+        (0..200).map(|i| ObjectKey::new("ns", format!("k{i}"))),
+        false,
+    );
+    c.dispatch_once(true);
+    c.dispatch_once(true);
+    assert_eq!(
+        c.snapshot().1,
+        OUTBOX_CAPACITY,
+        "more was handed to a session than its outbox holds"
+    );
+    // A second replica that reads gets the rest of the backlog meanwhile.
+    let mut reader = c.add_session(2, 1000);
+    c.dispatch_once(true);
+    assert_eq!(recv_all(&mut reader).len(), OUTBOX_CAPACITY);
+    // The slow one reads one message: dispatch is woken and fills the room again.
+    assert!(slow.work.try_next().is_some());
+    c.dispatch_once(true);
+    assert_eq!(
+        recv_all(&mut slow).len(),
+        OUTBOX_CAPACITY,
+        "the slow session's outbox was not refilled"
+    );
+    assert_eq!(recv_all(&mut reader).len(), OUTBOX_CAPACITY);
 }
