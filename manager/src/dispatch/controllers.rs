@@ -485,7 +485,7 @@ impl ControllerTable {
         };
         tracing::info!(controller = %old.id, why, "superseding the previous registration");
         old.revoke_all(RevokeReason::Superseded, why);
-        old.release_informers();
+        old.retire();
         self.forget_scope(old);
     }
 
@@ -505,6 +505,9 @@ impl ControllerTable {
             &self.seat_pool,
         );
         controller.set_queue_limit(limits.queued_keys);
+        if let Some(names) = namespaces {
+            controller.confine_to(names);
+        }
         self.wire(&controller, namespaces, gate);
         tokio::spawn(
             controller
@@ -588,8 +591,10 @@ impl ControllerTable {
                 && controller.session_count() == 0
             {
                 controllers.remove(&controller.id);
-                controller.release_informers();
+                controller.retire();
                 self.forget_scope(controller);
+                self.metrics
+                    .forget_controller(&controller.id.name, &controller.id.tenant);
                 tracing::info!(controller = %controller.id, "last session left; controller removed");
             }
         }

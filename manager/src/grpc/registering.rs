@@ -19,6 +19,7 @@ use tonic::Status;
 impl ServiceState {
     /// The domain registration a `Register` asks for, with every kind resolved.
     pub(super) async fn translate(&self, r: &pb::Register) -> Result<Registration, Invalid> {
+        check_shape(r)?;
         registration::validate_name(&r.controller_name)?;
         let mode = mode_from_pb(r)?;
         let primary = self.resolve(r.primary.as_ref(), "register.primary").await?;
@@ -42,8 +43,8 @@ impl ServiceState {
             name: r.controller_name.clone(),
             mode,
             primary,
-            owns,
-            watches,
+            owns: registration::without_repeats(owns),
+            watches: registration::without_repeats(watches),
             namespaces,
             label_selector,
             predicate: translate_predicate_opt(r.predicate.as_ref(), "register.predicate")?,
@@ -298,4 +299,32 @@ pub(super) fn namespace_phrase(ns: &str) -> String {
     } else {
         format!("namespace {ns}")
     }
+}
+
+/// The counts and size of a Register, checked before anything in it is resolved or compiled.
+fn check_shape(r: &pb::Register) -> Result<(), Invalid> {
+    use prost::Message;
+    use registration::{bounds, check_count};
+    let bytes = r.encoded_len();
+    if bytes > bounds::REGISTER_BYTES {
+        return Err(Invalid::new(
+            "register",
+            format!(
+                "is {bytes} bytes; the limit is {}: shorten selectors and predicates",
+                bounds::REGISTER_BYTES
+            ),
+        ));
+    }
+    check_count("register.owns", r.owns.len(), bounds::OWNS)?;
+    check_count("register.watches", r.watches.len(), bounds::WATCHES)?;
+    if let Some(pb::namespace_scope::Scope::Names(n)) =
+        r.namespaces.as_ref().and_then(|n| n.scope.as_ref())
+    {
+        check_count(
+            "register.namespaces.names.names",
+            n.names.len(),
+            bounds::NAMESPACE_NAMES,
+        )?;
+    }
+    Ok(())
 }

@@ -35,6 +35,13 @@ pub enum ResultLabel {
 }
 
 impl ResultLabel {
+    const ALL: [ResultLabel; 4] = [
+        ResultLabel::Success,
+        ResultLabel::Error,
+        ResultLabel::Requeue,
+        ResultLabel::RequeueAfter,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             ResultLabel::Success => "success",
@@ -383,6 +390,34 @@ impl Metrics {
             .inc();
     }
 
+    /// Drop every series of a controller that went away, so tenants registering ever new
+    /// controller names cannot grow `/metrics` (and the manager's memory) without bound.
+    pub fn forget_controller(&self, controller: &str, tenant: &str) {
+        let labels = [controller, tenant];
+        for result in ResultLabel::ALL {
+            let _ =
+                self.reconcile_total
+                    .remove_label_values(&[controller, tenant, result.as_str()]);
+        }
+        for counter in [
+            &self.reconcile_errors,
+            &self.terminal_errors,
+            &self.adds,
+            &self.retries,
+            &self.deadline_misses,
+        ] {
+            let _ = counter.remove_label_values(&labels);
+        }
+        for histogram in [
+            &self.reconcile_time,
+            &self.queue_duration,
+            &self.work_duration,
+            &self.dispatch_latency,
+        ] {
+            let _ = histogram.remove_label_values(&labels);
+        }
+    }
+
     /// A tenant reached `limit` (sessions, controllers, in_flight, queued_keys, message_bytes).
     pub fn limit_hit(&self, tenant: &str, limit: &str) {
         self.limit_hits.with_label_values(&[tenant, limit]).inc();
@@ -444,6 +479,31 @@ mod tests {
         ));
         assert!(text.contains(r#"controller_runtime_terminal_reconcile_errors_total{controller="memcached",tenant="dev"} 1"#));
         assert!(text.contains(r#"controller_runtime_reconcile_time_seconds_bucket{controller="memcached",tenant="dev",le="0.005"} 1"#), "7 ms is above the first bucket, 3 ms below it");
+    }
+
+    #[test]
+    fn a_forgotten_controller_leaves_no_series() {
+        let m = Metrics::new();
+        m.reconciled(
+            "gone",
+            "t",
+            ResultLabel::Success,
+            false,
+            Duration::from_millis(1),
+        );
+        m.dispatched("gone", "t", Duration::from_millis(1));
+        m.deadline_missed("gone", "t");
+        m.reconciled(
+            "kept",
+            "t",
+            ResultLabel::Success,
+            false,
+            Duration::from_millis(1),
+        );
+        m.forget_controller("gone", "t");
+        let text = m.render();
+        assert!(!text.contains("controller=\"gone\""), "{text}");
+        assert!(text.contains("controller=\"kept\""));
     }
 
     #[test]

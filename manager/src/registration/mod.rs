@@ -165,6 +165,46 @@ pub mod defaults {
     pub const RESYNC: Duration = Duration::from_secs(10 * 3600);
 }
 
+/// How much one registration may ask for. Each entry costs an informer subscription per
+/// namespace and a discovery lookup, and every event of those kinds is mapped and filtered for
+/// it, so the counts are bounded where the Register message enters (far above what a real
+/// controller uses: controller-runtime controllers own and watch a handful of kinds).
+pub mod bounds {
+    /// Entries of `owns`.
+    pub const OWNS: usize = 32;
+    /// Entries of `watches`.
+    pub const WATCHES: usize = 32;
+    /// Namespaces in a `names` scope.
+    pub const NAMESPACE_NAMES: usize = 256;
+    /// Encoded size of a Register message, in bytes.
+    pub const REGISTER_BYTES: usize = 64 * 1024;
+}
+
+/// A list field with more entries than its bound.
+pub fn check_count(field: &str, len: usize, max: usize) -> Result<(), Invalid> {
+    if len > max {
+        return Err(Invalid::new(
+            field,
+            format!(
+                "has {len} entries; the limit is {max}: list each kind once (entries that differ only in predicate can be combined with any_of)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `items` with exact repeats removed, first occurrence kept: two identical owns or watches
+/// entries would only subscribe the same filter twice.
+pub fn without_repeats<T: PartialEq>(items: Vec<T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(items.len());
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
+}
+
 /// A controller name must be usable as a metric label and a Kubernetes-style name.
 pub fn validate_name(name: &str) -> Result<(), Invalid> {
     let ok = !name.is_empty()
@@ -224,6 +264,15 @@ mod tests {
             values: vec![],
         });
         assert_eq!(selector_query(&sel), "app=web,tier in (a,b),!old");
+    }
+
+    #[test]
+    fn counts_past_their_bound_name_the_field_and_the_limit() {
+        assert!(check_count("register.owns", bounds::OWNS, bounds::OWNS).is_ok());
+        let e = check_count("register.owns", 100_000, bounds::OWNS).expect_err("too many");
+        assert_eq!(e.field, "register.owns");
+        assert!(e.message.contains("100000 entries; the limit is 32"), "{e}");
+        assert_eq!(without_repeats(vec![1, 2, 1, 3, 2]), vec![1, 2, 3]);
     }
 
     #[test]

@@ -269,6 +269,16 @@ impl LabelSelector {
     /// Like [`LabelSelector::validate`] with the caller's path for the selector, so the same
     /// check serves the registration's scope selector and selectors inside predicate trees.
     pub fn validate_at(&self, path: &str) -> Result<(), PredicateError> {
+        let bytes = self.query_bytes();
+        if bytes > MAX_SELECTOR_BYTES {
+            // Every informer with this selector sends it in its URL, and every event is matched
+            // against it: the size is the tenant's to bound, not the API server's.
+            return Err(PredicateError::SelectorTooLarge {
+                path: path.to_owned(),
+                bytes,
+                max: MAX_SELECTOR_BYTES,
+            });
+        }
         for (key, value) in &self.match_labels {
             let here = format!("{path}.match_labels[{key:?}]");
             check_key(&here, key)?;
@@ -303,9 +313,42 @@ impl LabelSelector {
     }
 }
 
+impl LabelSelector {
+    /// Length of the selector written as the API server's `labelSelector` query (about).
+    fn query_bytes(&self) -> usize {
+        let labels: usize = self
+            .match_labels
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum();
+        let expressions: usize = self
+            .match_expressions
+            .iter()
+            .map(|e| e.key.len() + 10 + e.values.iter().map(|v| v.len() + 1).sum::<usize>())
+            .sum();
+        labels + expressions
+    }
+}
+
+/// Largest label selector, as the length of its query string: far above any real selector
+/// (tens of bytes), far below what turns into an URL too long or a slow match per event.
+pub const MAX_SELECTOR_BYTES: usize = 4096;
+
 /// Why a predicate tree was rejected; every variant carries the path of the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PredicateError {
+    /// A label selector longer than [`MAX_SELECTOR_BYTES`].
+    #[error(
+        "{path}: the label selector is {bytes} bytes long; the limit is {max}: select with fewer or shorter labels and values"
+    )]
+    SelectorTooLarge {
+        /// The selector.
+        path: String,
+        /// Its length as a query.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The tree nests deeper than [`MAX_DEPTH`].
     #[error("{path}: predicate nesting exceeds the maximum depth of {max}")]
     TooDeep {
@@ -369,6 +412,7 @@ impl PredicateError {
     pub fn path(&self) -> &str {
         match self {
             PredicateError::TooDeep { path, .. }
+            | PredicateError::SelectorTooLarge { path, .. }
             | PredicateError::TooManyNodes { path, .. }
             | PredicateError::InvalidLabelKey { path, .. }
             | PredicateError::InvalidLabelValue { path, .. }
@@ -381,6 +425,7 @@ impl PredicateError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             PredicateError::TooDeep { .. } => "too_deep",
+            PredicateError::SelectorTooLarge { .. } => "selector_too_large",
             PredicateError::TooManyNodes { .. } => "too_many_nodes",
             PredicateError::InvalidLabelKey { .. } => "invalid_label_key",
             PredicateError::InvalidLabelValue { .. } => "invalid_label_value",

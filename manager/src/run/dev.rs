@@ -152,7 +152,7 @@ impl DevArgs {
             grpc_tls_cert: None,
             grpc_tls_key: None,
             grpc_client_ca: None,
-            max_message_bytes: 4 * 1024 * 1024,
+            max_message_bytes: 1024 * 1024,
             lease_name: "ctrlhub-leader".into(),
             lease_namespace: "kube-system".into(),
             identity: Some("ctrlhub-dev".into()),

@@ -111,8 +111,9 @@ pub struct RunArgs {
     /// still names the tenant). Needs `--grpc-tls-cert`.
     #[arg(long, env = "CTRLHUB_GRPC_CLIENT_CA", requires = "grpc_tls_cert")]
     pub grpc_client_ca: Option<PathBuf>,
-    /// Largest gRPC message the manager accepts from a controller, in bytes.
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    /// Largest gRPC message the manager accepts from a controller, in bytes (a Register must
+    /// also be at most 64 KiB).
+    #[arg(long, default_value_t = 1024 * 1024)]
     pub max_message_bytes: usize,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "ctrlhub-leader")]

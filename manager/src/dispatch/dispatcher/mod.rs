@@ -84,6 +84,8 @@ pub struct Controller {
     /// Set for a namespace-label-selector scope: the primary informers watch every namespace,
     /// so keys read back from them (resync) are kept to the admitted ones.
     scope: std::sync::OnceLock<NamespaceSet>,
+    /// Set for a fixed list of namespaces (the registration's, or the manager's ceiling).
+    fixed_namespaces: std::sync::OnceLock<std::collections::HashSet<String>>,
     /// Counters for status and metrics.
     pub counters: Counters,
     metrics: Arc<Metrics>,
@@ -92,6 +94,8 @@ pub struct Controller {
     overflowed: std::sync::atomic::AtomicBool,
     /// Missed deadlines are logged once per period, not once per request.
     deadline_log: Mutex<crate::throttle::LogEvery>,
+    /// Cancelled when the controller goes away: ends its dispatch task, which holds it.
+    retired: tokio_util::sync::CancellationToken,
 }
 
 /// How often a controller that keeps missing deadlines gets a log line.
@@ -124,12 +128,14 @@ impl Controller {
             primaries: Mutex::new(Vec::new()),
             subscriptions: Mutex::new(Vec::new()),
             scope: std::sync::OnceLock::new(),
+            fixed_namespaces: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics,
             recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
             queue_limit: std::sync::atomic::AtomicUsize::new(0),
             overflowed: std::sync::atomic::AtomicBool::new(false),
             deadline_log: Mutex::new(crate::throttle::LogEvery::new(DEADLINE_LOG_PERIOD)),
+            retired: tokio_util::sync::CancellationToken::new(),
         })
     }
 
@@ -160,12 +166,52 @@ impl Controller {
         self.primaries.lock().clear();
     }
 
-    /// Enqueue keys; `initial` events are background work.
+    /// The controller is going away: drop its subscriptions and end its dispatch task, so
+    /// nothing it spawned outlives it.
+    pub fn retire(&self) {
+        self.release_informers();
+        self.retired.cancel();
+    }
+
+    /// Confine every key this controller delivers to `namespaces` (set once, when wired).
+    pub fn confine_to(&self, namespaces: &[String]) {
+        let _ = self
+            .fixed_namespaces
+            .set(namespaces.iter().cloned().collect());
+    }
+
+    /// Whether `key` is within the registration's scope: its namespace registered (and, for a
+    /// selector scope, admitted now), or no namespace for a cluster-scoped primary. Every key
+    /// is checked here whatever produced it, so no mapping (a field naming another tenant's
+    /// namespace, an owner reference) can deliver a key from outside the scope.
+    pub fn admits(&self, key: &ObjectKey) -> bool {
+        if !self.registration.primary.namespaced {
+            return key.namespace.is_empty();
+        }
+        !key.namespace.is_empty()
+            && self
+                .fixed_namespaces
+                .get()
+                .is_none_or(|set| set.contains(&key.namespace))
+            && self
+                .scope
+                .get()
+                .is_none_or(|set| set.read().contains(&key.namespace))
+    }
+
+    /// Enqueue keys; `initial` events are background work. Keys outside the scope are dropped.
     pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, initial: bool) {
         if self.overflowed.load(Ordering::Relaxed) {
             // Revoked for exceeding its queue limit: hold nothing more until it is gone.
             return;
         }
+        let keys = keys.into_iter().filter(|k| {
+            let inside = self.admits(k);
+            if !inside {
+                tracing::debug!(controller = %self.id, key = %k, "key outside the registration's scope dropped");
+            }
+            inside
+        });
         let now = Instant::now();
         let priority = if initial {
             Priority::Background
@@ -206,6 +252,9 @@ impl Controller {
     /// EVENTS mode: append a change of a primary.
     pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
         let key = crate::registration::mapping::own_key(&object);
+        if !self.admits(&key) {
+            return;
+        }
         let span = spans::enabled().then(|| {
             spans::enqueue(
                 &self.id,
@@ -306,16 +355,9 @@ impl Controller {
     /// The primary keys within this controller's scope: every cached one, less those of
     /// namespaces a selector scope has not admitted.
     pub fn scoped_primary_keys(&self) -> Vec<ObjectKey> {
-        let keys = self.primary_keys();
-        match self.scope.get() {
-            None => keys,
-            Some(set) => {
-                let set = set.read();
-                keys.into_iter()
-                    .filter(|k| set.contains(&k.namespace))
-                    .collect()
-            }
-        }
+        let mut keys = self.primary_keys();
+        keys.retain(|k| self.admits(k));
+        keys
     }
 
     fn primary_object(&self, key: &ObjectKey) -> Option<CachedObject> {

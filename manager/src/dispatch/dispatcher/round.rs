@@ -63,6 +63,7 @@ impl Controller {
                 _ = tokio::time::sleep(sleep) => {}
                 changed = leading.changed() => if changed.is_err() { return },
                 _ = stop.cancelled() => return,
+                _ = self.retired.cancelled() => return,
             }
         }
     }

@@ -221,3 +221,26 @@ fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
     );
     assert_eq!(recv_all(&mut reader).len(), OUTBOX_CAPACITY);
 }
+
+#[test]
+fn a_key_outside_the_registered_namespaces_is_never_queued_whatever_mapped_it() {
+    let c = controller(0);
+    c.confine_to(&["team-a".to_string()]);
+    let mut rx = c.add_session(1, 10);
+    // As a watches mapping by field path would produce them from a value naming another
+    // tenant's namespace, or a cluster-scoped name for a namespaced primary.
+    c.enqueue(
+        [
+            ObjectKey::new("team-b", "secret-thing"),
+            ObjectKey::new("", "cluster-wide"),
+            ObjectKey::new("team-a", "mine"),
+        ],
+        false,
+    );
+    c.dispatch_once(true);
+    let got: Vec<String> = recv_all(&mut rx)
+        .iter()
+        .map(|r| r.key.to_string())
+        .collect();
+    assert_eq!(got, ["team-a/mine"]);
+}
