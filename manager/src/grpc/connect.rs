@@ -22,6 +22,10 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 /// How long a new stream may take to send its Register.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a registration's informers may take to complete their first list before the
+/// registration is refused (UNAVAILABLE: try again later).
+const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Messages encoded for a session and not yet taken by the transport. Small, because the
 /// session's outbox already buffers requests: a controller that stops reading pins at most this
 /// plus the outbox plus HTTP/2's flow-control window.
@@ -56,6 +60,7 @@ impl Service {
                 self.gate(grant, &identity, &registration),
             )
             .map_err(register_error_to_status)?;
+        self.wait_first_lists(&attached).await?;
         let session_id = format!("{}-{}", attached.controller.id.name, uuid::Uuid::new_v4());
         self.sessions.lock().insert(
             session_id.clone(),
@@ -82,6 +87,24 @@ impl Service {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    /// Wait until every informer of the session's controller has its first list, so that the
+    /// registration starts from a full cache. An informer that cannot list (forbidden to the
+    /// manager, a selector the API server refuses, a list that does not finish) fails this
+    /// registration alone: the session is detached and the controller told why.
+    async fn wait_first_lists(&self, attached: &Attached) -> Result<(), Status> {
+        for informer in attached.controller.informers() {
+            if let Err(e) = informer.wait_synced(FIRST_LIST_TIMEOUT).await {
+                self.controllers
+                    .detach(&attached.controller, attached.session);
+                tracing::warn!(controller = %attached.controller.id, error = %e, "registration refused: its informer could not start");
+                return Err(Status::unavailable(format!(
+                    "{e}; the registration was not kept. Check the kind, namespaces and label selector, or retry later"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The first message, which must be Register, within [`REGISTER_TIMEOUT`].

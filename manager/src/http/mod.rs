@@ -1,5 +1,5 @@
 //! The manager's HTTP port: `/` (the status page for people), `/healthz`, `/readyz` (leader
-//! election running and caches synced), `/metrics`, and `/status` (the same facts as JSON).
+//! election running), `/metrics`, and `/status` (the same facts as JSON).
 //!
 //! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
 //! `metrics` and `registration`, read-only — nothing below calls back up into it.
@@ -46,11 +46,14 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .with_state(state)
 }
 
+/// Ready while leader election runs. Tenant informers play no part: one tenant's informer
+/// that cannot list (or lists slowly) fails that tenant's registration, never the manager's
+/// readiness, which would take the leader out of its Service for every tenant.
 async fn readyz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    if s.cache.all_synced() {
+    if s.leader.has_changed().is_ok() {
         (StatusCode::OK, "ok")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+        (StatusCode::SERVICE_UNAVAILABLE, "leader election stopped")
     }
 }
 

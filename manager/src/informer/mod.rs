@@ -27,7 +27,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::watch as signal;
@@ -132,7 +132,8 @@ pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 #[derive(Default)]
 struct Store {
     objects: HashMap<ObjectKey, CachedObject>,
-    subscribers: Vec<(u64, Subscriber)>,
+    /// By subscription id: removing one is O(log n) however many a registration made.
+    subscribers: BTreeMap<u64, Subscriber>,
     /// Objects received since the current (re)list began. Held as bytes too, so that a list of
     /// 100k objects never has them all parsed at once.
     relisting: Option<HashMap<ObjectKey, CachedObject>>,
@@ -145,7 +146,31 @@ pub struct Informer {
     synced: signal::Sender<bool>,
     relists: AtomicU64,
     watch_restarts: Arc<AtomicU64>,
+    /// The latest list or watch error, kept until the first list completes: a registration
+    /// waiting for this informer fails with it instead of waiting forever.
+    first_list_error: Arc<Mutex<Option<String>>>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// Why an informer could not complete its first list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SyncError {
+    /// A list or watch request failed before the first list completed.
+    #[error("the informer for {informer} could not list: {error}")]
+    Failed {
+        /// The informer's label.
+        informer: String,
+        /// The API server's error.
+        error: String,
+    },
+    /// The first list did not complete in time.
+    #[error("the informer for {informer} did not complete its first list within {waited:?}")]
+    TimedOut {
+        /// The informer's label.
+        informer: String,
+        /// How long it was given.
+        waited: std::time::Duration,
+    },
 }
 
 impl Store {
@@ -188,7 +213,7 @@ impl Store {
     }
 
     fn emit(&self, event: &CacheEvent) {
-        for (_, sub) in &self.subscribers {
+        for sub in self.subscribers.values() {
             sub(event);
         }
     }
@@ -222,6 +247,35 @@ impl Informer {
     /// Whether the first list completed.
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
+    }
+
+    /// Wait until the first list completed. Fails as soon as a list or watch request fails
+    /// before that (the watcher keeps retrying, but whoever waits is told at once), or after
+    /// `within`.
+    pub async fn wait_synced(&self, within: std::time::Duration) -> Result<(), SyncError> {
+        let mut synced = self.synced.subscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if *synced.borrow_and_update() {
+                return Ok(());
+            }
+            if let Some(error) = self.first_list_error.lock().clone() {
+                return Err(SyncError::Failed {
+                    informer: self.key.label(),
+                    error,
+                });
+            }
+            // The watcher task records errors without a signal; a short poll is enough for a
+            // wait that happens once per registration.
+            let tick = tokio::time::sleep(std::time::Duration::from_millis(50));
+            tokio::select! {
+                _ = synced.changed() => {}
+                _ = tick => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(SyncError::TimedOut { informer: self.key.label(), waited: within });
+                }
+            }
+        }
     }
 
     /// One cached object.
@@ -287,6 +341,7 @@ impl Informer {
                 }
                 drop(store);
                 crate::informer::heap::release_after_burst();
+                self.first_list_error.lock().take();
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {
@@ -381,10 +436,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.informer
-            .lock()
-            .subscribers
-            .retain(|(id, _)| *id != self.id);
+        self.informer.lock().subscribers.remove(&self.id);
         if let Some(cache) = self.cache.upgrade() {
             cache.release(&self.key);
         }
@@ -427,7 +479,7 @@ impl Cache {
                     initial: true,
                 });
             }
-            store.subscribers.push((id, subscriber));
+            store.subscribers.insert(id, subscriber);
         }
         Subscription {
             cache: Arc::downgrade(self),
@@ -440,11 +492,6 @@ impl Cache {
     /// Every running informer, for status and metrics.
     pub fn all(&self) -> Vec<Arc<Informer>> {
         self.informers().values().map(|(i, _)| i.clone()).collect()
-    }
-
-    /// Whether every running informer has completed its first list.
-    pub fn all_synced(&self) -> bool {
-        self.informers().values().all(|(i, _)| i.is_synced())
     }
 
     fn release(&self, key: &InformerKey) {
@@ -470,6 +517,7 @@ impl Cache {
             synced,
             relists: AtomicU64::new(0),
             watch_restarts: Arc::new(AtomicU64::new(0)),
+            first_list_error: Arc::new(Mutex::new(None)),
             task: Mutex::new(None),
         });
         let ar = key.api_resource();
@@ -484,7 +532,11 @@ impl Cache {
         let weak = Arc::downgrade(&informer);
         let label = key.label();
         let client = self.client.clone();
-        let restarts = informer.watch_restarts.clone();
+        let failures = Failures {
+            restarts: informer.watch_restarts.clone(),
+            first_list: informer.first_list_error.clone(),
+            synced: informer.synced.subscribe(),
+        };
         tracing::info!(informer = %label, "informer started");
         let task = tokio::spawn(async move {
             let mut stream = if key.metadata_only {
@@ -493,9 +545,9 @@ impl Cache {
                         (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
                         _ => Api::all_with(client.clone(), &ar),
                     };
-                as_values(api, config, key.clone(), restarts, partial_to_value)
+                as_values(api, config, key.clone(), failures, partial_to_value)
             } else {
-                as_values(api, config, key.clone(), restarts, object_to_value)
+                as_values(api, config, key.clone(), failures, object_to_value)
             };
             while let Some(event) = stream.next().await {
                 let Some(informer) = weak.upgrade() else {
@@ -510,12 +562,34 @@ impl Cache {
     }
 }
 
+/// Where a watcher's errors are recorded.
+struct Failures {
+    restarts: Arc<AtomicU64>,
+    /// Set on an error before the first list completed.
+    first_list: Arc<Mutex<Option<String>>>,
+    synced: signal::Receiver<bool>,
+}
+
+impl Failures {
+    fn record(&self, key: &InformerKey, error: &watcher::Error) {
+        let n = self.restarts.fetch_add(1, Ordering::Relaxed);
+        if !*self.synced.borrow() {
+            *self.first_list.lock() = Some(error.to_string());
+        }
+        // One line per error would be a line per backoff step forever for an informer that
+        // cannot list: the first, then every 64th (the count is ctrlhub_informer_watch_restarts).
+        if n % 64 == 0 {
+            tracing::warn!(informer = %key.label(), error = %error, failures = n + 1, "watch error; the watcher retries with backoff");
+        }
+    }
+}
+
 /// A watcher over `api` with kube's default backoff, as JSON values with apiVersion and kind set.
 fn as_values<K>(
     api: Api<K>,
     config: watcher::Config,
     key: InformerKey,
-    restarts: Arc<AtomicU64>,
+    failures: Failures,
     convert: fn(K, &InformerKey) -> Option<Value>,
 ) -> futures::stream::BoxStream<'static, Event<Value>>
 where
@@ -524,23 +598,16 @@ where
     watcher::watcher(api, config)
         .default_backoff()
         .filter_map(move |r| {
-            let key = key.clone();
-            if r.is_err() {
-                restarts.fetch_add(1, Ordering::Relaxed);
-            }
-            async move { log_err(r).and_then(|e| map_event(e, &key, convert)) }
+            let event = match r {
+                Ok(event) => map_event(event, &key, convert),
+                Err(e) => {
+                    failures.record(&key, &e);
+                    None
+                }
+            };
+            std::future::ready(event)
         })
         .boxed()
-}
-
-fn log_err<T>(r: Result<T, watcher::Error>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!(error = %e, "watch error; the watcher retries with backoff");
-            None
-        }
-    }
 }
 
 #[cfg(test)]

@@ -152,6 +152,15 @@ impl Controller {
             .collect()
     }
 
+    /// Every informer this controller subscribed to.
+    pub fn informers(&self) -> Vec<Arc<Informer>> {
+        self.subscriptions
+            .lock()
+            .iter()
+            .map(|s| s.informer().clone())
+            .collect()
+    }
+
     /// Keep the informer subscriptions alive as long as the controller.
     pub fn hold(&self, subscription: Subscription, primary: bool) {
         if primary {
