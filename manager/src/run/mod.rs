@@ -221,7 +221,12 @@ impl RunArgs {
     }
 
     async fn client(&self) -> anyhow::Result<kube::Client> {
-        let config = match &self.kubeconfig {
+        let config = self.kube_config().await?;
+        kube::Client::try_from(config).context("building the Kubernetes client")
+    }
+
+    async fn kube_config(&self) -> anyhow::Result<kube::Config> {
+        Ok(match &self.kubeconfig {
             Some(path) => {
                 let kc = kube::config::Kubeconfig::read_from(path)
                     .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -235,8 +240,7 @@ impl RunArgs {
             None => kube::Config::infer()
                 .await
                 .context("no kubeconfig given and no in-cluster configuration found")?,
-        };
-        kube::Client::try_from(config).context("building the Kubernetes client")
+        })
     }
 
     /// Run the manager until `stop` fires: then drain sessions, release the lease and return.
@@ -250,7 +254,7 @@ impl RunArgs {
             .identity
             .clone()
             .unwrap_or_else(|| format!("ctrlhub-{}", &uuid::Uuid::new_v4().to_string()[..8]));
-        let election = self.start_election(&client, &identity);
+        let election = self.start_election(self.kube_config().await?, &identity)?;
         let pod_label = self.pod_label(&client, &identity);
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
@@ -294,10 +298,21 @@ impl RunArgs {
         Ok(())
     }
 
-    /// Starts the Lease election on its own task.
-    fn start_election(&self, client: &kube::Client, identity: &str) -> Election {
+    /// Starts the Lease election on a thread of its own, with its own runtime and its own
+    /// connection to the API server: nothing tenants make the main runtime do (fan-out of a
+    /// huge registration, a flood of connections) can delay a renewal until the Lease is lost.
+    fn start_election(&self, config: kube::Config, identity: &str) -> anyhow::Result<Election> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the leader-election runtime")?;
+        // The client's connection tasks are spawned where it is built: on this runtime.
+        let client = {
+            let _inside = runtime.enter();
+            kube::Client::try_from(config).context("building the leader-election client")?
+        };
         let elector = Elector::new(
-            client.clone(),
+            client,
             LeaderConfig {
                 namespace: self.lease_namespace.clone(),
                 name: self.lease_name.clone(),
@@ -308,12 +323,22 @@ impl RunArgs {
             },
         );
         let stop = CancellationToken::new();
-        Election {
-            leading: elector.leading(),
-            state: elector.state(),
-            stop: stop.clone(),
-            task: tokio::spawn(elector.run(stop)),
-        }
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let (leading, state) = (elector.leading(), elector.state());
+        let run = elector.run(stop.clone());
+        std::thread::Builder::new()
+            .name("leader-election".into())
+            .spawn(move || {
+                runtime.block_on(run);
+                let _ = done.send(());
+            })
+            .context("starting the leader-election thread")?;
+        Ok(Election {
+            leading,
+            state,
+            stop,
+            finished,
+        })
     }
 
     /// The leader's pod label, when `--leader-pod-label` asks the Service to follow the leader.
@@ -438,12 +463,12 @@ impl RunArgs {
     }
 }
 
-/// The running election: what it reports and how to stop it.
+/// The running election: what it reports, how to stop it, and when it has (Lease released).
 struct Election {
     leading: watch::Receiver<bool>,
     state: watch::Receiver<LeaderState>,
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    finished: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// A server running on its own task.
@@ -527,7 +552,7 @@ async fn shut_down(
         p.set(false).await;
     }
     election.stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), election.task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
 }
