@@ -7,7 +7,7 @@ use super::convert::{
     register_error_to_status, request_to_pb, result_message, revoked_to_pb,
 };
 use super::registering::{Grant, RbacNamespaceGate, denied, watched_resources};
-use super::{ConnectStream, Service};
+use super::{ConnectStream, Service, bearer_token};
 use crate::dispatch::controllers::{AdmittedNamespaces, Attached};
 use crate::dispatch::dispatcher::{Completion, Controller, Outbound, Outbox, RevokeReason};
 use crate::dispatch::queue::Outcome;
@@ -45,6 +45,7 @@ impl Service {
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
     ) -> Result<Response<ConnectStream>, Status> {
         let identity = self.authenticate(&req).await?;
+        let token = bearer_token(req.metadata()).map(str::to_owned).ok();
         self.require_leader()?;
         let mut inbound = req.into_inner();
         let register = self.read_register(&mut inbound, &identity).await?;
@@ -73,7 +74,13 @@ impl Service {
             effective: Some(effective_to_pb(&register, &registration, attached.credits)),
             readable: readable_to_pb(&registration),
         };
-        let recheck = self.spawn_recheck(&identity, &registration, &attached);
+        let guards: Vec<AbortOnDrop> = [
+            self.spawn_recheck(&identity, &registration, &attached),
+            token.and_then(|t| self.spawn_token_check(t, &identity, &attached)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);
         let pump = Pump {
             service: self.clone(),
@@ -83,7 +90,7 @@ impl Service {
             scope: attached.scope,
             tx,
         };
-        tokio::spawn(pump.run(attached.outbound, inbound, registered, recheck));
+        tokio::spawn(pump.run(attached.outbound, inbound, registered, guards));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
@@ -213,6 +220,60 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Under TokenReview, authenticates the session's token again every re-check interval and
+    /// at the token's own expiry, and ends this session (CREDENTIALS_EXPIRED) once it is
+    /// expired, rejected (its ServiceAccount deleted, say) or names another identity.
+    fn spawn_token_check(
+        &self,
+        token: String,
+        identity: &Identity,
+        attached: &Attached,
+    ) -> Option<AbortOnDrop> {
+        let every = self.token_recheck?;
+        let (service, who, controller, session) = (
+            self.clone(),
+            identity.clone(),
+            attached.controller.clone(),
+            attached.session,
+        );
+        let expires = crate::tenancy::token_expiry(&token);
+        let task = tokio::spawn(async move {
+            let why = service.token_lapse(&token, &who, expires, every).await;
+            tracing::info!(controller = %controller.id, user = %who.username, why = %why, "ending a session whose credentials lapsed");
+            controller.revoke_session(session, RevokeReason::CredentialsExpired, &why);
+        });
+        Some(AbortOnDrop(task.abort_handle()))
+    }
+
+    /// Waits until `token` lapses and says why.
+    async fn token_lapse(
+        &self,
+        token: &str,
+        who: &Identity,
+        expires: Option<std::time::SystemTime>,
+        every: Duration,
+    ) -> String {
+        loop {
+            let until_expiry = expires.map(|e| {
+                e.duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO)
+            });
+            tokio::time::sleep(until_expiry.map_or(every, |d| d.min(every))).await;
+            if expires.is_some_and(|e| e <= SystemTime::now()) {
+                return "the session's token expired: reconnect with a fresh token (read the token file again on every connect; the kubelet rotates it)".into();
+            }
+            match self.authn.authenticate(token).await {
+                Ok(now) if now.uid == who.uid && now.username == who.username => {}
+                Ok(_) => return "the session's token now names another identity: reconnect".into(),
+                // An outage is not a revocation: keep the session, ask again.
+                Err(crate::tenancy::AuthError::Unavailable(_)) => {}
+                Err(e) => return format!("{e} (checked again while the session was open)"),
+            }
+        }
+    }
+}
+
 /// Stops the re-authorization task when its session ends.
 struct AbortOnDrop(tokio::task::AbortHandle);
 
@@ -253,7 +314,7 @@ impl Pump {
         mut outbox: Outbox,
         mut inbound: Streaming<pb::ControllerMessage>,
         registered: pb::Registered,
-        _recheck: Option<AbortOnDrop>,
+        _guards: Vec<AbortOnDrop>,
     ) {
         let registered = pb::manager_message::Message::Registered(Box::new(registered));
         let _ = self.tx.send(Ok(msg(registered))).await;

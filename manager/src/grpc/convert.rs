@@ -211,6 +211,10 @@ pub(crate) fn revoked_to_pb(reason: RevokeReason, message: String) -> (pb::Revok
             R::QuotaExceeded,
             Status::resource_exhausted(message.clone()),
         ),
+        RevokeReason::CredentialsExpired => (
+            R::CredentialsExpired,
+            Status::unauthenticated(message.clone()),
+        ),
     };
     let revoked = pb::Revoked {
         reason: r as i32,

@@ -41,7 +41,17 @@ pub struct ServiceState {
     conceal_unserved: bool,
     /// How often live registrations are re-authorized (under RBAC).
     recheck: Option<Duration>,
+    /// How often a live session's token is authenticated again (under TokenReview).
+    token_recheck: Option<Duration>,
+    /// Failed authentications per peer address.
+    peers: crate::throttle::PeerThrottle,
 }
+
+/// Failed authentications a peer address may make at once, then per second: a controller with
+/// a stale token retries a few times; a flood of junk tokens is cut off before each one costs a
+/// TokenReview.
+const AUTH_FAILURE_BURST: u32 = 20;
+const AUTH_FAILURES_PER_SECOND: f64 = 1.0;
 
 impl ServiceState {
     /// RBAC mode: live registrations are re-authorized every `recheck` and revoked with
@@ -50,6 +60,14 @@ impl ServiceState {
     pub fn with_rbac(mut self, recheck: Duration) -> Self {
         self.conceal_unserved = true;
         self.recheck = Some(recheck);
+        self
+    }
+
+    /// Tokens that can expire or be revoked: each live session's token is authenticated again
+    /// every `every` (and at its `exp`), and the session ends with CREDENTIALS_EXPIRED once it
+    /// is no longer accepted.
+    pub fn with_token_recheck(mut self, every: Duration) -> Self {
+        self.token_recheck = Some(every);
         self
     }
 
@@ -73,15 +91,32 @@ impl ServiceState {
             metrics,
             conceal_unserved: false,
             recheck: None,
+            token_recheck: None,
+            peers: crate::throttle::PeerThrottle::new(AUTH_FAILURE_BURST, AUTH_FAILURES_PER_SECOND),
         }
     }
 
+    /// The caller's identity. A peer address that keeps failing is refused before its token
+    /// is looked at.
     async fn authenticate<T>(&self, req: &GrpcRequest<T>) -> Result<Identity, Status> {
         let token =
             bearer_token(req.metadata()).map_err(|e| Status::unauthenticated(e.to_string()))?;
+        let peer = req.remote_addr().map(|a| a.ip());
+        if let Some(ip) = peer
+            && !self.peers.may_try(ip, std::time::Instant::now())
+        {
+            return Err(Status::resource_exhausted(format!(
+                "too many failed authentications from {ip}; wait a few seconds, then connect with a valid token"
+            )));
+        }
         self.authn.authenticate(token).await.map_err(|e| match e {
             AuthError::Unavailable(_) => Status::unavailable(e.to_string()),
-            _ => Status::unauthenticated(e.to_string()),
+            _ => {
+                if let Some(ip) = peer {
+                    self.peers.failed(ip, std::time::Instant::now());
+                }
+                Status::unauthenticated(e.to_string())
+            }
         })
     }
 

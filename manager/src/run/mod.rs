@@ -50,7 +50,8 @@ pub struct RunArgs {
     /// The audience controllers' ServiceAccount tokens must carry (`--auth kubernetes`).
     #[arg(long, env = "CTRLHUB_AUDIENCE", default_value = "ctrlhub")]
     pub audience: String,
-    /// How long a TokenReview decision is reused.
+    /// How long a TokenReview decision is reused; live sessions' tokens are authenticated
+    /// again this often (and at their expiry), ending sessions whose tokens lapsed.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub token_cache_ttl: Duration,
     /// How long an RBAC allow is reused; live registrations are re-checked this often.
@@ -411,7 +412,8 @@ impl RunArgs {
                 leader.clone(),
                 metrics.clone(),
             )
-            .with_rbac(self.authz_allow_ttl),
+            .with_rbac(self.authz_allow_ttl)
+            .with_token_recheck(self.token_cache_ttl),
         };
         Service(Arc::new(state))
     }

@@ -55,6 +55,19 @@ pub enum AuthError {
     Unavailable(String),
 }
 
+/// When a JWT bearer token says it expires (its `exp` claim), read without verifying anything:
+/// only ever used to end a session sooner, never to accept a token.
+pub fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let exp = u64::try_from(claims.get("exp")?.as_i64()?).ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(exp))
+}
+
 /// Turns a bearer token into an identity.
 pub trait Authenticator: Send + Sync {
     /// Authenticate a token.
@@ -344,6 +357,25 @@ mod tests {
             limits.for_tenant("system:serviceaccount:team-b:ctl"),
             Limits::default()
         );
+    }
+
+    #[test]
+    fn a_jwt_expiry_is_read_and_anything_else_is_none() {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let jwt = format!(
+            "{}.{}.sig",
+            b64("{\"alg\":\"RS256\"}"),
+            b64("{\"exp\":1700000000}")
+        );
+        assert_eq!(
+            token_expiry(&jwt),
+            Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        );
+        assert_eq!(token_expiry("dev"), None);
+        assert_eq!(token_expiry("a.%%%.c"), None);
+        let no_exp = format!("x.{}.y", b64("{\"sub\":\"me\"}"));
+        assert_eq!(token_expiry(&no_exp), None);
     }
 
     #[test]

@@ -210,6 +210,8 @@ pub enum RevokeReason {
     PermissionRevoked,
     /// The controller exceeded one of its tenant's limits.
     QuotaExceeded,
+    /// The session's token expired or is no longer accepted.
+    CredentialsExpired,
 }
 
 /// What a result did.

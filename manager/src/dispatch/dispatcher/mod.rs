@@ -480,6 +480,16 @@ impl Controller {
         }
     }
 
+    /// End one session with a reason (its own credentials, not the controller's, are at fault).
+    pub fn revoke_session(&self, session: u64, reason: RevokeReason, message: &str) {
+        if let Some(s) = self.lock().sessions.get(&session) {
+            s.tx.control(Outbound::Revoke {
+                reason,
+                message: message.to_string(),
+            });
+        }
+    }
+
     /// Number of attached sessions.
     pub fn session_count(&self) -> usize {
         self.lock().sessions.len()
