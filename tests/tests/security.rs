@@ -401,6 +401,59 @@ async fn a_flood_past_the_queue_limit_is_resource_exhausted_and_released() {
     assert_eq!(again.code(), Code::ResourceExhausted, "{again:?}");
 }
 
+/// Cache amplification: every distinct label selector is an informer holding its own copy of
+/// what it matches. A tenant's new registrations stop at its cached-bytes budget, while a
+/// replica joining a controller it already runs is still welcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_registrations_stop_at_the_tenants_cached_bytes_budget() {
+    let c = start_cluster().await;
+    namespace(&c.client, "cached", &[]).await;
+    let payload = "x".repeat(2_000);
+    for i in 0..40 {
+        put_configmap(
+            &c.client,
+            "cached",
+            &format!("cm-{i}"),
+            &[("v", payload.as_str())],
+        )
+        .await;
+    }
+    // 40 objects of 2 KB: one informer holds about 80 KB, two do not fit in 120 KB.
+    let m = limited_manager(
+        &c,
+        "sec-cached",
+        &["--tenant-limit", "dev/cached-bytes=120000"],
+    )
+    .await;
+    let selected = |name: &str, selector: &str| pb::Register {
+        label_selector: Some(pb::LabelSelector {
+            match_expressions: vec![pb::LabelSelectorRequirement {
+                key: "team".into(),
+                operator: pb::label_selector_requirement::Operator::NotIn as i32,
+                values: vec![selector.into()],
+            }],
+            ..Default::default()
+        }),
+        ..configmaps_in(name, &["cached"])
+    };
+    let _first = Replica::connect(&m.grpc, selected("first", "a"))
+        .await
+        .expect("the first informer fits the budget");
+    let second = refused(&m, selected("second", "b"), Some("Bearer dev")).await;
+    assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
+    assert!(second.message().contains("cached_bytes"), "{second:?}");
+    assert_eq!(limit_hits(&m, "cached_bytes").await, 1.0);
+    Replica::connect(&m.grpc, selected("first", "a"))
+        .await
+        .expect("another replica of the admitted controller joins");
+    let status = m.status().await;
+    assert_eq!(
+        status["controllers"].as_array().map(Vec::len),
+        Some(1),
+        "the refused registration left nothing behind: {status}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_informer_limit_counts_distinct_watches() {
     let c = start_cluster().await;

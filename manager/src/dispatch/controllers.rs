@@ -59,6 +59,8 @@ pub struct Attached {
     /// The namespaces admitted into the controller's scope when it is a namespace label
     /// selector (None for every other scope).
     pub scope: Option<AdmittedNamespaces>,
+    /// Whether this session's registration created the controller (rather than joining it).
+    pub created: bool,
 }
 
 /// The namespaces currently admitted into a namespace-label-selector scope: a read-only view
@@ -341,9 +343,10 @@ impl ControllerTable {
         limits
             .check_deadline(registration.deadline)
             .map_err(|e| Invalid::new("register.request_deadline", e.to_string()))?;
-        let (controller, credits) = {
+        let (controller, credits, created) = {
             let mut controllers = self.controllers();
             let credits = self.check_tenant_limits(&controllers, &id, &limits, credits)?;
+            let before = controllers.get(&id).map(Arc::as_ptr);
             let controller = self.join_or_register(
                 &mut controllers,
                 &id,
@@ -352,9 +355,44 @@ impl ControllerTable {
                 &limits,
                 gate,
             )?;
-            (controller, credits)
+            let created = before != Some(Arc::as_ptr(&controller));
+            (controller, credits, created)
         };
-        self.open_session(controller, tenant, &limits, credits)
+        let mut attached = self.open_session(controller, tenant, &limits, credits)?;
+        attached.created = created;
+        Ok(attached)
+    }
+
+    /// Once a new registration's informers have their first lists: refuse it (detaching the
+    /// session) if its tenant's controllers now make the manager cache more than the tenant's
+    /// budget. Checked when a registration is new, not when replicas join it, so a controller
+    /// that was admitted keeps running as the cluster grows.
+    pub fn check_cache_budget(&self, attached: &Attached) -> Result<(), RegisterError> {
+        let tenant = attached.controller.id.tenant.as_str();
+        let limits = self.limits.for_tenant(tenant);
+        let held = self.cached_bytes(tenant);
+        if !attached.created || held <= limits.cached_bytes {
+            return Ok(());
+        }
+        self.detach(&attached.controller, attached.session);
+        Err(self.refuse(
+            tenant,
+            "cached_bytes",
+            limits.cached_bytes,
+            "share informers between controllers (same kinds, namespaces and label selectors), narrow namespaces or selectors, or ask for a higher limit",
+        ))
+    }
+
+    /// Bytes held by the distinct informers `tenant`'s controllers use.
+    pub fn cached_bytes(&self, tenant: &str) -> u64 {
+        let mut seen = HashSet::new();
+        self.controllers()
+            .values()
+            .filter(|c| c.id.tenant == tenant)
+            .flat_map(|c| c.informers())
+            .filter(|i| seen.insert(i.key().clone()))
+            .map(|i| i.bytes() as u64)
+            .sum()
     }
 
     /// Refuse an attach for a tenant limit, and count it.
@@ -554,6 +592,7 @@ impl ControllerTable {
             outbound: rx,
             credits: credits.max(1),
             scope,
+            created: false,
         })
     }
 

@@ -111,7 +111,9 @@ impl Service {
                 )));
             }
         }
-        Ok(())
+        self.controllers
+            .check_cache_budget(attached)
+            .map_err(register_error_to_status)
     }
 
     /// The first message, which must be Register, within [`REGISTER_TIMEOUT`].

@@ -134,6 +134,8 @@ struct Store {
     objects: HashMap<ObjectKey, CachedObject>,
     /// By subscription id: removing one is O(log n) however many a registration made.
     subscribers: BTreeMap<u64, Subscriber>,
+    /// Bytes of the objects held (their JSON): what the informer costs, for tenants' budgets.
+    bytes: usize,
     /// Objects received since the current (re)list began. Held as bytes too, so that a list of
     /// 100k objects never has them all parsed at once.
     relisting: Option<HashMap<ObjectKey, CachedObject>>,
@@ -175,16 +177,21 @@ pub enum SyncError {
 
 impl Store {
     fn insert(&mut self, key: ObjectKey, obj: CachedObject) -> Option<CachedObject> {
+        self.bytes += obj.json().len();
         if let Some(old) = self.objects.get_mut(&key) {
             // Replace in place: the stored key stays where it is (no new allocation per update).
-            return Some(std::mem::replace(old, obj));
+            let old = std::mem::replace(old, obj);
+            self.bytes -= old.json().len();
+            return Some(old);
         }
         self.objects.insert(key, obj);
         None
     }
 
     fn remove(&mut self, key: &ObjectKey) -> Option<CachedObject> {
-        self.objects.remove(key)
+        let old = self.objects.remove(key)?;
+        self.bytes -= old.json().len();
+        Some(old)
     }
 
     /// Store an object and announce it: Added if new, Modified if its resourceVersion moved,
@@ -232,6 +239,11 @@ impl Informer {
     /// Objects held now.
     pub fn len(&self) -> usize {
         self.lock().objects.len()
+    }
+
+    /// Bytes of the objects held (their JSON).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// How many times the watcher (re)listed, including the first list.

@@ -142,6 +142,7 @@ impl DevArgs {
             max_sessions_per_tenant: limits.sessions,
             max_controllers_per_tenant: limits.controllers,
             max_informers_per_tenant: limits.informers,
+            max_cached_bytes_per_tenant: limits.cached_bytes,
             max_queued_keys: limits.queued_keys,
             max_in_flight_per_tenant: limits.in_flight,
             min_request_deadline: limits.min_deadline,

@@ -74,6 +74,10 @@ pub struct RunArgs {
     /// Default limit: distinct informers (watches and caches) per tenant.
     #[arg(long, default_value_t = Limits::default().informers)]
     pub max_informers_per_tenant: usize,
+    /// Default limit: bytes of cached objects a tenant's controllers make the manager hold
+    /// (each informer they use counted in full).
+    #[arg(long, default_value_t = Limits::default().cached_bytes)]
+    pub max_cached_bytes_per_tenant: u64,
     /// Default limit: keys one controller may hold queued before it is revoked.
     #[arg(long, default_value_t = Limits::default().queued_keys)]
     pub max_queued_keys: usize,
@@ -367,6 +371,7 @@ impl RunArgs {
             queued_keys: self.max_queued_keys,
             in_flight: self.max_in_flight_per_tenant,
             informers: self.max_informers_per_tenant,
+            cached_bytes: self.max_cached_bytes_per_tenant,
             min_deadline: self.min_request_deadline,
             max_deadline: self.max_request_deadline,
         })

@@ -199,6 +199,9 @@ pub struct Limits {
     /// Distinct informers (resource, namespace, label selector, metadata-only) the tenant's
     /// controllers hold at once: each is an API watch and a cache the manager pays for.
     pub informers: usize,
+    /// Bytes of cached objects the tenant's controllers make the manager hold: the informers
+    /// they use, each counted in full (any one of its users alone would keep it).
+    pub cached_bytes: u64,
     /// Shortest request deadline a registration may ask for: a shorter one turns every request
     /// into a missed deadline and a redelivery.
     pub min_deadline: Duration,
@@ -215,6 +218,7 @@ impl Default for Limits {
             queued_keys: 1_000_000,
             in_flight: 4096,
             informers: 128,
+            cached_bytes: 256 * 1024 * 1024,
             min_deadline: Duration::from_secs(1),
             max_deadline: Duration::from_secs(15 * 60),
         }
@@ -258,7 +262,7 @@ impl fmt::Display for DeadlineOutOfBounds {
 /// A malformed `--tenant-limit`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, or TENANT/LIMIT=DURATION with LIMIT min-deadline or max-deadline (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
+    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, cached-bytes, or TENANT/LIMIT=DURATION with LIMIT min-deadline or max-deadline (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
 )]
 pub struct LimitSpecError {
     given: String,
@@ -326,6 +330,7 @@ impl TenantLimits {
                 "queued-keys" => limits.queued_keys = as_usize,
                 "in-flight" => limits.in_flight = value,
                 "informers" => limits.informers = as_usize,
+                "cached-bytes" => limits.cached_bytes = value,
                 _ => return Err(err("unknown limit")),
             }
         }
