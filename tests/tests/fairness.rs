@@ -78,7 +78,7 @@ async fn a_tenants_backlog_does_not_delay_another_tenants_live_change() {
         let m = &m;
         async move {
             m.metric(&format!(
-                "ctrlhub_dispatch_seat_waits_total{{tenant=\"system:serviceaccount:{t}:ctl\"}}"
+                "ctrlhub_dispatch_seat_waits_total{{tenant=\"system:serviceaccounts:{t}\"}}"
             ))
             .await
         }

@@ -785,3 +785,56 @@ async fn namespace_selector_scope_with_a_cluster_wide_grant_admits_every_matchin
         "only matching namespaces deliver: {seen:?}"
     );
 }
+
+/// Tenants are per namespace by default: a second ServiceAccount in the same namespace shares
+/// the first one's limits instead of multiplying them; `--tenant-grouping identity` keeps every
+/// account apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_accounts_of_one_namespace_share_its_limits() {
+    let c = start_cluster().await;
+    for (grouping, second_refused) in [("namespace", true), ("identity", false)] {
+        let m = Manager::start(
+            &c,
+            &format!("sec-grouping-{grouping}"),
+            &[
+                &RBAC_ARGS[..],
+                &[
+                    "--tenant-grouping",
+                    grouping,
+                    "--tenant-limit",
+                    "system:serviceaccounts:team-a/sessions=1",
+                    "--tenant-limit",
+                    "system:serviceaccount:team-a:ctl/sessions=1",
+                    "--tenant-limit",
+                    "system:serviceaccount:team-a:other/sessions=1",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        m.wait_leading().await;
+        let mut auth = Vec::new();
+        for sa in ["ctl", "other"] {
+            auth.push(tenant(&c, "team-a", sa).await);
+            grant_configmaps(&c, "team-a", sa, Some("team-a")).await;
+        }
+        let _first =
+            Replica::connect_with(&m.grpc, configmaps_in("one", &["team-a"]), Some(&auth[0]))
+                .await
+                .expect("the first account registers");
+        let second =
+            Replica::connect_with(&m.grpc, configmaps_in("two", &["team-a"]), Some(&auth[1])).await;
+        match (second, second_refused) {
+            (Err(s), true) => {
+                assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+                assert!(
+                    s.message().contains("system:serviceaccounts:team-a"),
+                    "{s:?}"
+                );
+            }
+            (Ok(_), false) => {}
+            (Err(s), false) => panic!("per identity, the second account was refused: {s:?}"),
+            (Ok(_), true) => panic!("per namespace, a second account doubled the session limit"),
+        }
+    }
+}

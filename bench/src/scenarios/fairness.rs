@@ -186,8 +186,8 @@ pub async fn run(keys: usize, updates: usize) -> Result<Outcome> {
         }
     }
     let measured_during = flood_start.elapsed();
-    let tenant_a = "system:serviceaccount:tenant-a:ctl";
-    let tenant_b = "system:serviceaccount:tenant-b:ctl";
+    let tenant_a = "system:serviceaccounts:tenant-a";
+    let tenant_b = "system:serviceaccounts:tenant-b";
     let (a_waits, a_grants) = seat_counts(&m, tenant_a).await;
     let (b_waits, b_grants) = seat_counts(&m, tenant_b).await;
     for r in a_replicas {

@@ -7,7 +7,7 @@ use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
 use crate::registration::mapping;
 use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
-use crate::tenancy::{Limits, NamespaceGate, TenantLimits};
+use crate::tenancy::{Limits, NamespaceGate, TenantGrouping, TenantLimits};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -113,6 +113,8 @@ pub struct ControllerTable {
     selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
     /// Dispatch seats shared by every tenant's controllers.
     seat_pool: Arc<SeatPool>,
+    /// Which identities share one tenant's limits and seats.
+    grouping: TenantGrouping,
 }
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
@@ -250,7 +252,7 @@ fn related_subscriber(
 
 impl ControllerTable {
     /// A controller table enforcing `limits` (instead of the defaults) whose controllers share the
-    /// dispatch seats of `seat_pool`.
+    /// dispatch seats of `seat_pool`, both counted per tenant as `grouping` groups identities.
     pub fn with_seat_pool(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,
@@ -259,6 +261,7 @@ impl ControllerTable {
         metrics: Arc<crate::metrics::Metrics>,
         limits: TenantLimits,
         seat_pool: Arc<SeatPool>,
+        grouping: TenantGrouping,
     ) -> Arc<Self> {
         Arc::new(ControllerTable {
             cache,
@@ -272,7 +275,13 @@ impl ControllerTable {
             limits,
             selector_scopes: Mutex::new(HashMap::new()),
             seat_pool,
+            grouping,
         })
+    }
+
+    /// The tenant `identity`'s limits and seats count against.
+    pub fn group_of(&self, identity: &str) -> String {
+        self.grouping.tenant_of(identity)
     }
 
     fn selector_scopes(&self) -> MutexGuard<'_, HashMap<ControllerId, SelectorScope>> {
@@ -339,26 +348,28 @@ impl ControllerTable {
             return Err(RegisterError::ShuttingDown);
         }
         let namespaces = self.effective_namespaces(&registration)?;
-        let limits = self.limits.for_tenant(tenant);
+        let group = self.group_of(tenant);
+        let limits = self.limits.for_tenant(&group);
         limits
             .check_deadline(registration.deadline)
             .map_err(|e| Invalid::new("register.request_deadline", e.to_string()))?;
         let (controller, credits, created) = {
             let mut controllers = self.controllers();
-            let credits = self.check_tenant_limits(&controllers, &id, &limits, credits)?;
+            let credits = self.check_tenant_limits(&controllers, &id, &group, &limits, credits)?;
             let before = controllers.get(&id).map(Arc::as_ptr);
             let controller = self.join_or_register(
                 &mut controllers,
                 &id,
                 registration,
                 &namespaces,
+                &group,
                 &limits,
                 gate,
             )?;
             let created = before != Some(Arc::as_ptr(&controller));
             (controller, credits, created)
         };
-        let mut attached = self.open_session(controller, tenant, &limits, credits)?;
+        let mut attached = self.open_session(controller, &group, &limits, credits)?;
         attached.created = created;
         Ok(attached)
     }
@@ -368,7 +379,7 @@ impl ControllerTable {
     /// budget. Checked when a registration is new, not when replicas join it, so a controller
     /// that was admitted keeps running as the cluster grows.
     pub fn check_cache_budget(&self, attached: &Attached) -> Result<(), RegisterError> {
-        let tenant = attached.controller.id.tenant.as_str();
+        let tenant = &*attached.controller.group;
         let limits = self.limits.for_tenant(tenant);
         let held = self.cached_bytes(tenant);
         if !attached.created || held <= limits.cached_bytes {
@@ -388,7 +399,7 @@ impl ControllerTable {
         let mut seen = HashSet::new();
         self.controllers()
             .values()
-            .filter(|c| c.id.tenant == tenant)
+            .filter(|c| &*c.group == tenant)
             .flat_map(|c| c.informers())
             .filter(|i| seen.insert(i.key().clone()))
             .map(|i| i.bytes() as u64)
@@ -418,13 +429,13 @@ impl ControllerTable {
         &self,
         controllers: &BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
+        tenant: &str,
         limits: &Limits,
         credits: u32,
     ) -> Result<u32, RegisterError> {
-        let tenant = id.tenant.as_str();
         let mine: Vec<&Arc<Controller>> = controllers
             .values()
-            .filter(|c| c.id.tenant == tenant)
+            .filter(|c| &*c.group == tenant)
             .collect();
         let sessions: usize = mine.iter().map(|c| c.session_count()).sum();
         if sessions >= limits.sessions {
@@ -465,6 +476,7 @@ impl ControllerTable {
         id: &ControllerId,
         registration: Registration,
         namespaces: &Option<Vec<String>>,
+        tenant: &str,
         limits: &Limits,
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Result<Arc<Controller>, RegisterError> {
@@ -476,11 +488,11 @@ impl ControllerTable {
             Some(existing) if joinable(existing) => return Ok(existing.clone()),
             existing => existing,
         };
-        self.check_informer_limit(controllers, id, &registration, namespaces, limits)?;
+        self.check_informer_limit(controllers, id, tenant, &registration, namespaces, limits)?;
         if let Some(old) = existing {
             self.supersede(old, &registration);
         }
-        let controller = self.start_controller(id, registration, namespaces, limits, gate);
+        let controller = self.start_controller(id, tenant, registration, namespaces, limits, gate);
         controllers.insert(id.clone(), controller.clone());
         Ok(controller)
     }
@@ -491,19 +503,20 @@ impl ControllerTable {
         &self,
         controllers: &BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
+        tenant: &str,
         registration: &Registration,
         namespaces: &Option<Vec<String>>,
         limits: &Limits,
     ) -> Result<(), RegisterError> {
         let mut informers: HashSet<InformerKey> = controllers
             .values()
-            .filter(|c| c.id.tenant == id.tenant && c.id != *id)
+            .filter(|c| &*c.group == tenant && c.id != *id)
             .flat_map(|c| c.informer_keys())
             .collect();
         informers.extend(self.needed_informers(registration, namespaces));
         if informers.len() > limits.informers {
             return Err(self.refuse(
-                &id.tenant,
+                tenant,
                 "informers",
                 limits.informers as u64,
                 "watch fewer kinds or namespaces, share label selectors between controllers, or ask for a higher limit",
@@ -531,6 +544,7 @@ impl ControllerTable {
     fn start_controller(
         &self,
         id: &ControllerId,
+        tenant: &str,
         registration: Registration,
         namespaces: &Option<Vec<String>>,
         limits: &Limits,
@@ -538,6 +552,7 @@ impl ControllerTable {
     ) -> Arc<Controller> {
         let controller = Controller::with_seat_pool(
             id.clone(),
+            tenant,
             registration,
             self.metrics.clone(),
             &self.seat_pool,
@@ -599,13 +614,13 @@ impl ControllerTable {
     /// Set a session's credits from a Credit message, clamped so the tenant's sessions never
     /// hold more than its in-flight limit between them. Returns the credits granted.
     pub fn set_credits(&self, controller: &Arc<Controller>, session: u64, asked: u32) -> u32 {
-        let tenant = controller.id.tenant.as_str();
+        let tenant = &*controller.group;
         let limits = self.limits.for_tenant(tenant);
         // Under the table's lock, as attach checks the same sum, so the two cannot race past it.
         let controllers = self.controllers();
         let elsewhere: u64 = controllers
             .values()
-            .filter(|c| c.id.tenant == tenant && !Arc::ptr_eq(c, controller))
+            .filter(|c| &*c.group == tenant && !Arc::ptr_eq(c, controller))
             .map(|c| c.total_credits())
             .sum::<u64>()
             + controller.credits_except(session);

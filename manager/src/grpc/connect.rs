@@ -129,7 +129,8 @@ impl Service {
             })?
             .map_err(|e| {
                 if e.code() == tonic::Code::OutOfRange {
-                    self.metrics.limit_hit(&identity.tenant, "message_bytes");
+                    let tenant = self.controllers.group_of(&identity.tenant);
+                    self.metrics.limit_hit(&tenant, "message_bytes");
                 }
                 inbound_error(e)
             })?
@@ -440,9 +441,7 @@ impl Pump {
             // tonic refuses an oversized message before reading it (OUT_OF_RANGE); gRPC's code
             // for a message over the receiver's limit is RESOURCE_EXHAUSTED.
             Err(e) if e.code() == tonic::Code::OutOfRange => {
-                self.service
-                    .metrics
-                    .limit_hit(&c.id.tenant, "message_bytes");
+                self.service.metrics.limit_hit(&c.group, "message_bytes");
                 return Step::End(Some(inbound_error(e)));
             }
             Err(e) => {

@@ -148,6 +148,7 @@ impl DevArgs {
             min_request_deadline: limits.min_deadline,
             max_request_deadline: limits.max_deadline,
             tenant_limits: Vec::new(),
+            tenant_grouping: crate::tenancy::TenantGrouping::default(),
             max_dispatch_seats: crate::dispatch::seats::DEFAULT_SEATS,
             tenant_weights: Vec::new(),
             grpc_tls_cert: None,

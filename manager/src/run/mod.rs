@@ -84,6 +84,11 @@ pub struct RunArgs {
     /// Default limit: requests in flight (sum of session credits) per tenant.
     #[arg(long, default_value_t = Limits::default().in_flight)]
     pub max_in_flight_per_tenant: u64,
+    /// What a tenant is for limits, weights and dispatch seats: `namespace` (all ServiceAccounts
+    /// of a namespace together, as `system:serviceaccounts:<namespace>`; other users alone) or
+    /// `identity` (every username alone). Controllers are always named per identity.
+    #[arg(long, value_enum, default_value = "namespace")]
+    pub tenant_grouping: crate::tenancy::TenantGrouping,
     /// Default bound: the shortest request deadline a registration may ask for.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub min_request_deadline: Duration,
@@ -385,6 +390,7 @@ impl RunArgs {
             metrics.clone(),
             limits,
             SeatPool::new(self.max_dispatch_seats, weights),
+            self.tenant_grouping,
         ))
     }
 

@@ -184,6 +184,35 @@ impl Authorizer for AllowAll {
     }
 }
 
+/// What limits and dispatch seats are counted per: one identity, or all ServiceAccounts of a
+/// namespace together (so creating more accounts in a namespace does not multiply its share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TenantGrouping {
+    /// All ServiceAccounts of a namespace are one tenant, `system:serviceaccounts:<namespace>`
+    /// (the group Kubernetes puts them in); any other user is a tenant of its own.
+    #[default]
+    Namespace,
+    /// Every identity (username) is a tenant of its own.
+    Identity,
+}
+
+impl TenantGrouping {
+    /// The tenant `username`'s limits and seats count against.
+    pub fn tenant_of(self, username: &str) -> String {
+        match (self, service_account_namespace(username)) {
+            (TenantGrouping::Namespace, Some(ns)) => format!("system:serviceaccounts:{ns}"),
+            _ => username.to_string(),
+        }
+    }
+}
+
+/// The namespace of a ServiceAccount username, `system:serviceaccount:<namespace>:<name>`.
+fn service_account_namespace(username: &str) -> Option<&str> {
+    let rest = username.strip_prefix("system:serviceaccount:")?;
+    let (namespace, name) = rest.split_once(':')?;
+    (!namespace.is_empty() && !name.is_empty()).then_some(namespace)
+}
+
 /// One tenant's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -361,6 +390,28 @@ mod tests {
         assert_eq!(
             limits.for_tenant("system:serviceaccount:team-b:ctl"),
             Limits::default()
+        );
+    }
+
+    #[test]
+    fn service_accounts_of_a_namespace_are_one_tenant_unless_asked_otherwise() {
+        let by_ns = TenantGrouping::Namespace;
+        assert_eq!(
+            by_ns.tenant_of("system:serviceaccount:team-a:ctl"),
+            "system:serviceaccounts:team-a"
+        );
+        assert_eq!(
+            by_ns.tenant_of("system:serviceaccount:team-a:other"),
+            "system:serviceaccounts:team-a"
+        );
+        assert_eq!(by_ns.tenant_of("dev"), "dev");
+        assert_eq!(
+            by_ns.tenant_of("system:serviceaccount:broken"),
+            "system:serviceaccount:broken"
+        );
+        assert_eq!(
+            TenantGrouping::Identity.tenant_of("system:serviceaccount:team-a:ctl"),
+            "system:serviceaccount:team-a:ctl"
         );
     }
 

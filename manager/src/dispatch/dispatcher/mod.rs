@@ -70,6 +70,9 @@ pub type NamespaceSet = Arc<parking_lot::RwLock<std::collections::HashSet<String
 pub struct Controller {
     /// Tenant and name.
     pub id: ControllerId,
+    /// The tenant its limits and dispatch seats count against: `id.tenant`, or the group it
+    /// belongs to (see [`crate::tenancy::TenantGrouping`]).
+    pub group: Arc<str>,
     /// What it registered.
     pub registration: Registration,
     state: Mutex<State>,
@@ -105,21 +108,24 @@ impl Controller {
     #[cfg(test)]
     /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
     pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::with_seat_pool(id, registration, metrics, &SeatPool::unlimited())
+        let group = id.tenant.clone();
+        Self::with_seat_pool(id, &group, registration, metrics, &SeatPool::unlimited())
     }
 
     /// A controller whose requests take seats from `seat_pool`, shared with other tenants.
     pub fn with_seat_pool(
         id: ControllerId,
+        group: &str,
         registration: Registration,
         metrics: Arc<Metrics>,
         seat_pool: &Arc<SeatPool>,
     ) -> Arc<Self> {
         let queue = WorkQueue::new(registration.backoff);
         let wake = Arc::new(Notify::new());
-        let flow = seat_pool.flow(&id.tenant, wake.clone());
+        let flow = seat_pool.flow(group, wake.clone());
         Arc::new(Controller {
             id,
+            group: Arc::from(group),
             registration,
             state: Mutex::new(State::new(queue)),
             wake,
@@ -294,7 +300,7 @@ impl Controller {
             return;
         }
         tracing::warn!(controller = %self.id, queued, limit, "queued-keys limit exceeded; revoking the registration");
-        self.metrics.limit_hit(&self.id.tenant, "queued_keys");
+        self.metrics.limit_hit(&self.group, "queued_keys");
         self.revoke_all(
             RevokeReason::QuotaExceeded,
             &format!(

@@ -152,6 +152,7 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
                 tenant: t.into(),
                 name: "c".into(),
             },
+            t,
             registration(100),
             Arc::new(Metrics::new()),
             &seats,
