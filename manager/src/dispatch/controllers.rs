@@ -8,6 +8,23 @@ use crate::registration::mapping;
 use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
 use crate::tenancy::{Limits, NamespaceGate, TenantGrouping, TenantLimits};
+
+/// How tenants share the manager: their limits, the dispatch seats, and which identities make
+/// one tenant.
+pub struct Sharing {
+    /// Per-tenant limits.
+    pub limits: TenantLimits,
+    /// The dispatch seats.
+    pub seat_pool: Arc<SeatPool>,
+    /// Which identities share one tenant's limits and seats.
+    pub grouping: TenantGrouping,
+}
+
+/// A tenant being attached to, and its limits.
+struct Quota<'a> {
+    tenant: &'a str,
+    limits: Limits,
+}
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -251,18 +268,20 @@ fn related_subscriber(
 }
 
 impl ControllerTable {
-    /// A controller table enforcing `limits` (instead of the defaults) whose controllers share the
-    /// dispatch seats of `seat_pool`, both counted per tenant as `grouping` groups identities.
-    pub fn with_seat_pool(
+    /// A controller table whose tenants share the manager as `sharing` says.
+    pub fn new(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,
         leading: watch::Receiver<bool>,
         stop: CancellationToken,
         metrics: Arc<crate::metrics::Metrics>,
-        limits: TenantLimits,
-        seat_pool: Arc<SeatPool>,
-        grouping: TenantGrouping,
+        sharing: Sharing,
     ) -> Arc<Self> {
+        let Sharing {
+            limits,
+            seat_pool,
+            grouping,
+        } = sharing;
         Arc::new(ControllerTable {
             cache,
             ceiling,
@@ -349,27 +368,30 @@ impl ControllerTable {
         }
         let namespaces = self.effective_namespaces(&registration)?;
         let group = self.group_of(tenant);
-        let limits = self.limits.for_tenant(&group);
-        limits
+        let quota = Quota {
+            tenant: &group,
+            limits: self.limits.for_tenant(&group),
+        };
+        quota
+            .limits
             .check_deadline(registration.deadline)
             .map_err(|e| Invalid::new("register.request_deadline", e.to_string()))?;
         let (controller, credits, created) = {
             let mut controllers = self.controllers();
-            let credits = self.check_tenant_limits(&controllers, &id, &group, &limits, credits)?;
+            let credits = self.check_tenant_limits(&controllers, &id, &quota, credits)?;
             let before = controllers.get(&id).map(Arc::as_ptr);
             let controller = self.join_or_register(
                 &mut controllers,
                 &id,
                 registration,
                 &namespaces,
-                &group,
-                &limits,
+                &quota,
                 gate,
             )?;
             let created = before != Some(Arc::as_ptr(&controller));
             (controller, credits, created)
         };
-        let mut attached = self.open_session(controller, &group, &limits, credits)?;
+        let mut attached = self.open_session(controller, &quota, credits)?;
         attached.created = created;
         Ok(attached)
     }
@@ -429,38 +451,37 @@ impl ControllerTable {
         &self,
         controllers: &BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
-        tenant: &str,
-        limits: &Limits,
+        quota: &Quota<'_>,
         credits: u32,
     ) -> Result<u32, RegisterError> {
         let mine: Vec<&Arc<Controller>> = controllers
             .values()
-            .filter(|c| &*c.group == tenant)
+            .filter(|c| &*c.group == quota.tenant)
             .collect();
         let sessions: usize = mine.iter().map(|c| c.session_count()).sum();
-        if sessions >= limits.sessions {
+        if sessions >= quota.limits.sessions {
             return Err(self.refuse(
-                tenant,
+                quota.tenant,
                 "sessions",
-                limits.sessions as u64,
+                quota.limits.sessions as u64,
                 "run fewer replicas or ask for a higher limit",
             ));
         }
-        if !controllers.contains_key(id) && mine.len() >= limits.controllers {
+        if !controllers.contains_key(id) && mine.len() >= quota.limits.controllers {
             return Err(self.refuse(
-                tenant,
+                quota.tenant,
                 "controllers",
-                limits.controllers as u64,
+                quota.limits.controllers as u64,
                 "remove a controller or ask for a higher limit",
             ));
         }
         let used: u64 = mine.iter().map(|c| c.total_credits()).sum();
-        let left = limits.in_flight.saturating_sub(used);
+        let left = quota.limits.in_flight.saturating_sub(used);
         if left == 0 {
             return Err(self.refuse(
-                tenant,
+                quota.tenant,
                 "in_flight",
-                limits.in_flight,
+                quota.limits.in_flight,
                 "lower max_in_flight on running replicas or ask for a higher limit",
             ));
         }
@@ -476,8 +497,7 @@ impl ControllerTable {
         id: &ControllerId,
         registration: Registration,
         namespaces: &Option<Vec<String>>,
-        tenant: &str,
-        limits: &Limits,
+        quota: &Quota<'_>,
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Result<Arc<Controller>, RegisterError> {
         let joinable = |existing: &Arc<Controller>| {
@@ -488,11 +508,11 @@ impl ControllerTable {
             Some(existing) if joinable(existing) => return Ok(existing.clone()),
             existing => existing,
         };
-        self.check_informer_limit(controllers, id, tenant, &registration, namespaces, limits)?;
+        self.check_informer_limit(controllers, id, &registration, namespaces, quota)?;
         if let Some(old) = existing {
             self.supersede(old, &registration);
         }
-        let controller = self.start_controller(id, tenant, registration, namespaces, limits, gate);
+        let controller = self.start_controller(id, registration, namespaces, quota, gate);
         controllers.insert(id.clone(), controller.clone());
         Ok(controller)
     }
@@ -503,22 +523,21 @@ impl ControllerTable {
         &self,
         controllers: &BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
-        tenant: &str,
         registration: &Registration,
         namespaces: &Option<Vec<String>>,
-        limits: &Limits,
+        quota: &Quota<'_>,
     ) -> Result<(), RegisterError> {
         let mut informers: HashSet<InformerKey> = controllers
             .values()
-            .filter(|c| &*c.group == tenant && c.id != *id)
+            .filter(|c| &*c.group == quota.tenant && c.id != *id)
             .flat_map(|c| c.informer_keys())
             .collect();
         informers.extend(self.needed_informers(registration, namespaces));
-        if informers.len() > limits.informers {
+        if informers.len() > quota.limits.informers {
             return Err(self.refuse(
-                tenant,
+                quota.tenant,
                 "informers",
-                limits.informers as u64,
+                quota.limits.informers as u64,
                 "watch fewer kinds or namespaces, share label selectors between controllers, or ask for a higher limit",
             ));
         }
@@ -544,20 +563,19 @@ impl ControllerTable {
     fn start_controller(
         &self,
         id: &ControllerId,
-        tenant: &str,
         registration: Registration,
         namespaces: &Option<Vec<String>>,
-        limits: &Limits,
+        quota: &Quota<'_>,
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Arc<Controller> {
         let controller = Controller::with_seat_pool(
             id.clone(),
-            tenant,
+            quota.tenant,
             registration,
             self.metrics.clone(),
             &self.seat_pool,
         );
-        controller.set_queue_limit(limits.queued_keys);
+        controller.set_queue_limit(quota.limits.queued_keys);
         if let Some(names) = namespaces {
             controller.confine_to(names);
         }
@@ -577,8 +595,7 @@ impl ControllerTable {
     fn open_session(
         &self,
         controller: Arc<Controller>,
-        tenant: &str,
-        limits: &Limits,
+        quota: &Quota<'_>,
         credits: u32,
     ) -> Result<Attached, RegisterError> {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
@@ -592,11 +609,11 @@ impl ControllerTable {
             // Its initial list alone overflowed the queue while wiring, before any session was
             // attached to hear the revocation: refuse this one instead.
             self.detach(&controller, session);
-            self.metrics.limit_hit(tenant, "queued_keys");
+            self.metrics.limit_hit(quota.tenant, "queued_keys");
             return Err(RegisterError::Limit {
-                tenant: tenant.to_string(),
+                tenant: quota.tenant.to_string(),
                 limit: "queued_keys",
-                max: limits.queued_keys as u64,
+                max: quota.limits.queued_keys as u64,
                 hint: "narrow the registration's scope (namespaces, label selector, predicates) or ask for a higher limit",
             });
         }

@@ -590,7 +590,7 @@ impl Failures {
         }
         // One line per error would be a line per backoff step forever for an informer that
         // cannot list: the first, then every 64th (the count is ctrlhub_informer_watch_restarts).
-        if n % 64 == 0 {
+        if n.is_multiple_of(64) {
             tracing::warn!(informer = %key.label(), error = %error, failures = n + 1, "watch error; the watcher retries with backoff");
         }
     }

@@ -4,7 +4,7 @@
 #[cfg(feature = "dev")]
 pub mod dev;
 
-use crate::dispatch::controllers::ControllerTable;
+use crate::dispatch::controllers::{ControllerTable, Sharing};
 use crate::dispatch::dispatcher::RevokeReason;
 use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
@@ -382,15 +382,17 @@ impl RunArgs {
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;
-        Ok(ControllerTable::with_seat_pool(
+        Ok(ControllerTable::new(
             cache.clone(),
             self.ceiling(),
             leading,
             stop.child_token(),
             metrics.clone(),
-            limits,
-            SeatPool::new(self.max_dispatch_seats, weights),
-            self.tenant_grouping,
+            Sharing {
+                limits,
+                seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
+                grouping: self.tenant_grouping,
+            },
         ))
     }
 
