@@ -838,3 +838,34 @@ async fn service_accounts_of_one_namespace_share_its_limits() {
         }
     }
 }
+
+/// Connection churn: every new registration replays its informers' caches, so a tenant that
+/// re-registers in a loop is slowed to a few registrations a second (replicas joining a running
+/// controller are not counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_re_registering_in_a_loop_is_slowed_down() {
+    let c = start_cluster().await;
+    let m = limited_manager(&c, "sec-churn", &[]).await;
+    let mut refused_with = None;
+    for _ in 0..60 {
+        match Replica::connect(&m.grpc, register_configmaps("churn", 1)).await {
+            // Closing the only replica removes the controller: the next one registers anew.
+            Ok(replica) => drop(replica),
+            Err(status) => {
+                refused_with = Some(status);
+                break;
+            }
+        }
+    }
+    let status = refused_with.expect("60 registrations in a row were all accepted");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("registrations"), "{status:?}");
+    assert!(limit_hits(&m, "registrations").await >= 1.0);
+    // The tenant is slowed, not locked out: after a pause it registers again.
+    wait_for("the tenant registers again after a pause", || async {
+        Replica::connect(&m.grpc, register_configmaps("churn", 1))
+            .await
+            .is_ok()
+    })
+    .await;
+}

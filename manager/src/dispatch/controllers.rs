@@ -132,7 +132,13 @@ pub struct ControllerTable {
     seat_pool: Arc<SeatPool>,
     /// Which identities share one tenant's limits and seats.
     grouping: TenantGrouping,
+    /// New registrations per tenant.
+    registration_rates: Mutex<HashMap<String, crate::throttle::TokenBucket>>,
 }
+
+/// New registrations a tenant may make at once, then per second.
+const REGISTRATION_BURST: u32 = 20;
+const REGISTRATIONS_PER_SECOND: f64 = 2.0;
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
     match event {
@@ -295,6 +301,7 @@ impl ControllerTable {
             selector_scopes: Mutex::new(HashMap::new()),
             seat_pool,
             grouping,
+            registration_rates: Mutex::new(HashMap::new()),
         })
     }
 
@@ -509,12 +516,40 @@ impl ControllerTable {
             existing => existing,
         };
         self.check_informer_limit(controllers, id, &registration, namespaces, quota)?;
+        self.check_registration_rate(quota.tenant)?;
         if let Some(old) = existing {
             self.supersede(old, &registration);
         }
         let controller = self.start_controller(id, registration, namespaces, quota, gate);
         controllers.insert(id.clone(), controller.clone());
         Ok(controller)
+    }
+
+    /// A new controller subscribes to its informers, and each subscription replays the cache
+    /// under the informer's lock: a tenant re-registering in a loop would keep every informer it
+    /// uses busy for everyone. So new registrations (not replicas joining) are rate limited per
+    /// tenant.
+    fn check_registration_rate(&self, tenant: &str) -> Result<(), RegisterError> {
+        let now = Instant::now();
+        let mut rates = self.registration_rates.lock();
+        if rates.len() >= 4096 {
+            rates.retain(|_, b| !b.is_full(now));
+        }
+        let allowed = rates
+            .entry(tenant.to_string())
+            .or_insert_with(|| {
+                crate::throttle::TokenBucket::new(REGISTRATION_BURST, REGISTRATIONS_PER_SECOND, now)
+            })
+            .take(now);
+        if allowed {
+            return Ok(());
+        }
+        Err(self.refuse(
+            tenant,
+            "registrations",
+            u64::from(REGISTRATION_BURST),
+            "new registrations are limited to 20 at once, then 2 per second: reconnect with backoff",
+        ))
     }
 
     /// Count what the tenant would hold with this registration in place of the one it

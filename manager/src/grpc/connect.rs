@@ -67,7 +67,7 @@ impl Service {
             session_id.clone(),
             (identity.clone(), attached.controller.clone()),
         );
-        tracing::info!(controller = %attached.controller.id, session = %session_id, credits = attached.credits, "session attached");
+        tracing::debug!(controller = %attached.controller.id, session = %session_id, credits = attached.credits, "session attached");
         let registered = pb::Registered {
             session_id: session_id.clone(),
             leader_identity: self.leader.borrow().holder.clone().unwrap_or_default(),
@@ -487,7 +487,7 @@ impl Pump {
             .controllers
             .detach(&self.controller, self.session);
         self.service.sessions.lock().remove(&self.session_id);
-        tracing::info!(controller = %self.controller.id, session = %self.session_id, "session ended");
+        tracing::debug!(controller = %self.controller.id, session = %self.session_id, "session ended");
         if let Some(status) = end
             && status.code() != tonic::Code::Ok
         {
