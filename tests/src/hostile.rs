@@ -146,6 +146,22 @@ impl Bed {
         Ok(())
     }
 
+    /// Waits until `/readyz` answers 200 (the manager's caches, team-b's included, are synced):
+    /// the state every attack starts from.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let http = probe_client()?;
+        let url = format!("{}/readyz", self.manager.http);
+        poll_until("the manager to be ready", PATIENCE, || async {
+            match http.get(&url).send().await {
+                Ok(r) if r.status() == reqwest::StatusCode::OK => Ok(()),
+                Ok(r) => Err(r.status().to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Registers `register` with `auth` over the shared connection: Err is the manager's answer.
     pub async fn connect(
         &self,
@@ -544,12 +560,7 @@ impl Watchdog {
         let leases: Api<Lease> = Api::namespaced(bed.cluster.client.clone(), LEASE_NAMESPACE);
         let (holder, transitions) = lease_holder(&leases).await.map_err(|e| anyhow!(e))?;
         let sampler = Sampler {
-            http: reqwest::Client::builder()
-                // A manager serving its probes over HTTPS with a self-signed certificate is
-                // probed as the kubelet does: without verifying the certificate.
-                .danger_accept_invalid_certs(true)
-                .timeout(Duration::from_secs(3))
-                .build()?,
+            http: probe_client()?,
             readyz: format!("{}/readyz", bed.manager.http),
             leases,
             identity: bed.manager.identity.clone(),
@@ -577,6 +588,16 @@ impl Watchdog {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.unwrap_or_default()
     }
+}
+
+/// The HTTP client that probes `/readyz` as the kubelet does: a manager serving its probes
+/// over HTTPS with a self-signed certificate is probed without verifying the certificate, and an
+/// answer slower than 3 s counts as none.
+fn probe_client() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(3))
+        .build()?)
 }
 
 /// What the watchdog samples with.

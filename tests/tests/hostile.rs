@@ -115,6 +115,7 @@ impl Run {
             "team-b is late even without an attack: {:?}",
             quiet.late
         );
+        bed.wait_ready().await.expect("the manager is ready");
         let watchdog = Watchdog::start(&bed, RSS_BOUND)
             .await
             .expect("the watchdog starts");
