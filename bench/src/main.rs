@@ -45,6 +45,8 @@ enum Cmd {
     Failover,
     /// Tenant B's latency while tenant A floods its queue.
     Fairness,
+    /// Team-b's latency and the manager's peak memory during each attack of issue 14.
+    Hostile,
     /// Steady 1,000 updates/s for N minutes.
     Soak {
         /// Duration in minutes.
@@ -66,6 +68,7 @@ impl Cmd {
             Cmd::Memory => "memory",
             Cmd::Failover => "failover",
             Cmd::Fairness => "fairness",
+            Cmd::Hostile => "hostile",
             Cmd::Soak { .. } => "soak",
         }
     }
@@ -83,6 +86,7 @@ async fn scenario(cmd: &Cmd, sizes: Sizes, kopf: bool) -> Result<Outcome> {
         Cmd::Fairness => {
             scenarios::fairness::run(sizes.pick(100_000, 5_000), sizes.pick(200, 50)).await
         }
+        Cmd::Hostile => scenarios::hostile::run(sizes.pick(100, 20)).await,
         Cmd::Soak { minutes, rate } => scenarios::soak::run(*minutes, *rate, 1000).await,
         Cmd::All => unreachable!("expanded by main"),
     }
@@ -100,6 +104,7 @@ async fn main() -> Result<()> {
             Cmd::Memory,
             Cmd::Failover,
             Cmd::Fairness,
+            Cmd::Hostile,
         ],
         other => vec![other.clone()],
     };

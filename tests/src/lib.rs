@@ -18,6 +18,7 @@
 //! forms so that one failing scenario does not cost the figures of the others.
 
 pub mod cluster;
+pub mod hostile;
 pub mod manager;
 pub mod objects;
 pub mod process;

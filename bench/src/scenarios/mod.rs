@@ -3,6 +3,7 @@
 
 pub mod failover;
 pub mod fairness;
+pub mod hostile;
 pub mod latency;
 pub mod memory;
 pub mod shared_caches;

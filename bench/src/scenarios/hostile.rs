@@ -1,0 +1,447 @@
+//! Hostile tenants (issue 14): team-b's update-to-delivery latency (median and p99 over N
+//! updates) and the manager's peak resident memory while team-a makes each attack of the issue,
+//! beside a quiet baseline. Each case gets its own devcluster and `ctrlhub run --auth kubernetes`
+//! with default limits (attack 6 shortens the token cache to 2 s, attack 8 sets team-a's
+//! in-flight limit to 20, as the issue does), built from the same bed and attack drivers as the
+//! hostile suite (`ctrlhub_tests::hostile`).
+//!
+//! An update that does not arrive within [`BOUND`] counts at the bound (so its real latency is
+//! at least the figure shown) and the case stops measuring after [`WINDOW`]: today an attack can
+//! make team-b wait a minute or forever. The manager's memory is capped at its Deployment's limit
+//! (1 GiB): an attack that drives it past that is stopped, and the row says so.
+
+use crate::env::{bin, out_dir};
+use crate::report::{Outcome, Row, Verdict, mib, ms};
+use anyhow::{Context, Result};
+use ctrlhub_tests::Launch;
+use ctrlhub_tests::hostile::*;
+use serde_json::json;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long one update may take before it counts as late.
+pub const BOUND: Duration = Duration::from_secs(5);
+
+/// How long one case measures team-b at most.
+pub const WINDOW: Duration = Duration::from_secs(20);
+
+/// The manager's memory cap: the Deployment's limit.
+const CAP: u64 = 1024 * MIB;
+
+/// The cases: 0 is the quiet baseline, 1–11 the attacks of issue 14.
+pub const CASES: [u8; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+
+/// What a case is called in the table.
+fn case_name(case: u8) -> &'static str {
+    match case {
+        0 => "quiet baseline",
+        1 => "1 seat monopoly",
+        2 => "2 redelivery storm",
+        3 => "3 readiness poisoning",
+        4 => "4 quadratic registrations",
+        5 => "5 leak on churn",
+        6 => "6 credentials outlive revocation",
+        7 => "7 cache amplification",
+        8 => "8 credit bypass",
+        9 => "9 large messages",
+        10 => "10 TokenReview amplification",
+        11 => "11 scope",
+        _ => "unknown",
+    }
+}
+
+/// The flags a case adds to the manager's (the issue's own settings for attacks 6 and 8).
+fn case_flags(case: u8) -> Vec<String> {
+    match case {
+        6 => vec!["--token-cache-ttl".into(), "2s".into()],
+        8 => vec![
+            "--tenant-limit".into(),
+            format!("{}/in-flight=20", username(TEAM_A, SA)),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// The harness' launch of the release manager, logging warnings only.
+fn launch() -> Result<Launch> {
+    Ok(Launch {
+        binary: bin("ctrlhub")?,
+        log_dir: out_dir().join("logs"),
+        rust_log: std::env::var("CTRLHUB_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        token: None,
+        env: Vec::new(),
+    })
+}
+
+/// When a case's attack is under way, and when it must stop.
+struct Switch {
+    armed: AtomicBool,
+    stop: AtomicBool,
+    breached: Arc<AtomicBool>,
+}
+
+impl Switch {
+    /// The attack is under way: team-b is measured from now on.
+    fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the attack must stop: team-b has been measured, or the manager hit its cap.
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.breached.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the attack must stop.
+    async fn hold(&self) {
+        while !self.stopping() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A flag for drivers that poll one, raised once the attack must stop, and the future that
+    /// raises it (run it beside the driver).
+    fn relay(&self) -> (Arc<AtomicBool>, impl Future<Output = ()> + '_) {
+        let flag = Arc::new(AtomicBool::new(false));
+        let raise = flag.clone();
+        let relay = async move {
+            self.hold().await;
+            raise.store(true, Ordering::Relaxed);
+        };
+        (flag, relay)
+    }
+}
+
+/// One case's figures.
+struct Figures {
+    case: u8,
+    samples: Samples,
+    health: Health,
+    note: String,
+    seconds: f64,
+}
+
+impl Figures {
+    fn json(&self) -> serde_json::Value {
+        let (p50, p99, max) = self.samples.percentiles(BOUND);
+        json!({"case": self.case, "name": case_name(self.case),
+            "updates": self.samples.count(), "late": self.samples.late.len(),
+            "medianMs": p50.as_secs_f64() * 1e3, "p99Ms": p99.as_secs_f64() * 1e3,
+            "maxMs": max.as_secs_f64() * 1e3, "boundMs": BOUND.as_secs_f64() * 1e3,
+            "rssStartBytes": self.health.rss_start, "rssPeakBytes": self.health.rss_peak,
+            "readyzFailures": self.health.readyz_failures, "leaseFailures": self.health.lease_failures,
+            "watchdogSamples": self.health.samples, "note": self.note, "seconds": self.seconds})
+    }
+}
+
+/// Runs every case, `updates` team-b updates each (within [`WINDOW`]).
+pub async fn run(updates: usize) -> Result<Outcome> {
+    let mut figures = Vec::new();
+    for case in CASES {
+        eprintln!("hostile: {}", case_name(case));
+        let f = measure(case, updates)
+            .await
+            .with_context(|| format!("case {}", case_name(case)))?;
+        let (p50, p99, _) = f.samples.percentiles(BOUND);
+        eprintln!(
+            "  team-b median {} p99 {} ({} of {} late); peak RSS {}; {}",
+            ms(p50),
+            ms(p99),
+            f.samples.late.len(),
+            f.samples.count(),
+            mib(f.health.rss_peak),
+            f.note
+        );
+        figures.push(f);
+    }
+    Ok(outcome(&figures))
+}
+
+/// One case: bed, team-b, watchdog; the attack set up, then team-b measured while it goes on.
+async fn measure(case: u8, updates: usize) -> Result<Figures> {
+    let started = Instant::now();
+    let flags = case_flags(case);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let bed = Bed::start(&launch()?, &format!("hostile-{case}"), &flags).await?;
+    let mut team_b = TeamB::start(&bed).await?;
+    bed.wait_ready().await?;
+    let watchdog = Watchdog::start(&bed, CAP).await?;
+    let switch = Switch {
+        armed: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        breached: watchdog.breached(),
+    };
+    let plan = ProbePlan {
+        updates,
+        // Spread over ten seconds or more, so that attacks whose cost builds up are measured
+        // at their height, not only as they start.
+        gap: Duration::from_millis(100),
+        bound: BOUND,
+        window: WINDOW,
+    };
+    let attack = async {
+        let note = attack(case, &bed, &switch).await;
+        // An attack that ends (or fails) early must not leave team-b's probe waiting to start.
+        switch.arm();
+        note
+    };
+    let probing = async {
+        while !switch.armed.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let samples = probe(&mut team_b, plan).await;
+        switch.stop.store(true, Ordering::Relaxed);
+        samples
+    };
+    let (note, samples) = tokio::join!(attack, probing);
+    let mut note = note.unwrap_or_else(|e| format!("the attack failed: {e:#}"));
+    if switch.breached.load(Ordering::Relaxed) {
+        note.push_str("; stopped at the 1 GiB cap");
+    }
+    if let Some(ended) = team_b.ended() {
+        note.push_str(&format!("; {ended}"));
+    }
+    let health = watchdog.finish().await;
+    Ok(Figures {
+        case,
+        samples,
+        health,
+        note,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Sets up `case`'s attack, arms the switch and keeps the attack going until told to stop;
+/// returns what the manager answered, in words.
+async fn attack(case: u8, bed: &Bed, sw: &Switch) -> Result<String> {
+    match case {
+        1 => seat_monopoly_case(bed, sw).await,
+        2 => storm_case(bed, sw).await,
+        3 => poisoning_case(bed, sw).await,
+        4 => owns_case(bed, sw).await,
+        5 => churn_case(bed, sw).await,
+        6 => credentials_case(bed, sw).await,
+        7 => amplification_case(bed, sw).await,
+        8 => credit_case(bed, sw).await,
+        9 => large_case(bed, sw).await,
+        10 => junk_case(bed, sw).await,
+        11 => scope_case(bed, sw).await,
+        _ => {
+            sw.arm();
+            sw.hold().await;
+            Ok("no attack".into())
+        }
+    }
+}
+
+async fn seat_monopoly_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let hog = seat_monopoly(bed, 300).await?;
+    hog.settle(Duration::from_secs(1), Duration::from_secs(20))
+        .await;
+    let century = century_deadline(bed).await;
+    sw.arm();
+    sw.hold().await;
+    Ok(format!(
+        "the hog held up to {} requests; a century deadline: {}",
+        hog.peak(),
+        describe(&century)
+    ))
+}
+
+async fn storm_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let storm = redelivery_storm(bed, 300).await?;
+    sw.arm();
+    sw.hold().await;
+    Ok(format!(
+        "shortest deadline accepted {:?}, never read",
+        storm.deadline
+    ))
+}
+
+async fn poisoning_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let poisoned = poisoned_selector(bed, 70_000).await;
+    sw.arm();
+    let slow = stalled_informer(bed, "Pod", "pods", ListFault::Slow(Duration::from_secs(6)));
+    let failing = stalled_informer(bed, "Service", "services", ListFault::Failing(403));
+    let (slow, failing) = tokio::join!(slow, failing);
+    sw.hold().await;
+    Ok(format!(
+        "70 KB selector: {}; slow list: {}; failing list: {}",
+        short(&poisoned),
+        short(&slow),
+        short(&failing)
+    ))
+}
+
+async fn owns_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    sw.arm();
+    let (mut cycles, mut accepted, mut slowest) = (0, 0, Duration::ZERO);
+    while !sw.stopping() {
+        let (answer, took) = owns_flood_cycle(bed, 100_000).await;
+        cycles += 1;
+        accepted += usize::from(answer.is_ok());
+        slowest = slowest.max(took);
+    }
+    Ok(format!(
+        "{cycles} registrations of 100,000 owns entries, {accepted} accepted, slowest answer \
+         {slowest:.1?}"
+    ))
+}
+
+async fn churn_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    sw.arm();
+    let (stop, relay) = sw.relay();
+    let (samples, ()) = tokio::join!(churn(bed, usize::MAX, 4, 50, stop), relay);
+    let samples = samples?;
+    let cycles = samples.last().map_or(0, |s| s.cycle);
+    let slope = growth_per_cycle(&samples, cycles / 2);
+    Ok(format!(
+        "{cycles} Connect/Register/close cycles; RSS growth over the second half {} bytes/cycle",
+        slope.map_or("?".into(), |b| format!("{b:.0}"))
+    ))
+}
+
+async fn credentials_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let (expiring, expiry) = expiring_session(bed, Duration::from_secs(5)).await?;
+    let doomed = account_session(bed, "doomed").await?;
+    delete_account(bed, "doomed").await?;
+    let deleted = Instant::now();
+    sw.arm();
+    let (expired, removed) = tokio::join!(end_of(expiring, expiry), end_of(doomed, deleted));
+    sw.hold().await;
+    Ok(format!(
+        "the expired-token session {expired} the expiry; the deleted account's session \
+         {removed} the deletion"
+    ))
+}
+
+/// How long after `since` the session ended, and how, in words (within [`WINDOW`]).
+async fn end_of(mut session: ctrlhub_tests::Replica, since: Instant) -> String {
+    let left = (since + WINDOW).saturating_duration_since(Instant::now());
+    match session.ended(left).await {
+        Some(s) => format!("ended ({:?}) {:.1?} after", s.code(), since.elapsed()),
+        None => format!("was still open {WINDOW:?} after"),
+    }
+}
+
+async fn amplification_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    bed.fill(TEAM_B, "bulk", 250, 20_000).await?;
+    sw.arm();
+    let answers = cache_amplification(bed, 63, &sw.breached).await;
+    sw.hold().await;
+    let accepted = answers.iter().filter(|a| a.is_ok()).count();
+    Ok(format!(
+        "{accepted} of {} registrations accepted (5 MB of ConfigMaps in team-b); first refusal: \
+         {}",
+        answers.len(),
+        answers
+            .iter()
+            .find(|a| a.is_err())
+            .map_or("none".into(), short)
+    ))
+}
+
+async fn credit_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let hog = credit_bypass(bed, 100).await?;
+    sw.arm();
+    hog.credit(1000).await?;
+    hog.settle(Duration::from_secs(1), Duration::from_secs(10))
+        .await;
+    let after_1000 = hog.peak();
+    hog.credit(4_000_000_000).await?;
+    sw.hold().await;
+    Ok(format!(
+        "in flight under a limit of 20: {after_1000} after Credit{{1000}}, {} after \
+         Credit{{4000000000}}",
+        hog.peak()
+    ))
+}
+
+async fn large_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    sw.arm();
+    let (stop, relay) = sw.relay();
+    let (tally, ()) = tokio::join!(large_messages(bed, 3_300_000, 2, stop), relay);
+    Ok(format!(
+        "3.3 MB Registers: {} accepted, refused {:?}",
+        tally.accepted, tally.refused
+    ))
+}
+
+async fn junk_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    sw.arm();
+    let (mut calls, mut reviews, mut accepted) = (0, 0, 0);
+    let t0 = Instant::now();
+    while !sw.stopping() {
+        let flood = junk_token_flood(bed, 5_000, 64).await;
+        calls += flood.calls;
+        reviews += flood.token_reviews;
+        accepted += flood.accepted;
+    }
+    Ok(format!(
+        "{calls} junk-token Connects in {:.1?}: {reviews} TokenReviews, {accepted} accepted",
+        t0.elapsed()
+    ))
+}
+
+async fn scope_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    sw.arm();
+    let escape = scope_escape(bed, 20).await?;
+    sw.hold().await;
+    Ok(format!(
+        "{} of {} requests to team-a named a key in team-b",
+        escape.leaked.len(),
+        escape.keys.len()
+    ))
+}
+
+/// An answer in a few words: `accepted`, or the status code.
+fn short(answer: &Answer) -> String {
+    match answer {
+        Ok(_) => "accepted".into(),
+        Err(s) => format!("{:?}", s.code()),
+    }
+}
+
+/// The table rows and JSON of every case: team-b's latency against the goal of the issue (p99
+/// within 50 ms of the quiet p99) and the manager's peak memory against its limit.
+fn outcome(figures: &[Figures]) -> Outcome {
+    let quiet_p99 = figures
+        .iter()
+        .find(|f| f.case == 0)
+        .map_or(Duration::ZERO, |f| f.samples.percentiles(BOUND).1);
+    let mut rows = Vec::new();
+    for f in figures {
+        let (p50, p99, _) = f.samples.percentiles(BOUND);
+        let bound = if f.samples.late.is_empty() {
+            ""
+        } else {
+            "≥ "
+        };
+        let late = format!("{} of {} late", f.samples.late.len(), f.samples.count());
+        let name = case_name(f.case);
+        rows.push(Row::new(
+            "hostile",
+            &format!("{name}: team-b median/p99"),
+            format!("{}/{bound}{} ({late})", ms(p50), ms(p99)),
+            "",
+            "p99 ≤ quiet p99 + 50 ms",
+            Verdict::of(f.samples.late.is_empty() && p99 <= quiet_p99 + Duration::from_millis(50)),
+        ));
+        rows.push(Row::new(
+            "hostile",
+            &format!("{name}: manager peak RSS"),
+            mib(f.health.rss_peak),
+            "",
+            "< 1 GiB (Deployment limit)",
+            Verdict::of(f.health.rss_peak < CAP),
+        ));
+    }
+    let cases: Vec<_> = figures.iter().map(Figures::json).collect();
+    Outcome {
+        scenario: "hostile".into(),
+        rows,
+        json: json!({"boundMs": BOUND.as_secs_f64() * 1e3, "windowSeconds": WINDOW.as_secs_f64(),
+            "cases": cases}),
+    }
+}
