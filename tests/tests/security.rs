@@ -786,6 +786,19 @@ async fn namespace_selector_scope_with_a_cluster_wide_grant_admits_every_matchin
     );
 }
 
+/// One session for team-a's tenant: its namespace, or each of its two accounts.
+fn limits_for(grouping: &str) -> Vec<&'static str> {
+    match grouping {
+        "namespace" => vec!["--tenant-limit", "system:serviceaccounts:team-a/sessions=1"],
+        _ => vec![
+            "--tenant-limit",
+            "system:serviceaccount:team-a:ctl/sessions=1",
+            "--tenant-limit",
+            "system:serviceaccount:team-a:other/sessions=1",
+        ],
+    }
+}
+
 /// Tenants are per namespace by default: a second ServiceAccount in the same namespace shares
 /// the first one's limits instead of multiplying them; `--tenant-grouping identity` keeps every
 /// account apart.
@@ -798,16 +811,8 @@ async fn service_accounts_of_one_namespace_share_its_limits() {
             &format!("sec-grouping-{grouping}"),
             &[
                 &RBAC_ARGS[..],
-                &[
-                    "--tenant-grouping",
-                    grouping,
-                    "--tenant-limit",
-                    "system:serviceaccounts:team-a/sessions=1",
-                    "--tenant-limit",
-                    "system:serviceaccount:team-a:ctl/sessions=1",
-                    "--tenant-limit",
-                    "system:serviceaccount:team-a:other/sessions=1",
-                ],
+                &["--tenant-grouping", grouping],
+                &limits_for(grouping)[..],
             ]
             .concat(),
         )
@@ -858,6 +863,7 @@ async fn a_tenant_re_registering_in_a_loop_is_slowed_down() {
         }
     }
     let status = refused_with.expect("60 registrations in a row were all accepted");
+    // The default rate is 2 per second after a burst of 10.
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("registrations"), "{status:?}");
     assert!(limit_hits(&m, "registrations").await >= 1.0);
@@ -868,4 +874,25 @@ async fn a_tenant_re_registering_in_a_loop_is_slowed_down() {
             .is_ok()
     })
     .await;
+}
+
+/// A limit naming one ServiceAccount while tenants are namespaces could never apply: the
+/// manager refuses to start and says what to write instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_naming_an_account_while_tenants_are_namespaces_is_refused_at_start() {
+    let out = std::process::Command::new(bin("ctrlhub"))
+        .args([
+            "run",
+            "--tenant-limit",
+            "system:serviceaccount:team-a:ctl/sessions=1",
+        ])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .expect("ctrlhub runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("use system:serviceaccounts:team-a"),
+        "{stderr}"
+    );
 }

@@ -136,9 +136,9 @@ pub struct ControllerTable {
     registration_rates: Mutex<HashMap<String, crate::throttle::TokenBucket>>,
 }
 
-/// New registrations a tenant may make at once, then per second.
-const REGISTRATION_BURST: u32 = 20;
-const REGISTRATIONS_PER_SECOND: f64 = 2.0;
+/// New registrations a tenant may make at once, at the least: each may start informers whose
+/// first lists the manager must decode, so a burst of them is a burst of work for everyone.
+const MIN_REGISTRATION_BURST: u32 = 5;
 
 fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
     match event {
@@ -516,7 +516,7 @@ impl ControllerTable {
             existing => existing,
         };
         self.check_informer_limit(controllers, id, &registration, namespaces, quota)?;
-        self.check_registration_rate(quota.tenant)?;
+        self.check_registration_rate(quota)?;
         if let Some(old) = existing {
             self.supersede(old, &registration);
         }
@@ -529,7 +529,14 @@ impl ControllerTable {
     /// under the informer's lock: a tenant re-registering in a loop would keep every informer it
     /// uses busy for everyone. So new registrations (not replicas joining) are rate limited per
     /// tenant.
-    fn check_registration_rate(&self, tenant: &str) -> Result<(), RegisterError> {
+    fn check_registration_rate(&self, quota: &Quota<'_>) -> Result<(), RegisterError> {
+        let (tenant, rate) = (quota.tenant, quota.limits.registrations_per_second);
+        if rate == 0 {
+            return Ok(());
+        }
+        let burst = u32::try_from(rate.saturating_mul(5))
+            .unwrap_or(u32::MAX)
+            .max(MIN_REGISTRATION_BURST);
         let now = Instant::now();
         let mut rates = self.registration_rates.lock();
         if rates.len() >= 4096 {
@@ -537,9 +544,7 @@ impl ControllerTable {
         }
         let allowed = rates
             .entry(tenant.to_string())
-            .or_insert_with(|| {
-                crate::throttle::TokenBucket::new(REGISTRATION_BURST, REGISTRATIONS_PER_SECOND, now)
-            })
+            .or_insert_with(|| crate::throttle::TokenBucket::new(burst, rate as f64, now))
             .take(now);
         if allowed {
             return Ok(());
@@ -547,8 +552,8 @@ impl ControllerTable {
         Err(self.refuse(
             tenant,
             "registrations",
-            u64::from(REGISTRATION_BURST),
-            "new registrations are limited to 20 at once, then 2 per second: reconnect with backoff",
+            rate,
+            "new registrations per second: reconnect with backoff",
         ))
     }
 

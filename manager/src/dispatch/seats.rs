@@ -107,6 +107,11 @@ impl Weights {
         })
     }
 
+    /// Every tenant given a weight of its own.
+    pub fn named(&self) -> impl Iterator<Item = &str> {
+        self.overrides.keys().map(String::as_str)
+    }
+
     /// The weight of `tenant`.
     pub fn of(&self, tenant: &str) -> u32 {
         self.overrides.get(tenant).copied().unwrap_or(self.default)

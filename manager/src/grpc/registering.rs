@@ -301,20 +301,11 @@ pub(super) fn namespace_phrase(ns: &str) -> String {
     }
 }
 
-/// The counts and size of a Register, checked before anything in it is resolved or compiled.
+/// The counts and size of a Register, checked before anything in it is resolved or compiled:
+/// first the bounds that name a field (so the error says what to change), then the whole size.
 fn check_shape(r: &pb::Register) -> Result<(), Invalid> {
     use prost::Message;
     use registration::{bounds, check_count};
-    let bytes = r.encoded_len();
-    if bytes > bounds::REGISTER_BYTES {
-        return Err(Invalid::new(
-            "register",
-            format!(
-                "is {bytes} bytes; the limit is {}: shorten selectors and predicates",
-                bounds::REGISTER_BYTES
-            ),
-        ));
-    }
     check_count("register.owns", r.owns.len(), bounds::OWNS)?;
     check_count("register.watches", r.watches.len(), bounds::WATCHES)?;
     if let Some(pb::namespace_scope::Scope::Names(n)) =
@@ -325,6 +316,24 @@ fn check_shape(r: &pb::Register) -> Result<(), Invalid> {
             n.names.len(),
             bounds::NAMESPACE_NAMES,
         )?;
+    }
+    if let Some(sel) = &r.label_selector {
+        translate_selector(sel, "register.label_selector")?;
+    }
+    if let Some(pb::namespace_scope::Scope::LabelSelector(sel)) =
+        r.namespaces.as_ref().and_then(|n| n.scope.as_ref())
+    {
+        translate_selector(sel, "register.namespaces.label_selector")?;
+    }
+    let bytes = r.encoded_len();
+    if bytes > bounds::REGISTER_BYTES {
+        return Err(Invalid::new(
+            "register",
+            format!(
+                "is {bytes} bytes; the limit is {}: shorten predicates and selectors",
+                bounds::REGISTER_BYTES
+            ),
+        ));
     }
     Ok(())
 }

@@ -143,6 +143,7 @@ impl DevArgs {
             max_controllers_per_tenant: limits.controllers,
             max_informers_per_tenant: limits.informers,
             max_cached_bytes_per_tenant: limits.cached_bytes,
+            max_registrations_per_second: limits.registrations_per_second,
             max_queued_keys: limits.queued_keys,
             max_in_flight_per_tenant: limits.in_flight,
             min_request_deadline: limits.min_deadline,

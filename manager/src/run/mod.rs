@@ -78,6 +78,10 @@ pub struct RunArgs {
     /// (each informer they use counted in full).
     #[arg(long, default_value_t = Limits::default().cached_bytes)]
     pub max_cached_bytes_per_tenant: u64,
+    /// Default limit: new registrations per second per tenant (after a burst of five times as
+    /// many, at least 5); replicas joining a running controller are not counted. 0 = unlimited.
+    #[arg(long, default_value_t = Limits::default().registrations_per_second)]
+    pub max_registrations_per_second: u64,
     /// Default limit: keys one controller may hold queued before it is revoked.
     #[arg(long, default_value_t = Limits::default().queued_keys)]
     pub max_queued_keys: usize,
@@ -255,10 +259,11 @@ impl RunArgs {
 
     /// Run the manager until `stop` fires: then drain sessions, release the lease and return.
     ///
-    /// The wiring, in order: client → leader election → caches, metrics and the controller
+    /// The wiring, in order: checked configuration (timings, tenant sharing) → client → leader election → caches, metrics and the controller
     /// table → leadership follower → gRPC service → listeners → servers → wait → shutdown.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         self.check_timings()?;
+        let sharing = self.sharing()?;
         let client = self.client().await?;
         let identity = self
             .identity
@@ -268,8 +273,14 @@ impl RunArgs {
         let pod_label = self.pod_label(&client, &identity);
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
-        let controllers =
-            self.controller_table(&cache, election.leading.clone(), &stop, &metrics)?;
+        let controllers = ControllerTable::new(
+            cache.clone(),
+            self.ceiling(),
+            election.leading.clone(),
+            stop.child_token(),
+            metrics.clone(),
+            sharing,
+        );
         follow_leadership(
             controllers.clone(),
             election.leading.clone(),
@@ -362,14 +373,9 @@ impl RunArgs {
         })
     }
 
-    /// The controller table with the configured tenant limits and dispatch seats.
-    fn controller_table(
-        &self,
-        cache: &Arc<Cache>,
-        leading: watch::Receiver<bool>,
-        stop: &CancellationToken,
-        metrics: &Arc<Metrics>,
-    ) -> anyhow::Result<Arc<ControllerTable>> {
+    /// How tenants share the manager, from the flags: limits, seats and grouping. Checked
+    /// before anything starts, so a configuration mistake is the first thing an operator sees.
+    fn sharing(&self) -> anyhow::Result<Sharing> {
         let limits = TenantLimits::new(Limits {
             sessions: self.max_sessions_per_tenant,
             controllers: self.max_controllers_per_tenant,
@@ -377,23 +383,26 @@ impl RunArgs {
             in_flight: self.max_in_flight_per_tenant,
             informers: self.max_informers_per_tenant,
             cached_bytes: self.max_cached_bytes_per_tenant,
+            registrations_per_second: self.max_registrations_per_second,
             min_deadline: self.min_request_deadline,
             max_deadline: self.max_request_deadline,
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;
-        Ok(ControllerTable::new(
-            cache.clone(),
-            self.ceiling(),
-            leading,
-            stop.child_token(),
-            metrics.clone(),
-            Sharing {
-                limits,
-                seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
-                grouping: self.tenant_grouping,
-            },
-        ))
+        for (tenant, flag) in limits
+            .named()
+            .map(|t| (t, "--tenant-limit"))
+            .chain(weights.named().map(|t| (t, "--tenant-weight")))
+        {
+            self.tenant_grouping
+                .check_configured(tenant, flag)
+                .map_err(anyhow::Error::msg)?;
+        }
+        Ok(Sharing {
+            limits,
+            seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
+            grouping: self.tenant_grouping,
+        })
     }
 
     /// The gRPC service with the authenticator and authorizer `--auth` selects.

@@ -197,6 +197,17 @@ pub enum TenantGrouping {
 }
 
 impl TenantGrouping {
+    /// Refuses a tenant name in the configuration that can never match under this grouping:
+    /// one ServiceAccount's username while tenants are namespaces (a silent no-op otherwise).
+    pub fn check_configured(self, tenant: &str, flag: &str) -> Result<(), String> {
+        match (self, service_account_namespace(tenant)) {
+            (TenantGrouping::Namespace, Some(ns)) => Err(format!(
+                "{flag} names the ServiceAccount {tenant:?}, but tenants are namespaces (--tenant-grouping namespace): use system:serviceaccounts:{ns}, or --tenant-grouping identity"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The tenant `username`'s limits and seats count against.
     pub fn tenant_of(self, username: &str) -> String {
         match (self, service_account_namespace(username)) {
@@ -228,6 +239,9 @@ pub struct Limits {
     /// Distinct informers (resource, namespace, label selector, metadata-only) the tenant's
     /// controllers hold at once: each is an API watch and a cache the manager pays for.
     pub informers: usize,
+    /// New registrations (not replicas joining) per second, after a burst of five times as many
+    /// (at least 5); 0 = unlimited.
+    pub registrations_per_second: u64,
     /// Bytes of cached objects the tenant's controllers make the manager hold: the informers
     /// they use, each counted in full (any one of its users alone would keep it).
     pub cached_bytes: u64,
@@ -248,6 +262,7 @@ impl Default for Limits {
             in_flight: 4096,
             informers: 128,
             cached_bytes: 256 * 1024 * 1024,
+            registrations_per_second: 2,
             min_deadline: Duration::from_secs(1),
             max_deadline: Duration::from_secs(15 * 60),
         }
@@ -291,7 +306,7 @@ impl fmt::Display for DeadlineOutOfBounds {
 /// A malformed `--tenant-limit`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, cached-bytes, or TENANT/LIMIT=DURATION with LIMIT min-deadline or max-deadline (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
+    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, cached-bytes, registrations-per-second, or TENANT/LIMIT=DURATION with LIMIT min-deadline or max-deadline (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
 )]
 pub struct LimitSpecError {
     given: String,
@@ -360,10 +375,16 @@ impl TenantLimits {
                 "in-flight" => limits.in_flight = value,
                 "informers" => limits.informers = as_usize,
                 "cached-bytes" => limits.cached_bytes = value,
+                "registrations-per-second" => limits.registrations_per_second = value,
                 _ => return Err(err("unknown limit")),
             }
         }
         Ok(self)
+    }
+
+    /// Every tenant named by an override.
+    pub fn named(&self) -> impl Iterator<Item = &str> {
+        self.overrides.keys().map(String::as_str)
     }
 
     /// The limits that apply to `tenant`.
