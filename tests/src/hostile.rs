@@ -1351,3 +1351,214 @@ fn carried(r: &pb::ReconcileRequest) -> String {
     let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
     format!("data {}", v["data"])
 }
+
+/// The secret team-b's failing controller puts in its error messages (attack 12).
+pub const SECRET: &str = "password=hunter2-team-b";
+
+/// What team-a could read of the manager's HTTP port (attack 12).
+#[derive(Debug, Default)]
+pub struct Snoop {
+    /// Paths and statuses an anonymous caller got that were not a refusal (401/403); the probes
+    /// are not counted here.
+    pub anonymous_served: Vec<(String, u16)>,
+    /// Probes (`/healthz`, `/readyz`) that did not answer an anonymous caller 200.
+    pub probes_refused: Vec<(String, u16)>,
+    /// What team-a's own token got: path and status.
+    pub team_a: Vec<(String, u16)>,
+    /// Paths whose answer to team-a names team-b or carries its secret.
+    pub leaked: Vec<String>,
+    /// Whether team-a's view of `/status` shows team-a's own controller.
+    pub sees_own: bool,
+    /// Whether an operator with the `get` grant sees team-b in `/status` and `/metrics`.
+    pub operator_sees_all: bool,
+    /// Whether the port answered plaintext HTTP.
+    pub plaintext_answered: bool,
+    /// Requests team-a made in its flood (valid and junk tokens) while team-b was measured.
+    pub flood: usize,
+    /// Flood requests answered 5xx.
+    pub flood_errors: usize,
+}
+
+/// Attack 12, HTTP: team-b runs a controller whose errors carry [`SECRET`]; team-a, with a
+/// controller of its own, reads every path of the HTTP port anonymously and with its own
+/// API-server token, floods it with `flood` requests, and an operator with the `get` grant
+/// reads it too.
+pub async fn http_snoop(bed: &Bed, flood: usize) -> Result<Snoop> {
+    let leaky = leaky_team_b(bed).await?;
+    let own = bed
+        .connect(register("own", configmaps(), 1, Some(TEAM_A)), &bed.a_auth)
+        .await
+        .map_err(|s| anyhow!("team-a's own controller: {s:?}"))?;
+    let http = crate::manager::self_signed_client()?;
+    let m = &bed.manager;
+    let mut snoop = Snoop::default();
+    // First the operator's view, which waits until team-b's secret is there to be leaked.
+    let operator = operator_token(bed).await?;
+    snoop.operator_sees_all = operator_sees_team_b(&http, &m.http, &operator).await;
+    anonymous_reads(&http, &m.http, &mut snoop).await;
+    let a_token = bed
+        .cluster
+        .dc
+        .issue_token(TEAM_A, SA, &[], Duration::from_secs(3600))?;
+    team_a_reads(&http, &m.http, &a_token, &mut snoop).await?;
+    let plain = m.http.replacen("https://", "http://", 1);
+    snoop.plaintext_answered = reqwest::get(format!("{plain}/status")).await.is_ok();
+    (snoop.flood, snoop.flood_errors) = http_flood(&http, &m.http, &a_token, flood).await;
+    leaky.abort();
+    drop(own);
+    Ok(snoop)
+}
+
+/// team-b's controller `leaky`, failing every request with [`SECRET`] in its message (retried
+/// a minute later), in the background.
+async fn leaky_team_b(bed: &Bed) -> Result<JoinHandle<()>> {
+    let mut replica = bed
+        .connect(
+            register("leaky", configmaps(), 1, Some(TEAM_B)),
+            &bed.b_auth,
+        )
+        .await
+        .map_err(|s| anyhow!("team-b's leaky controller: {s:?}"))?;
+    Ok(tokio::spawn(async move {
+        while let Ok(Some(r)) = replica.recv().await {
+            let error = pb::reconcile_result::Error {
+                message: format!("cannot log in with {SECRET}"),
+                retry_after: Some(secs(60.0)),
+            };
+            replica
+                .reply(&r.id, pb::reconcile_result::Outcome::Error(error))
+                .await;
+        }
+    }))
+}
+
+/// The paths of the HTTP port.
+const HTTP_PATHS: [&str; 5] = ["/", "/status", "/metrics", "/healthz", "/readyz"];
+
+async fn anonymous_reads(http: &reqwest::Client, base: &str, snoop: &mut Snoop) {
+    for path in HTTP_PATHS {
+        let code = match http.get(format!("{base}{path}")).send().await {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0,
+        };
+        let probe = path == "/healthz" || path == "/readyz";
+        if probe && code != 200 {
+            snoop.probes_refused.push((path.into(), code));
+        }
+        if !probe && code != 401 && code != 403 {
+            snoop.anonymous_served.push((path.into(), code));
+        }
+    }
+}
+
+async fn team_a_reads(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    snoop: &mut Snoop,
+) -> Result<()> {
+    for path in ["/", "/status", "/metrics"] {
+        let r = http
+            .get(format!("{base}{path}"))
+            .bearer_auth(token)
+            .send()
+            .await?;
+        snoop.team_a.push((path.into(), r.status().as_u16()));
+        let body = r.text().await?;
+        if body.contains(TEAM_B) || body.contains(SECRET) {
+            snoop.leaked.push(path.into());
+        }
+        if path == "/status" {
+            snoop.sees_own = body.contains("\"own\"");
+        }
+    }
+    Ok(())
+}
+
+/// A ServiceAccount `monitoring/prometheus` with `get` on the port's paths, as deploy/ grants
+/// Prometheus; its API-server token.
+async fn operator_token(bed: &Bed) -> Result<String> {
+    let c = &bed.cluster.client;
+    apply(c, &namespace_object("monitoring", &[])).await?;
+    apply(c, &service_account_object("monitoring", "prometheus")).await?;
+    apply(
+        c,
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "ctrlhub-metrics-reader"},
+            "rules": [{"nonResourceURLs": ["/metrics", "/status", "/"], "verbs": ["get"]}],
+        }),
+    )
+    .await?;
+    apply(
+        c,
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "prometheus-ctrlhub-metrics-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-metrics-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
+        }),
+    )
+    .await?;
+    Ok(bed
+        .cluster
+        .dc
+        .issue_token("monitoring", "prometheus", &[], Duration::from_secs(3600))?)
+}
+
+/// Whether the operator's `/status` names team-b's secret-carrying error and `/metrics` has
+/// team-b's series (waiting for the first error to be recorded).
+async fn operator_sees_team_b(http: &reqwest::Client, base: &str, token: &str) -> bool {
+    let read = |path: &'static str| async move {
+        let r = http
+            .get(format!("{base}{path}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = r.status();
+        let body = r.text().await.map_err(|e| e.to_string())?;
+        if status.is_success() && body.contains(TEAM_B) {
+            Ok(body)
+        } else {
+            Err(format!("{path}: {status}"))
+        }
+    };
+    let status = poll_until("the operator sees team-b's error", PATIENCE, || async {
+        let body = read("/status").await?;
+        body.contains(SECRET)
+            .then_some(())
+            .ok_or_else(|| "no error yet".to_string())
+    })
+    .await;
+    status.is_ok() && read("/metrics").await.is_ok()
+}
+
+/// `count` requests from team-a, 8 at a time, alternating its valid token on `/status` and junk
+/// tokens on `/metrics`; returns how many were made and how many got a 5xx.
+async fn http_flood(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    count: usize,
+) -> (usize, usize) {
+    let errors = futures::stream::iter(0..count)
+        .map(|i| async move {
+            let (path, bearer) = if i % 2 == 0 {
+                ("/status", token.to_string())
+            } else {
+                ("/metrics", junk_token(i))
+            };
+            let sent = http
+                .get(format!("{base}{path}"))
+                .bearer_auth(bearer)
+                .send()
+                .await;
+            sent.map_or(true, |r| r.status().is_server_error())
+        })
+        .buffer_unordered(8)
+        .filter(|failed| std::future::ready(*failed))
+        .count()
+        .await;
+    (count, errors)
+}

@@ -80,8 +80,14 @@ pub struct Manager {
     pub process: ChildProcess,
     /// gRPC endpoint, e.g. `http://127.0.0.1:PORT`.
     pub grpc: String,
-    /// HTTP base URL.
+    /// HTTP base URL: `https://` when the manager runs `--auth kubernetes`.
     pub http: String,
+    /// Reads the HTTP port: trusts the manager's self-signed certificate and, under Kubernetes
+    /// auth, sends [`Manager::http_token`].
+    pub http_client: reqwest::Client,
+    /// The bearer token the HTTP port is read with under Kubernetes auth: the cluster's admin,
+    /// whose `system:masters` group has every grant (the operator's view).
+    pub http_token: Option<String>,
     /// Lease identity.
     pub identity: String,
     /// The manager's log file (cargo test cannot capture a child's stderr).
@@ -103,10 +109,17 @@ impl Manager {
             .join(format!("ctrlhub-{identity}-{}.log", ports.1));
         let mut cmd = launch.command(cluster, identity, ports);
         cmd.args(extra);
+        let secured = kubernetes_auth(extra);
         let m = Manager {
             process: ChildProcess::spawn(&mut cmd, &log)?,
             grpc: format!("http://127.0.0.1:{}", ports.0),
-            http: format!("http://127.0.0.1:{}", ports.1),
+            http: format!(
+                "{}://127.0.0.1:{}",
+                if secured { "https" } else { "http" },
+                ports.1
+            ),
+            http_client: self_signed_client()?,
+            http_token: secured.then(|| admin_token(cluster)).transpose()?,
             identity: identity.to_string(),
             log,
         };
@@ -118,7 +131,7 @@ impl Manager {
 
     /// Waits until `/healthz` answers with success.
     async fn healthy(&self) -> Result<(), TimedOut> {
-        let http = reqwest::Client::new();
+        let http = &self.http_client;
         let url = format!("{}/healthz", self.http);
         poll_until("manager /healthz", PATIENCE, || async {
             match http.get(&url).send().await {
@@ -155,9 +168,18 @@ impl Manager {
         m
     }
 
+    /// A GET of `path` on the HTTP port, with [`Manager::http_token`] when there is one.
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http_client.get(format!("{}{path}", self.http));
+        match &self.http_token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
     /// `/status` as JSON.
     pub async fn try_status(&self) -> Result<Value> {
-        let status = reqwest::get(format!("{}/status", self.http)).await?;
+        let status = self.get("/status").send().await?.error_for_status()?;
         Ok(status.json().await?)
     }
 
@@ -168,7 +190,7 @@ impl Manager {
 
     /// The `/metrics` exposition text.
     pub async fn try_metrics(&self) -> Result<String> {
-        let metrics = reqwest::get(format!("{}/metrics", self.http)).await?;
+        let metrics = self.get("/metrics").send().await?.error_for_status()?;
         Ok(metrics.text().await?)
     }
 
@@ -179,9 +201,19 @@ impl Manager {
         metric_value(&text, series).unwrap_or(0.0)
     }
 
-    /// Whether this manager says it leads (see [`is_leading`]).
+    /// Whether this manager says it leads (false if it does not answer within a second).
     pub async fn leading(&self) -> bool {
-        is_leading(&self.http).await
+        let leading = async {
+            self.try_status()
+                .await
+                .ok()
+                .map(|s| s["leading"] == json!(true))
+        };
+        tokio::time::timeout(Duration::from_secs(1), leading)
+            .await
+            .ok()
+            .flatten()
+            == Some(true)
     }
 
     /// Waits until this manager leads, or an error after [`PATIENCE`].
@@ -217,6 +249,31 @@ impl Manager {
     pub async fn kill(&mut self) {
         self.process.kill().await;
     }
+}
+
+/// Whether `ctrlhub run` arguments choose `--auth kubernetes` (whose HTTP port is HTTPS and
+/// needs a token).
+fn kubernetes_auth(extra: &[&str]) -> bool {
+    extra.windows(2).any(|w| w == ["--auth", "kubernetes"]) || extra.contains(&"--auth=kubernetes")
+}
+
+/// An HTTP client that trusts the self-signed certificate a manager makes for itself under
+/// Kubernetes auth (as Prometheus' `insecure_skip_verify` does for controller-runtime's).
+pub fn self_signed_client() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()?)
+}
+
+/// The static admin token of the cluster's kubeconfig.
+pub fn admin_token(cluster: &Cluster) -> Result<String> {
+    cluster
+        .dc
+        .kubeconfig_yaml()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .map(|t| t.trim().to_string())
+        .context("the cluster's kubeconfig has a token")
 }
 
 /// The value of `series` (name and labels as exposed) in the Prometheus exposition `text`.

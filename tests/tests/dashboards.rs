@@ -480,7 +480,7 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(scrape: &str, rule_file: &Path) -> Prometheus {
+    async fn start(scrape: &str, settings: &str, rule_file: &Path) -> Prometheus {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("prometheus.yml");
         // `namespace` is the target label a ServiceMonitor adds; here the manager runs outside
@@ -488,7 +488,7 @@ impl Prometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{scrape}']\n        labels:\n          namespace: {NAMESPACE}\n",
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: {JOB}\n{settings}    static_configs:\n      - targets: ['{scrape}']\n        labels:\n          namespace: {NAMESPACE}\n",
                 rule_file.display()
             ),
         )
@@ -633,29 +633,99 @@ fn describe(what: &str, expr: &str, problem: &str) -> String {
     format!("- {what}\n    {expr}\n    => {problem}")
 }
 
+/// How deploy/'s ServiceMonitor tells Prometheus to scrape the manager, as a `scrape_configs`
+/// fragment: its scheme, a bearer token file (`token_file`, standing in for Prometheus' own
+/// ServiceAccount token) and its TLS settings.
+fn scrape_settings(token_file: &Path) -> String {
+    let monitor = yaml(&dir().join("../deploy/monitoring/servicemonitor.yaml"));
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    let scheme = endpoint["scheme"].as_str().unwrap_or("http");
+    assert!(
+        endpoint["bearerTokenFile"].is_string(),
+        "the ServiceMonitor sends Prometheus' token: {endpoint}"
+    );
+    let skip_verify = endpoint["tlsConfig"]["insecureSkipVerify"] == true;
+    format!(
+        "    scheme: {scheme}\n    metrics_path: {}\n    authorization:\n      credentials_file: {}\n    tls_config:\n      insecure_skip_verify: {skip_verify}\n",
+        endpoint["path"].as_str().unwrap_or("/metrics"),
+        token_file.display()
+    )
+}
+
+/// A token of ServiceAccount `monitoring/prometheus`, bound to deploy/'s `ctrlhub-metrics-reader`
+/// ClusterRole as the README says to bind Prometheus.
+async fn prometheus_token(c: &Cluster) -> String {
+    let roles = dir().join("../deploy/base/clusterrole.yaml");
+    // Not `run`: kubectl must not block the runtime devcluster answers it on.
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["apply", "-f"])
+        .arg(&roles)
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl apply {}:\n{}",
+        roles.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    namespace(&c.client, "monitoring", &[]).await;
+    rbac::service_account(c, "monitoring", "prometheus").await;
+    let binding = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "prometheus-ctrlhub-metrics-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
+    });
+    apply(&c.client, &binding).await.expect("binding applied");
+    c.dc.issue_token("monitoring", "prometheus", &[], Duration::from_secs(3600))
+        .expect("token")
+}
+
+/// The manager runs as deploy/ runs it (`--auth kubernetes`: HTTPS, `/metrics` authorized) and
+/// Prometheus scrapes it as deploy/'s ServiceMonitor and metrics-reader role say.
 #[tokio::test]
 async fn every_dashboard_query_returns_data_from_real_prometheus() {
     let c = cluster().await;
-    let m = Manager::start(&c, "dash", &[]).await;
+    let m = Manager::start(&c, "dash", &rbac::RBAC_ARGS).await;
     m.wait_leading().await;
     const CONTROLLER: &str = "dashboards";
+    let auth = rbac::tenant(&c, "dash", "ctl").await;
+    rbac::grant_configmaps(&c, "dash", "ctl", Some("dash")).await;
     for name in ["ok-1", "ok-2", "fail", "terminal", "poll", "spin", "hang"] {
-        put_configmap(&c.client, "default", name, &[("v", "0")]).await;
+        put_configmap(&c.client, "dash", name, &[("v", "0")]).await;
     }
-    let mut reg = register_configmaps(CONTROLLER, 16);
+    let mut reg = rbac::configmaps_in(CONTROLLER, &["dash"]);
+    reg.max_in_flight = 16;
     reg.backoff = Some(pb::Backoff {
         base: Some(secs(0.5)),
         max: Some(secs(1.0)),
     });
     reg.request_deadline = Some(secs(1.0));
-    let replica = Replica::connect(&m.grpc, reg).await.expect("registered");
+    let replica = Replica::connect_with(&m.grpc, reg, Some(&auth))
+        .await
+        .expect("registered");
     let driver = tokio::spawn(drive(replica));
     // A refused registration, so ctrlhub_rejected_registrations_total exists.
-    let refused = Replica::connect(&m.grpc, register_configmaps("Not_A_DNS_Label", 1)).await;
+    let refused = Replica::connect_with(
+        &m.grpc,
+        rbac::configmaps_in("Not_A_DNS_Label", &["dash"]),
+        Some(&auth),
+    )
+    .await;
     assert!(refused.is_err(), "an invalid controller name is refused");
 
-    let scrape = m.http.trim_start_matches("http://").to_string();
-    let prom = Prometheus::start(&scrape, &rules_file().canonicalize().expect("rules file")).await;
+    let token_file = tempfile::NamedTempFile::new().expect("token file");
+    std::fs::write(token_file.path(), prometheus_token(&c).await).expect("token written");
+    let scrape = m.http.split("://").nth(1).expect("host:port").to_string();
+    let prom = Prometheus::start(
+        &scrape,
+        &scrape_settings(token_file.path()),
+        &rules_file().canonicalize().expect("rules file"),
+    )
+    .await;
     let http = reqwest::Client::new();
     let up = format!(r#"up{{job="{JOB}", namespace="{NAMESPACE}"}} == 1"#);
     wait_until("prometheus scrapes the manager (up == 1)", || {
@@ -667,7 +737,8 @@ async fn every_dashboard_query_returns_data_from_real_prometheus() {
     let expected = BTreeMap::from([
         ("job", JOB),
         ("namespace", NAMESPACE),
-        ("tenant", "dev"),
+        // Series name the tenant as limits and seats count it: the namespace's ServiceAccounts.
+        ("tenant", "system:serviceaccounts:dash"),
         ("controller", CONTROLLER),
     ]);
     let targets = prometheus_targets();

@@ -305,13 +305,15 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
             .get(&port)
             .copied()
             .expect("the probe's port is one the args bind");
+        // The kubelet probes with the scheme the probe names and does not verify certificates.
+        let scheme = p["scheme"].as_str().unwrap_or("HTTP").to_ascii_lowercase();
         format!(
-            "http://127.0.0.1:{local_port}{}",
+            "{scheme}://127.0.0.1:{local_port}{}",
             p["path"].as_str().expect("probe path")
         )
     };
     let (live, ready) = (probe_url("livenessProbe"), probe_url("readinessProbe"));
-    let http = reqwest::Client::new();
+    let http = ctrlhub_tests::manager::self_signed_client().expect("client");
     for url in [&live, &ready] {
         wait_for(&format!("{url} answers 200"), || {
             let (http, url) = (http.clone(), url.clone());
@@ -344,6 +346,7 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
             == "true"
     })
     .await;
+    metrics_need_the_deployed_reader_role(&c, &ready.replace("/readyz", "/metrics")).await;
     let grpc_port = local[&ports["grpc"]];
     assert!(
         tokio::net::TcpStream::connect(("127.0.0.1", grpc_port))
@@ -352,4 +355,38 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
         "the gRPC port from the args accepts connections"
     );
     let _ = child.kill().await;
+}
+
+/// The HTTP port as deploy/ runs it: `/metrics` refuses an anonymous caller and serves a
+/// ServiceAccount bound to deploy/'s `ctrlhub-metrics-reader` ClusterRole, as Prometheus is.
+async fn metrics_need_the_deployed_reader_role(c: &Cluster, metrics_url: &str) {
+    let http = ctrlhub_tests::manager::self_signed_client().expect("client");
+    let anonymous = http.get(metrics_url).send().await.expect("answered");
+    assert_eq!(anonymous.status(), 401, "anonymous /metrics");
+    namespace(&c.client, "monitoring", &[]).await;
+    ctrlhub_tests::rbac::service_account(c, "monitoring", "prometheus").await;
+    let binding = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "prometheus-ctrlhub-metrics-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
+    });
+    apply(&c.client, &binding).await.expect("binding applied");
+    let token =
+        c.dc.issue_token(
+            "monitoring",
+            "prometheus",
+            &[],
+            std::time::Duration::from_secs(600),
+        )
+        .expect("token");
+    let scraped = http
+        .get(metrics_url)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(scraped.status(), 200, "/metrics for the metrics reader");
+    let text = scraped.text().await.expect("body");
+    assert!(text.contains("leader_election_master_status"), "{text}");
 }

@@ -717,3 +717,58 @@ async fn attack_11_field_path_mapping_cannot_escape_the_scope() {
     })
     .await;
 }
+
+/// Attack 12, HTTP: anonymous callers get 401 on every path but the probes; team-a, with its
+/// own API-server token, sees its own controller on `/status` and the page but nothing of
+/// team-b (not its name, keys or the secret in its errors) and is refused `/metrics`; an
+/// operator with the `get` grant sees everything; plaintext is not served; and a flood of
+/// team-a's requests with valid and junk tokens does not slow team-b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_12_http_shows_a_tenant_only_its_own() {
+    serial(async {
+        let mut run = Run::start("hostile-12", &[]).await;
+        let snoop = run
+            .meter
+            .during(http_snoop(&run.bed, 2_000))
+            .await
+            .expect("the attack runs");
+        println!("attack 12: {snoop:?}");
+        run.check(snoop.anonymous_served.is_empty(), || {
+            format!(
+                "anonymous callers were served: {:?}",
+                snoop.anonymous_served
+            )
+        });
+        run.check(snoop.probes_refused.is_empty(), || {
+            format!(
+                "the kubelet's probes were refused: {:?}",
+                snoop.probes_refused
+            )
+        });
+        let expected = [("/", 200), ("/status", 200), ("/metrics", 403)];
+        let got: Vec<(&str, u16)> = snoop.team_a.iter().map(|(p, c)| (p.as_str(), *c)).collect();
+        run.check(got == expected, || {
+            format!("team-a's token got {got:?}, expected {expected:?}")
+        });
+        run.check(snoop.leaked.is_empty(), || {
+            format!("team-a read team-b's data on {:?}", snoop.leaked)
+        });
+        run.check(snoop.sees_own, || {
+            "team-a's /status does not show its own controller".into()
+        });
+        run.check(snoop.operator_sees_all, || {
+            "an operator with get on /status and /metrics does not see team-b".into()
+        });
+        run.check(!snoop.plaintext_answered, || {
+            "the HTTP port answered plaintext HTTP under --auth kubernetes".into()
+        });
+        run.check(snoop.flood_errors == 0, || {
+            format!(
+                "{} of {} flood requests failed with 5xx",
+                snoop.flood_errors, snoop.flood
+            )
+        });
+        run.finish("attack 12 (HTTP)", None).await;
+    })
+    .await;
+}

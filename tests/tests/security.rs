@@ -896,3 +896,42 @@ async fn a_limit_naming_an_account_while_tenants_are_namespaces_is_refused_at_st
         "{stderr}"
     );
 }
+
+/// Two ServiceAccounts of one namespace are one tenant (the default grouping), and series and
+/// pages name a controller by tenant and name: the second account cannot register a name the
+/// first holds (ALREADY_EXISTS naming the holder), it keeps nothing of the first's keys, and the
+/// first keeps its session. A different name is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_name_is_held_by_one_identity_per_tenant() {
+    let c = start_cluster().await;
+    let m = rbac_manager(&c, "sec-name-taken").await;
+    let mut auth = Vec::new();
+    for sa in ["ctl", "other"] {
+        auth.push(tenant(&c, "team-a", sa).await);
+        grant_configmaps(&c, "team-a", sa, Some("team-a")).await;
+    }
+    put_configmap(&c.client, "team-a", "plan", &[("k", "v")]).await;
+    let mut first = Replica::connect_with(
+        &m.grpc,
+        configmaps_in("rollout", &["team-a"]),
+        Some(&auth[0]),
+    )
+    .await
+    .expect("the first account registers");
+    assert_eq!(key(&first.expect().await), "team-a/plan");
+    let taken = refused(&m, configmaps_in("rollout", &["team-a"]), Some(&auth[1])).await;
+    assert_eq!(taken.code(), Code::AlreadyExists, "{taken:?}");
+    assert!(
+        taken.message().contains("system:serviceaccount:team-a:ctl"),
+        "names the holder: {taken:?}"
+    );
+    Replica::connect_with(
+        &m.grpc,
+        configmaps_in("rollout-2", &["team-a"]),
+        Some(&auth[1]),
+    )
+    .await
+    .expect("another name is fine");
+    put_configmap(&c.client, "team-a", "plan", &[("k", "v2")]).await;
+    assert_eq!(key(&first.expect().await), "team-a/plan");
+}

@@ -55,6 +55,20 @@ pub enum RegisterError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// Another identity of the same tenant already runs a controller of this name
+    /// (ALREADY_EXISTS): series and pages name a controller by tenant and name, so the name
+    /// must be unique within the tenant.
+    #[error(
+        "controller {name:?} is already registered by {owner}, another identity of your tenant {tenant}: choose another name"
+    )]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The identity that holds it.
+        owner: String,
+        /// The tenant both belong to.
+        tenant: String,
+    },
     /// The manager is shutting down (UNAVAILABLE): the controller should reconnect to the next
     /// leader instead of attaching to a manager that is about to close.
     #[error(
@@ -465,6 +479,16 @@ impl ControllerTable {
             .values()
             .filter(|c| &*c.group == quota.tenant)
             .collect();
+        if let Some(other) = mine
+            .iter()
+            .find(|c| c.id.name == id.name && c.id.tenant != id.tenant)
+        {
+            return Err(RegisterError::NameTaken {
+                name: id.name.clone(),
+                owner: other.id.tenant.clone(),
+                tenant: quota.tenant.to_string(),
+            });
+        }
         let sessions: usize = mine.iter().map(|c| c.session_count()).sum();
         if sessions >= quota.limits.sessions {
             return Err(self.refuse(
@@ -705,7 +729,7 @@ impl ControllerTable {
                 controller.retire();
                 self.forget_scope(controller);
                 self.metrics
-                    .forget_controller(&controller.id.name, &controller.id.tenant);
+                    .forget_controller(&controller.id.name, &controller.group);
                 tracing::info!(controller = %controller.id, "last session left; controller removed");
             }
         }

@@ -192,6 +192,7 @@ pub(crate) fn register_error_to_status(e: RegisterError) -> Status {
         RegisterError::Invalid(i) => Status::invalid_argument(i.to_string()),
         RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
         limit @ RegisterError::Limit { .. } => Status::resource_exhausted(limit.to_string()),
+        taken @ RegisterError::NameTaken { .. } => Status::already_exists(taken.to_string()),
         closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
     }
 }

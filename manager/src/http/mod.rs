@@ -1,21 +1,27 @@
 //! The manager's HTTP port: `/` (the status page for people), `/healthz`, `/readyz` (leader
-//! election running), `/metrics`, and `/status` (the same facts as JSON).
+//! election running), `/metrics`, and `/status` (the same facts as JSON). With `--auth
+//! kubernetes` it is HTTPS and every path but the probes needs a token ([`access`]).
 //!
 //! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
 //! `metrics` and `registration`, read-only — nothing below calls back up into it.
 
+pub mod access;
 pub mod status_page;
+pub mod tls;
 
 use crate::dispatch::controllers::ControllerTable;
 use crate::informer::Cache;
 use crate::leader::LeaderState;
 use crate::metrics::Metrics;
+use access::{Gate, Refusal, Viewer};
 use axum::Router;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use status_page::Snapshot;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -33,6 +39,20 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     /// The Lease name (the `name` label of leader_election_master_status).
     pub lease_name: String,
+    /// Who may see what.
+    pub gate: Gate,
+}
+
+/// The caller's address, when the connection told it (per-peer throttling of bad tokens).
+struct Peer(Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let addr = parts.extensions.get::<ConnectInfo<SocketAddr>>();
+        Ok(Peer(addr.map(|ConnectInfo(a)| a.ip())))
+    }
 }
 
 /// The router for the HTTP port.
@@ -57,8 +77,13 @@ async fn readyz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
     }
 }
 
-async fn status(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    axum::Json(snapshot(&s).to_json())
+async fn status(
+    State(s): State<Arc<HttpState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let viewer = s.gate.viewer(&headers, peer, "/status", true).await?;
+    Ok(axum::Json(snapshot(&s, &viewer).to_json()).into_response())
 }
 
 /// Query parameters of the status page.
@@ -68,29 +93,46 @@ struct PageParams {
     refresh: Option<u32>,
 }
 
-async fn page(State(s): State<Arc<HttpState>>, Query(p): Query<PageParams>) -> impl IntoResponse {
+async fn page(
+    State(s): State<Arc<HttpState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    Query(p): Query<PageParams>,
+) -> Result<Response, Refusal> {
+    let viewer = s.gate.viewer(&headers, peer, "/", true).await?;
     let refresh = p.refresh.unwrap_or(status_page::DEFAULT_REFRESH_SECS);
-    (
+    Ok((
         [
             ("content-type", "text/html; charset=utf-8"),
             ("cache-control", "no-store"),
         ],
-        status_page::render(&snapshot(&s), refresh),
+        status_page::render(&snapshot(&s, &viewer), refresh),
     )
+        .into_response())
 }
 
-fn snapshot(s: &HttpState) -> Snapshot {
+fn snapshot(s: &HttpState, viewer: &Viewer) -> Snapshot {
     let leader = s.leader.borrow().clone();
     Snapshot::collect(
         &s.controllers,
         &s.cache,
         &leader,
-        &s.identity,
-        &s.lease_name,
+        (&s.identity, &s.lease_name),
+        viewer,
     )
 }
 
-async fn metrics(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
+/// Every tenant's series: only for callers with the `get /metrics` grant (Prometheus).
+async fn metrics(
+    State(s): State<Arc<HttpState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    s.gate.viewer(&headers, peer, "/metrics", false).await?;
+    Ok(render_metrics(&s).into_response())
+}
+
+fn render_metrics(s: &HttpState) -> impl IntoResponse + use<> {
     // Gauges that describe the present are set at scrape time, from the source of truth.
     let m = &s.metrics;
     m.leader
@@ -120,7 +162,9 @@ fn set_controller_gauges(m: &Metrics, controllers: &ControllerTable) {
     m.unfinished.reset();
     m.longest.reset();
     for c in controllers.all() {
-        let (name, tenant) = (c.id.name.as_str(), c.id.tenant.as_str());
+        // Series are per tenant as limits and seats count it (controller names are unique
+        // within a tenant), so the dashboards' tenant variable selects seats and controllers alike.
+        let (name, tenant) = (c.id.name.as_str(), &*c.group);
         let q = c.queue_stats();
         let labels = [name, tenant];
         m.depth.with_label_values(&labels).set(gauge(q.depth));

@@ -9,6 +9,7 @@
 use crate::dispatch::controllers::ControllerTable;
 use crate::dispatch::dispatcher::{Controller, RecentError};
 use crate::dispatch::queue::QueuedAs;
+use crate::http::access::Viewer;
 use crate::informer::{Cache, ObjectKey};
 use crate::leader::LeaderState;
 use crate::registration::Mode;
@@ -39,8 +40,10 @@ pub(crate) struct Snapshot {
     pub(crate) at: SystemTime,
     /// Controllers, sorted by tenant then name.
     pub(crate) controllers: Vec<ControllerStatus>,
-    /// Informers, sorted by label.
+    /// Informers, sorted by label (none in a tenant's view: the caches are shared by tenants).
     pub(crate) informers: Vec<InformerStatus>,
+    /// The tenant whose view this is; `None`: everything (an operator, or an open port).
+    pub(crate) tenant_view: Option<String>,
 }
 
 /// One controller as the page shows it.
@@ -241,6 +244,22 @@ pub(crate) struct InformerStatus {
     pub(crate) relists: u64,
 }
 
+/// Every informer, sorted by label.
+fn read_informers(cache: &Cache) -> Vec<InformerStatus> {
+    let mut informers: Vec<InformerStatus> = cache
+        .all()
+        .iter()
+        .map(|i| InformerStatus {
+            label: i.key().label(),
+            objects: i.len(),
+            synced: i.is_synced(),
+            relists: i.relists(),
+        })
+        .collect();
+    informers.sort_by(|a, b| a.label.cmp(&b.label));
+    informers
+}
+
 /// Per-tenant totals, derived from the controllers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TenantStatus {
@@ -259,32 +278,32 @@ pub(crate) struct TenantStatus {
 }
 
 impl Snapshot {
-    /// Read the controllers, the caches and the leadership state once.
+    /// Read the controllers, the caches and the leadership state once, as much of them as
+    /// `viewer` may see: a tenant sees its own controllers and no informers.
     pub(crate) fn collect(
         controllers: &ControllerTable,
         cache: &Cache,
         leader: &LeaderState,
-        identity: &str,
-        lease_name: &str,
+        (identity, lease_name): (&str, &str),
+        viewer: &Viewer,
     ) -> Snapshot {
         let now = Instant::now();
+        let tenant_view = match viewer {
+            Viewer::Operator => None,
+            Viewer::Tenant(t) => Some(t.clone()),
+        };
         let mut controllers: Vec<ControllerStatus> = controllers
             .all()
             .iter()
+            .filter(|c| tenant_view.as_deref().is_none_or(|t| *c.group == *t))
             .map(|c| ControllerStatus::read(c, now))
             .collect();
         controllers.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
-        let mut informers: Vec<InformerStatus> = cache
-            .all()
-            .iter()
-            .map(|i| InformerStatus {
-                label: i.key().label(),
-                objects: i.len(),
-                synced: i.is_synced(),
-                relists: i.relists(),
-            })
-            .collect();
-        informers.sort_by(|a, b| a.label.cmp(&b.label));
+        let informers = if tenant_view.is_some() {
+            Vec::new()
+        } else {
+            read_informers(cache)
+        };
         Snapshot {
             identity: identity.to_owned(),
             lease_name: lease_name.to_owned(),
@@ -293,6 +312,7 @@ impl Snapshot {
             at: SystemTime::now(),
             controllers,
             informers,
+            tenant_view,
         }
     }
 
@@ -368,6 +388,10 @@ impl Snapshot {
             "informers": informers,
             "lease": {"name": self.lease_name, "holder": self.holder},
             "tenants": tenants,
+            "view": match &self.tenant_view {
+                None => json!({"scope": "all"}),
+                Some(t) => json!({"scope": "tenant", "tenant": t}),
+            },
         })
     }
 }
@@ -527,7 +551,15 @@ fn write_page(o: &mut String, s: &Snapshot, refresh_secs: u32) -> fmt::Result {
     }
     o.push_str("</section>");
 
-    write_informers(o, s)?;
+    if let Some(tenant) = &s.tenant_view {
+        write!(
+            o,
+            "<p class=\"more\" id=\"view\">Showing tenant <b>{}</b> only. The caches every tenant shares, and other tenants, are shown to operators (RBAC: <code>get</code> on this URL).</p>",
+            Esc(tenant)
+        )?;
+    } else {
+        write_informers(o, s)?;
+    }
     write!(
         o,
         "<footer>Lists show at most {LIST_LIMIT} keys each. The same data as JSON: \
@@ -935,6 +967,7 @@ mod tests {
                 synced: true,
                 relists: 0,
             }],
+            tenant_view: None,
         }
     }
 

@@ -8,6 +8,8 @@ use crate::dispatch::controllers::{ControllerTable, Sharing};
 use crate::dispatch::dispatcher::RevokeReason;
 use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
+use crate::http::access::Gate;
+use crate::http::tls::{self, CertSource};
 use crate::http::{self, HttpState};
 use crate::informer::Cache;
 use crate::leader::{Elector, LeaderConfig, LeaderState};
@@ -33,9 +35,18 @@ pub struct RunArgs {
     /// gRPC listen address for controllers.
     #[arg(long, env = "CTRLHUB_GRPC_ADDR", default_value = "0.0.0.0:9090")]
     pub grpc_addr: SocketAddr,
-    /// HTTP listen address for /healthz, /readyz, /metrics and /status.
+    /// HTTP listen address for /healthz, /readyz, /metrics and /status. With `--auth
+    /// kubernetes` it serves HTTPS and every path but the probes needs a bearer token
+    /// (TokenReview, then SubjectAccessReview of `get` on the path).
     #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
+    /// PEM certificate (chain) the HTTP port presents, re-read when the file changes; with
+    /// `--auth kubernetes` and no certificate, a self-signed one is made at start.
+    #[arg(long, env = "CTRLHUB_HTTP_TLS_CERT", requires = "http_tls_key")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--http-tls-cert`.
+    #[arg(long, env = "CTRLHUB_HTTP_TLS_KEY", requires = "http_tls_cert")]
+    pub http_tls_key: Option<PathBuf>,
     /// Comma-separated namespaces every registration is confined to; empty = all namespaces.
     #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]
     pub watch_namespace: String,
@@ -292,6 +303,7 @@ impl RunArgs {
         let http_listener = bind("HTTP", self.http_addr).await?;
         tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
         let grpc = self.serve_grpc(grpc_listener, service)?;
+        let http_tls = self.http_tls(&identity)?;
         let http_state = HttpState {
             controllers: controllers.clone(),
             cache: cache.clone(),
@@ -299,8 +311,9 @@ impl RunArgs {
             identity,
             metrics,
             lease_name: self.lease_name.clone(),
+            gate: self.http_gate(&client),
         };
-        let http = serve_http(http_listener, http_state, stop.clone());
+        let http = serve_http(http_listener, http_state, http_tls, stop.clone());
 
         stop.cancelled().await;
         shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
@@ -440,6 +453,36 @@ impl RunArgs {
         Service(Arc::new(state))
     }
 
+    /// Who may read the HTTP port: anyone with static auth; with Kubernetes auth, callers whose
+    /// API-server token TokenReview accepts, seeing what SubjectAccessReview grants them.
+    fn http_gate(&self, client: &kube::Client) -> Gate {
+        match self.auth {
+            AuthMode::Static => Gate::Open,
+            AuthMode::Kubernetes => Gate::kubernetes(
+                Arc::new(TokenReviewAuthenticator::for_api_audience(
+                    client.clone(),
+                    self.token_cache_ttl,
+                )),
+                Arc::new(self.access_review(client)),
+                self.tenant_grouping,
+            ),
+        }
+    }
+
+    /// HTTPS for the HTTP port: from the certificate files, else self-signed under Kubernetes
+    /// auth (tokens must not cross the network in the clear); plain HTTP otherwise.
+    fn http_tls(&self, identity: &str) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+        let source = match (&self.http_tls_cert, &self.http_tls_key, self.auth) {
+            (Some(cert), Some(key), _) => CertSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            (_, _, AuthMode::Kubernetes) => CertSource::SelfSigned(vec![identity.to_string()]),
+            _ => return Ok(None),
+        };
+        Ok(Some(tls::acceptor(&source)?))
+    }
+
     /// RBAC through SubjectAccessReview, with the tenants allowed to watch Secrets.
     fn access_review(&self, client: &kube::Client) -> AccessReviewAuthorizer {
         AccessReviewAuthorizer::new(
@@ -545,13 +588,15 @@ fn follow_leadership(
 fn serve_http(
     listener: tokio::net::TcpListener,
     state: HttpState,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, http::router(Arc::new(state)))
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-    })
+    tokio::spawn(tls::serve(
+        listener,
+        http::router(Arc::new(state)),
+        tls,
+        stop,
+    ))
 }
 
 /// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each

@@ -10,9 +10,9 @@
 //! is a bigger exposure than a tenant's own API access.
 
 use crate::tenancy::decision_cache::TtlCache;
-use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity};
+use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity, PathAuthorizer};
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
@@ -41,7 +41,56 @@ impl Default for DecisionTtl {
     }
 }
 
-type DecisionKey = (String, String, &'static str, String, String, String);
+/// What a decision is about: a resource (verb, group, plural, namespace) or a non-resource URL
+/// (verb, path; e.g. `get /metrics` on the HTTP port).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Attributes {
+    Resource {
+        verb: &'static str,
+        group: String,
+        plural: String,
+        namespace: String,
+    },
+    Path {
+        verb: &'static str,
+        path: String,
+    },
+}
+
+impl Attributes {
+    fn resource(&self) -> Option<ResourceAttributes> {
+        let Attributes::Resource {
+            verb,
+            group,
+            plural,
+            namespace,
+        } = self
+        else {
+            return None;
+        };
+        Some(ResourceAttributes {
+            verb: Some(verb.to_string()),
+            group: Some(group.clone()),
+            resource: Some(plural.clone()),
+            // "" asks about all namespaces: only a cluster-wide grant allows that.
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        })
+    }
+
+    fn non_resource(&self) -> Option<NonResourceAttributes> {
+        let Attributes::Path { verb, path } = self else {
+            return None;
+        };
+        Some(NonResourceAttributes {
+            verb: Some(verb.to_string()),
+            path: Some(path.clone()),
+        })
+    }
+}
+
+/// Who asks (username and uid) and about what.
+type DecisionKey = (String, String, Attributes);
 
 /// Authorizes through SubjectAccessReview.
 pub struct AccessReviewAuthorizer {
@@ -80,14 +129,18 @@ impl AccessReviewAuthorizer {
         plural: &str,
         namespace: &str,
     ) -> Result<bool, AuthzError> {
-        let key: DecisionKey = (
-            who.username.clone(),
-            who.uid.clone(),
+        let attributes = Attributes::Resource {
             verb,
-            group.to_string(),
-            plural.to_string(),
-            namespace.to_string(),
-        );
+            group: group.to_string(),
+            plural: plural.to_string(),
+            namespace: namespace.to_string(),
+        };
+        self.decide(who, attributes).await
+    }
+
+    /// The cached decision, or a SubjectAccessReview's.
+    async fn decide(&self, who: &Identity, attributes: Attributes) -> Result<bool, AuthzError> {
+        let key: DecisionKey = (who.username.clone(), who.uid.clone(), attributes);
         let now = Instant::now();
         if let Some(hit) = self.cache.lock().get(&key, now) {
             return Ok(hit);
@@ -97,14 +150,8 @@ impl AccessReviewAuthorizer {
                 user: Some(who.username.clone()),
                 uid: (!who.uid.is_empty()).then(|| who.uid.clone()),
                 groups: (!who.groups.is_empty()).then(|| who.groups.clone()),
-                resource_attributes: Some(ResourceAttributes {
-                    verb: Some(verb.to_string()),
-                    group: Some(group.to_string()),
-                    resource: Some(plural.to_string()),
-                    // "" asks about all namespaces: only a cluster-wide grant allows that.
-                    namespace: Some(namespace.to_string()),
-                    ..Default::default()
-                }),
+                resource_attributes: key.2.resource(),
+                non_resource_attributes: key.2.non_resource(),
                 ..Default::default()
             },
             ..Default::default()
@@ -124,6 +171,21 @@ impl AccessReviewAuthorizer {
         };
         self.cache.lock().insert(key, allowed, ttl, now);
         Ok(allowed)
+    }
+}
+
+impl PathAuthorizer for AccessReviewAuthorizer {
+    fn path_allowed<'a>(
+        &'a self,
+        who: &'a Identity,
+        verb: &'static str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<bool, AuthzError>> {
+        let attributes = Attributes::Path {
+            verb,
+            path: path.to_string(),
+        };
+        Box::pin(self.decide(who, attributes))
     }
 }
 

@@ -157,6 +157,18 @@ pub trait Authorizer: Send + Sync {
     }
 }
 
+/// Decides whether an identity may use a non-resource URL of the manager's own HTTP port (e.g.
+/// `get /metrics`), as the API server's authorizer decides for its own non-resource URLs.
+pub trait PathAuthorizer: Send + Sync {
+    /// Whether `who` may `verb` the URL path `path`.
+    fn path_allowed<'a>(
+        &'a self,
+        who: &'a Identity,
+        verb: &'static str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<bool, AuthzError>>;
+}
+
 /// Decides whether one namespace may enter a namespace-label-selector scope. Under RBAC: whether
 /// the registering identity may list and watch everything the registration watches there.
 pub trait NamespaceGate: Send + Sync {

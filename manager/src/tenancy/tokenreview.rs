@@ -5,6 +5,10 @@
 //! service is refused even though it authenticates to the API server. Decisions are cached
 //! briefly (reference: 2 minutes) so a reconnect storm does not become a TokenReview storm; a
 //! rotated token is simply a new cache key, so long-lived sessions keep working.
+//!
+//! The HTTP port authenticates with the same reviewer but for the API server's own audience
+//! ([`TokenReviewAuthenticator::for_api_audience`]): Prometheus and people present the tokens
+//! they already have for the API server, as with controller-runtime's secured metrics.
 
 use crate::tenancy::decision_cache::TtlCache;
 use crate::tenancy::{AuthError, Authenticator, BoxFuture, Identity};
@@ -19,7 +23,8 @@ const CACHE_ENTRIES: usize = 10_000;
 /// Authenticates bearer tokens with TokenReview.
 pub struct TokenReviewAuthenticator {
     api: Api<TokenReview>,
-    audience: String,
+    /// The audience tokens must carry; `None`: the API server's own.
+    audience: Option<String>,
     ttl: Duration,
     cache: Mutex<TtlCache<String, Result<Identity, AuthError>>>,
 }
@@ -30,7 +35,18 @@ impl TokenReviewAuthenticator {
     pub fn new(client: kube::Client, audience: impl Into<String>, ttl: Duration) -> Self {
         TokenReviewAuthenticator {
             api: Api::all(client),
-            audience: audience.into(),
+            audience: Some(audience.into()),
+            ttl,
+            cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
+        }
+    }
+
+    /// Review tokens for the API server's own audience (what a ServiceAccount's mounted token
+    /// and `kubectl create token` carry); decisions are cached for `ttl`.
+    pub fn for_api_audience(client: kube::Client, ttl: Duration) -> Self {
+        TokenReviewAuthenticator {
+            api: Api::all(client),
+            audience: None,
             ttl,
             cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
         }
@@ -40,7 +56,7 @@ impl TokenReviewAuthenticator {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_string()),
-                audiences: Some(vec![self.audience.clone()]),
+                audiences: self.audience.clone().map(|a| vec![a]),
             },
             ..Default::default()
         };
@@ -55,15 +71,19 @@ impl TokenReviewAuthenticator {
             // The API server says why (expired, audience); only the audience case is worth
             // telling the caller apart, and its message must not echo anything token-derived.
             let error = status.error.unwrap_or_default();
-            if error.contains("audience") {
-                return Err(AuthError::WrongAudience(self.audience.clone()));
+            if let Some(audience) = &self.audience
+                && error.contains("audience")
+            {
+                return Err(AuthError::WrongAudience(audience.clone()));
             }
             return Err(AuthError::Rejected);
         }
         // An API server that ignores spec.audiences returns none: do not take that as a yes.
-        let audiences = status.audiences.unwrap_or_default();
-        if !audiences.iter().any(|a| a == &self.audience) {
-            return Err(AuthError::WrongAudience(self.audience.clone()));
+        if let Some(audience) = &self.audience {
+            let audiences = status.audiences.unwrap_or_default();
+            if !audiences.iter().any(|a| a == audience) {
+                return Err(AuthError::WrongAudience(audience.clone()));
+            }
         }
         let user = status.user.unwrap_or_default();
         let username = user.username.unwrap_or_default();

@@ -72,7 +72,7 @@ impl Controller {
         self.counters.done.fetch_add(1, Ordering::Relaxed);
         self.metrics.reconciled(
             &self.id.name,
-            &self.id.tenant,
+            &self.group,
             ResultLabel::Success,
             false,
             f.started.elapsed(),
@@ -122,7 +122,7 @@ impl Controller {
         };
         self.metrics.reconciled(
             &self.id.name,
-            &self.id.tenant,
+            &self.group,
             label,
             terminal,
             f.started.elapsed(),

@@ -110,7 +110,7 @@ impl Controller {
                 self.counters
                     .deadline_misses
                     .fetch_add(1, Ordering::Relaxed);
-                self.metrics.deadline_missed(&self.id.name, &self.id.tenant);
+                self.metrics.deadline_missed(&self.id.name, &self.group);
                 st.requeue_missed(&f, now);
                 self.record_error(&f.key, f.attempt, "deadline", "");
                 st.release_credit(f.session);
@@ -314,11 +314,8 @@ impl Controller {
         tombstone: Option<(Arc<Value>, bool)>,
         trace: TraceContext,
     ) -> Request {
-        self.metrics.dispatched(
-            &self.id.name,
-            &self.id.tenant,
-            handout.enqueued_at.elapsed(),
-        );
+        self.metrics
+            .dispatched(&self.id.name, &self.group, handout.enqueued_at.elapsed());
         let payload = self.payload(&handout.key, tombstone);
         Request {
             id,

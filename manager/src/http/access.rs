@@ -1,0 +1,277 @@
+//! Who may read the HTTP port, and how much of it. With `--auth kubernetes` every path but the
+//! kubelet's probes needs a bearer token, reviewed as the API server would (TokenReview for its
+//! own audience, then SubjectAccessReview for the non-resource URL), as controller-runtime's
+//! secured metrics and kube-rbac-proxy do:
+//!
+//! - `get` on the path (`/metrics`, `/status` or `/`) is the operator grant: it sees everything.
+//! - Without it, `/metrics` is forbidden, and `/status` and the page show the caller only its own
+//!   tenant's controllers, keys and errors, and nothing of the caches every tenant shares.
+//!
+//! With `--auth static` (`ctrlhub dev`, tests on loopback) the port is open and shows all.
+
+use crate::tenancy::{
+    AuthError, Authenticator, AuthzError, Identity, PathAuthorizer, TenantGrouping,
+};
+use crate::throttle::PeerThrottle;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Failed authentications a peer may make at once on the HTTP port before it is slowed down.
+const AUTH_FAILURE_BURST: u32 = 20;
+/// Failed authentications per second a peer may make after its burst.
+const AUTH_FAILURES_PER_SECOND: f64 = 5.0;
+
+/// How the HTTP port decides who sees what.
+pub enum Gate {
+    /// Everything open to everyone (`--auth static`).
+    Open,
+    /// Bearer tokens reviewed by the API server (`--auth kubernetes`).
+    Kubernetes(Box<KubernetesGate>),
+}
+
+/// The review steps of [`Gate::Kubernetes`].
+pub struct KubernetesGate {
+    authn: Arc<dyn Authenticator>,
+    authz: Arc<dyn PathAuthorizer>,
+    grouping: TenantGrouping,
+    peers: PeerThrottle,
+}
+
+impl Gate {
+    /// A gate that reviews tokens with `authn` and paths with `authz`; a caller without the
+    /// path grant sees its tenant, as `grouping` defines tenants.
+    pub fn kubernetes(
+        authn: Arc<dyn Authenticator>,
+        authz: Arc<dyn PathAuthorizer>,
+        grouping: TenantGrouping,
+    ) -> Self {
+        Gate::Kubernetes(Box::new(KubernetesGate {
+            authn,
+            authz,
+            grouping,
+            peers: PeerThrottle::new(AUTH_FAILURE_BURST, AUTH_FAILURES_PER_SECOND),
+        }))
+    }
+
+    /// Who the caller of `path` is and what it may see. `tenant_view`: whether a caller without
+    /// the path grant may still see its own tenant (the status page and `/status` do; `/metrics`
+    /// does not, since its series are not split by who may read them).
+    pub async fn viewer(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+        path: &str,
+        tenant_view: bool,
+    ) -> Result<Viewer, Refusal> {
+        let Gate::Kubernetes(gate) = self else {
+            return Ok(Viewer::Operator);
+        };
+        let who = gate.authenticate(headers, peer).await?;
+        let granted = gate
+            .authz
+            .path_allowed(&who, "get", path)
+            .await
+            .map_err(|AuthzError::Unavailable(e)| Refusal::Unavailable(e))?;
+        if granted {
+            return Ok(Viewer::Operator);
+        }
+        if tenant_view {
+            return Ok(Viewer::Tenant(gate.grouping.tenant_of(&who.username)));
+        }
+        Err(Refusal::Forbidden(format!(
+            "{} may not get {path}: grant it with a ClusterRole rule {{nonResourceURLs: [\"{path}\"], verbs: [\"get\"]}} (decisions are cached; a new grant is seen within the --authz-deny-ttl)",
+            who.username
+        )))
+    }
+}
+
+impl KubernetesGate {
+    /// The caller's identity from its bearer token; a peer that keeps failing is slowed down
+    /// before its tokens become TokenReviews.
+    async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Result<Identity, Refusal> {
+        let token = bearer(headers)?;
+        if let Some(ip) = peer
+            && !self.peers.may_try(ip, Instant::now())
+        {
+            return Err(Refusal::TooMany(format!(
+                "too many failed authentications from {ip}; wait a few seconds, then retry with a valid token"
+            )));
+        }
+        self.authn.authenticate(token).await.map_err(|e| match e {
+            AuthError::Unavailable(why) => Refusal::Unavailable(why),
+            other => {
+                if let Some(ip) = peer {
+                    self.peers.failed(ip, Instant::now());
+                }
+                Refusal::Unauthenticated(other.to_string())
+            }
+        })
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
+    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        Refusal::Unauthenticated(
+            "missing bearer token: send `Authorization: Bearer <token>` with a token the API server accepts (e.g. `kubectl create token <serviceaccount>`)".into(),
+        )
+    })?;
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            Refusal::Unauthenticated(
+                "malformed Authorization header: expected `Bearer <token>`".into(),
+            )
+        })
+}
+
+/// What a caller may see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Viewer {
+    /// Everything: the port is open, or the caller has the operator grant on the path.
+    Operator,
+    /// Only the controllers of this tenant (as limits count tenants).
+    Tenant(String),
+}
+
+/// Why a request was refused; each answers with its HTTP status and says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// No valid token: 401.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A valid token without the grant: 403.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A peer that keeps presenting bad tokens: 429.
+    #[error("{0}")]
+    TooMany(String),
+    /// The API server could not review the token or the access: 503.
+    #[error("cannot check this request right now: {0}")]
+    Unavailable(String),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let status = match self {
+            Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+            Refusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut response = (status, format!("{self}\n")).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"ctrlhub\""),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenancy::{BoxFuture, StaticTokens};
+    use std::collections::HashSet;
+
+    /// Allows the paths it lists to everyone.
+    struct Paths(HashSet<&'static str>);
+
+    impl PathAuthorizer for Paths {
+        fn path_allowed<'a>(
+            &'a self,
+            _: &'a Identity,
+            _: &'static str,
+            path: &'a str,
+        ) -> BoxFuture<'a, Result<bool, AuthzError>> {
+            Box::pin(std::future::ready(Ok(self.0.contains(path))))
+        }
+    }
+
+    fn gate(granted: &[&'static str]) -> Gate {
+        Gate::kubernetes(
+            Arc::new(StaticTokens::new([(
+                "good".to_string(),
+                "system:serviceaccount:team-a:ctl".to_string(),
+            )])),
+            Arc::new(Paths(granted.iter().copied().collect())),
+            TenantGrouping::Namespace,
+        )
+    }
+
+    fn with_token(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+        );
+        h
+    }
+
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn open_gate_shows_everything_to_anyone() {
+        let v = block_on(Gate::Open.viewer(&HeaderMap::new(), None, "/metrics", false));
+        assert_eq!(v, Ok(Viewer::Operator));
+    }
+
+    #[test]
+    fn no_token_is_unauthenticated() {
+        let v = block_on(gate(&[]).viewer(&HeaderMap::new(), None, "/status", true));
+        assert!(matches!(v, Err(Refusal::Unauthenticated(_))), "{v:?}");
+        let v = block_on(gate(&[]).viewer(&with_token("bad"), None, "/status", true));
+        assert!(matches!(v, Err(Refusal::Unauthenticated(_))), "{v:?}");
+    }
+
+    #[test]
+    fn the_path_grant_sees_all_and_others_their_tenant() {
+        let g = gate(&["/status"]);
+        let v = block_on(g.viewer(&with_token("good"), None, "/status", true));
+        assert_eq!(v, Ok(Viewer::Operator));
+        // StaticTokens names the tenant `system:serviceaccount:...` in `username`'s place.
+        let v = block_on(g.viewer(&with_token("good"), None, "/", true));
+        assert!(matches!(v, Ok(Viewer::Tenant(_))), "{v:?}");
+        let v = block_on(g.viewer(&with_token("good"), None, "/metrics", false));
+        assert!(matches!(v, Err(Refusal::Forbidden(_))), "{v:?}");
+    }
+
+    #[test]
+    fn a_peer_presenting_junk_is_slowed_down() {
+        let g = gate(&[]);
+        let peer = Some(IpAddr::from([10, 0, 0, 9]));
+        let refusals: Vec<Refusal> = (0..=AUTH_FAILURE_BURST)
+            .filter_map(|_| block_on(g.viewer(&with_token("junk"), peer, "/status", true)).err())
+            .collect();
+        assert!(
+            matches!(refusals.last(), Some(Refusal::TooMany(_))),
+            "{refusals:?}"
+        );
+        // Another peer is not affected.
+        let other = block_on(g.viewer(
+            &with_token("good"),
+            Some(IpAddr::from([10, 0, 0, 8])),
+            "/",
+            true,
+        ));
+        assert!(other.is_ok(), "{other:?}");
+    }
+}
