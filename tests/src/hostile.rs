@@ -1534,6 +1534,16 @@ async fn operator_sees_team_b(http: &reqwest::Client, base: &str, token: &str) -
     status.is_ok() && read("/metrics").await.is_ok()
 }
 
+/// [`http_flood`] as team-a with a fresh API-server token of its own.
+pub async fn http_flood_team_a(bed: &Bed, count: usize) -> Result<(usize, usize)> {
+    let http = crate::manager::self_signed_client()?;
+    let token = bed
+        .cluster
+        .dc
+        .issue_token(TEAM_A, SA, &[], Duration::from_secs(3600))?;
+    Ok(http_flood(&http, &bed.manager.http, &token, count).await)
+}
+
 /// `count` requests from team-a, 8 at a time, alternating its valid token on `/status` and junk
 /// tokens on `/metrics`; returns how many were made and how many got a 5xx.
 async fn http_flood(

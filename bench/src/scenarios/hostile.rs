@@ -30,8 +30,8 @@ pub const WINDOW: Duration = Duration::from_secs(20);
 /// The manager's memory cap: the Deployment's limit.
 const CAP: u64 = 1024 * MIB;
 
-/// The cases: 0 is the quiet baseline, 1–11 the attacks of issue 14.
-pub const CASES: [u8; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+/// The cases: 0 is the quiet baseline, 1–12 the attacks of issue 14.
+pub const CASES: [u8; 13] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 
 /// What a case is called in the table.
 fn case_name(case: u8) -> &'static str {
@@ -48,6 +48,7 @@ fn case_name(case: u8) -> &'static str {
         9 => "9 large messages",
         10 => "10 TokenReview amplification",
         11 => "11 scope",
+        12 => "12 HTTP",
         _ => "unknown",
     }
 }
@@ -227,6 +228,7 @@ async fn attack(case: u8, bed: &Bed, sw: &Switch) -> Result<String> {
         9 => large_case(bed, sw).await,
         10 => junk_case(bed, sw).await,
         11 => scope_case(bed, sw).await,
+        12 => http_case(bed, sw).await,
         _ => {
             sw.arm();
             sw.hold().await;
@@ -392,6 +394,25 @@ async fn scope_case(bed: &Bed, sw: &Switch) -> Result<String> {
         "{} of {} requests to team-a named a key in team-b",
         escape.leaked.len(),
         escape.keys.len()
+    ))
+}
+
+async fn http_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let snoop = http_snoop(bed, 500).await?;
+    sw.arm();
+    let (mut requests, mut errors) = (snoop.flood, snoop.flood_errors);
+    let t0 = Instant::now();
+    while !sw.stopping() {
+        let (made, failed) = http_flood_team_a(bed, 500).await?;
+        requests += made;
+        errors += failed;
+    }
+    Ok(format!(
+        "{requests} HTTP requests (valid and junk tokens) in {:.1?}, {errors} answered 5xx; \
+         team-a read team-b on {:?}; anonymous callers served {:?}",
+        t0.elapsed(),
+        snoop.leaked,
+        snoop.anonymous_served
     ))
 }
 
