@@ -2,6 +2,7 @@
 //! subscriptions that feed their queues through scope, predicates and mapping.
 
 use crate::dispatch::dispatcher::{Controller, ControllerId, Outbox, RevokeReason};
+use crate::dispatch::queue::Reason;
 use crate::dispatch::seats::SeatPool;
 use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
 use crate::registration::mapping;
@@ -255,7 +256,7 @@ fn primary_subscriber(
         if !in_scope(&scope, obj) || !passes(&predicate, event) {
             return;
         }
-        c.enqueue([mapping::own_key(obj)], is_initial(event));
+        c.enqueue([mapping::own_key(obj)], c.primary_reason(event));
     })
 }
 
@@ -265,6 +266,7 @@ fn related_subscriber(
     controller: &Arc<Controller>,
     scope: Option<ScopeSet>,
     predicate: Option<Predicate>,
+    reason: Reason,
     map: impl Fn(&Value) -> Vec<ObjectKey> + Send + Sync + 'static,
 ) -> Subscriber {
     let c = Arc::downgrade(controller);
@@ -283,7 +285,12 @@ fn related_subscriber(
         keys.retain(|k| key_in_scope(&scope, &k.namespace));
         keys.sort();
         keys.dedup();
-        c.enqueue(keys, is_initial(event));
+        let reason = if is_initial(event) {
+            Reason::InitialList
+        } else {
+            reason
+        };
+        c.enqueue(keys, reason);
     })
 }
 
@@ -360,11 +367,6 @@ impl ControllerTable {
     /// The dispatch seats every controller of this controllers shares.
     pub fn seat_pool(&self) -> &Arc<SeatPool> {
         &self.seat_pool
-    }
-
-    /// The shared cache.
-    pub fn cache(&self) -> &Arc<Cache> {
-        &self.cache
     }
 
     /// Attach a session of `tenant` with `registration`. Replicas with the same registration
@@ -754,7 +756,9 @@ impl ControllerTable {
     }
 
     /// The namespaces to open informers in: None = one cluster-wide informer.
-    fn effective_namespaces(
+    /// The namespaces a registration watches: its list, or the manager's ceiling when it asks for
+    /// every namespace (None: every namespace).
+    pub fn effective_namespaces(
         &self,
         reg: &Registration,
     ) -> Result<Option<Vec<String>>, RegisterError> {
@@ -854,6 +858,7 @@ impl ControllerTable {
                     controller,
                     scope.clone(),
                     owned.predicate.clone(),
+                    Reason::OwnedChanged,
                     map.clone(),
                 );
                 controller.hold(self.cache.subscribe(key, sub), false);
@@ -873,6 +878,7 @@ impl ControllerTable {
                     controller,
                     scope.clone(),
                     watched.predicate.clone(),
+                    Reason::WatchedChanged,
                     map.clone(),
                 );
                 controller.hold(self.cache.subscribe(key, sub), false);
@@ -931,7 +937,7 @@ impl ControllerTable {
 
 /// Where a gated scope's subscriber sends each namespace that starts matching (and whether it
 /// came from the initial list) to its admission task.
-type Matched = mpsc::UnboundedSender<(String, bool)>;
+type Matched = mpsc::UnboundedSender<String>;
 
 /// The subscriber to namespaces for a selector scope: a namespace that starts matching enters
 /// the scope (after the gate's check when gated) and its objects are enqueued; one that stops
@@ -961,7 +967,7 @@ fn namespace_subscriber(
                 gated.unmatched(&name);
             } else if gated.matched(&name) {
                 // The task ends only with the controller, and then nothing waits for this.
-                let _ = tx.send((name, is_initial(event)));
+                let _ = tx.send(name);
             }
             return;
         }
@@ -976,19 +982,20 @@ fn namespace_subscriber(
             }
         };
         if entered {
-            enqueue_namespace(&c, &name, is_initial(event));
+            enqueue_namespace(&c, &name);
         }
     })
 }
 
-/// Objects of a namespace that just came into scope: deliver them as new work.
-fn enqueue_namespace(c: &Controller, namespace: &str, initial: bool) {
+/// Objects of a namespace that just came into scope: deliver them as initial-list work (the
+/// proto: "the objects in it are delivered as INITIAL_LIST work").
+fn enqueue_namespace(c: &Controller, namespace: &str) {
     let keys: Vec<ObjectKey> = c
         .primary_keys()
         .into_iter()
         .filter(|k| k.namespace == namespace)
         .collect();
-    c.enqueue(keys, initial);
+    c.enqueue(keys, Reason::InitialList);
 }
 
 /// The namespaces of a gated selector scope: those matching the selector now, and those of
@@ -1078,13 +1085,13 @@ async fn admit_namespaces(
     controller: Weak<Controller>,
     gate: Arc<dyn NamespaceGate>,
     scope: Arc<GatedScope>,
-    mut matched: mpsc::UnboundedReceiver<(String, bool)>,
+    mut matched: mpsc::UnboundedReceiver<String>,
     stop: CancellationToken,
 ) {
     let mut retry = RetrySchedule::default();
     loop {
-        let (namespace, initial) = match retry.take_due(Instant::now()) {
-            Some(namespace) => (namespace, false),
+        let namespace = match retry.take_due(Instant::now()) {
+            Some(namespace) => namespace,
             None => {
                 let wake = retry.next_due();
                 tokio::select! {
@@ -1116,7 +1123,7 @@ async fn admit_namespaces(
             Ok(true) => {
                 if scope.admit(&namespace) {
                     tracing::debug!(controller = %c.id, namespace = %namespace, "namespace admitted into the selector scope");
-                    enqueue_namespace(&c, &namespace, initial);
+                    enqueue_namespace(&c, &namespace);
                 }
             }
             Ok(false) => {

@@ -90,9 +90,23 @@ pub enum Outcome {
 /// Why a key is being delivered; several reasons can collapse into one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reason {
-    /// A Live [`WorkQueue::add`]: a watch event.
-    Event,
-    /// A Background [`WorkQueue::add`]: initial list or resync.
+    /// The primary object was created (a watch event).
+    Created,
+    /// The primary object was updated.
+    Updated,
+    /// The primary object was deleted.
+    Deleted,
+    /// The primary object still exists but left the registration's scope (its labels stopped
+    /// matching the label selector).
+    LeftScope,
+    /// An owned object changed.
+    OwnedChanged,
+    /// A watched object mapping to the key changed.
+    WatchedChanged,
+    /// The object was in a cache's initial list (a new registration, a new leader, a namespace
+    /// entering the scope): background work.
+    InitialList,
+    /// A periodic resync: background work.
     Resync,
     /// A [`WorkQueue::add_after`] timer fired.
     Scheduled,
@@ -100,13 +114,19 @@ pub enum Reason {
     RequeueAfter,
     /// The previous attempt failed with [`Outcome::Error`].
     Backoff,
-    /// The previous attempt was [`Outcome::Lost`].
+    /// The previous attempt was [`Outcome::Lost`] or [`Outcome::Missed`].
     Redelivery,
 }
 
 impl Reason {
-    const ALL: [Reason; 6] = [
-        Reason::Event,
+    const ALL: [Reason; 12] = [
+        Reason::Created,
+        Reason::Updated,
+        Reason::Deleted,
+        Reason::LeftScope,
+        Reason::OwnedChanged,
+        Reason::WatchedChanged,
+        Reason::InitialList,
         Reason::Resync,
         Reason::Scheduled,
         Reason::RequeueAfter,
@@ -114,21 +134,29 @@ impl Reason {
         Reason::Redelivery,
     ];
 
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+
+    /// The lane a key added for this reason waits in: changes are live, initial lists and
+    /// resyncs background.
+    pub fn priority(self) -> Priority {
         match self {
-            Reason::Event => 1,
-            Reason::Resync => 1 << 1,
-            Reason::Scheduled => 1 << 2,
-            Reason::RequeueAfter => 1 << 3,
-            Reason::Backoff => 1 << 4,
-            Reason::Redelivery => 1 << 5,
+            Reason::InitialList | Reason::Resync => Priority::Background,
+            _ => Priority::Live,
         }
     }
 
     /// A stable lower-case name for wire messages and logs.
     pub fn as_str(self) -> &'static str {
         match self {
-            Reason::Event => "event",
+            Reason::Created => "created",
+            Reason::Updated => "updated",
+            Reason::Deleted => "deleted",
+            Reason::LeftScope => "left_scope",
+            Reason::OwnedChanged => "owned_changed",
+            Reason::WatchedChanged => "watched_changed",
+            Reason::InitialList => "initial_list",
             Reason::Resync => "resync",
             Reason::Scheduled => "scheduled",
             Reason::RequeueAfter => "requeue_after",
@@ -147,7 +175,7 @@ impl fmt::Display for Reason {
 /// A small set of [`Reason`]s; a bit set because collapsing thousands of events must not grow
 /// memory per key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Reasons(u8);
+pub struct Reasons(u16);
 
 impl Reasons {
     /// Whether `reason` contributed to this delivery.
@@ -304,17 +332,25 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self
     }
 
-    /// Records that `key` needs reconciling.
+    /// Records that `key` needs reconciling at `priority`, for an update (Live) or a resync
+    /// (Background); see [`WorkQueue::add_because`].
+    #[cfg(test)]
+    pub fn add(&mut self, key: K, priority: Priority, now: Instant) {
+        let reason = match priority {
+            Priority::Live => Reason::Updated,
+            Priority::Background => Reason::Resync,
+        };
+        self.add_because(key, reason, now);
+    }
+
+    /// Records that `key` needs reconciling, because of `reason` (which also decides its lane).
     ///
     /// Level-triggered: a key already ready stays queued once (upgraded to Live if this add is
     /// Live); a key being processed is marked dirty and delivered again after `done`; a key
     /// waiting on a requeue-after, backoff or `add_after` timer becomes ready now, because an
     /// event means there is new state to look at; a terminal key is revived.
-    pub fn add(&mut self, key: K, priority: Priority, now: Instant) {
-        let reason = match priority {
-            Priority::Live => Reason::Event,
-            Priority::Background => Reason::Resync,
-        };
+    pub fn add_because(&mut self, key: K, reason: Reason, now: Instant) {
+        let priority = reason.priority();
         let mut entry = self.entries.remove(&key).unwrap_or_else(Entry::new);
         entry.terminal = false;
         entry.reasons.insert(reason);
@@ -964,7 +1000,7 @@ mod tests {
         assert_eq!(handout.key, "a");
         assert_eq!(handout.attempt, 1);
         assert_eq!(handout.priority, Priority::Live);
-        assert!(handout.reasons.contains(Reason::Event));
+        assert!(handout.reasons.contains(Reason::Updated));
         assert!(handout.reasons.contains(Reason::Resync));
         assert!(q.pop(c.now()).is_none());
     }
@@ -1031,7 +1067,7 @@ mod tests {
             "timer dropped once the key is ready"
         );
         let handout = q.pop(c.now()).expect("ready now");
-        assert!(handout.reasons.contains(Reason::Event));
+        assert!(handout.reasons.contains(Reason::Updated));
         q.done(&"a", Outcome::Done, c.now());
         c.advance(Duration::from_secs(120));
         assert_eq!(pop_key(&mut q, c.now()), None, "no leftover timer");

@@ -67,8 +67,12 @@ pub(crate) struct ControllerStatus {
     pub(crate) in_flight: usize,
     /// Requests dispatched.
     pub(crate) dispatched: u64,
-    /// Reconciles that finished well.
+    /// Reconciles that finished well (Done), and EVENTS-mode acks.
     pub(crate) done: u64,
+    /// Reconciles that finished well asking to run again (RequeueAfter).
+    pub(crate) requeued: u64,
+    /// Results and acks discarded: their id was not in flight (late, duplicate, unknown).
+    pub(crate) discarded: u64,
     /// Reconciles that failed and will be retried.
     pub(crate) errors: u64,
     /// Reconciles that failed for good.
@@ -107,6 +111,8 @@ impl ControllerStatus {
             in_flight: in_flight.max(in_flight_keys.len()),
             dispatched: c.counters.dispatched.load(Ordering::Relaxed),
             done: c.counters.done.load(Ordering::Relaxed),
+            requeued: c.counters.requeued.load(Ordering::Relaxed),
+            discarded: c.counters.discarded.load(Ordering::Relaxed),
             errors: c.counters.errors.load(Ordering::Relaxed),
             terminal: c.counters.terminal.load(Ordering::Relaxed),
             deadline_misses: c.counters.deadline_misses.load(Ordering::Relaxed),
@@ -344,6 +350,8 @@ impl Snapshot {
                     "sessions": c.sessions.len(), "queued": c.queued, "inFlight": c.in_flight,
                     "dispatched": c.dispatched, "done": c.done, "errors": c.errors,
                     "terminal": c.terminal, "deadlineMisses": c.deadline_misses,
+                    "requeued": c.requeued, "succeeded": c.done + c.requeued,
+                    "discarded": c.discarded,
                     "mode": c.mode,
                     "maxConcurrent": c.max_concurrent,
                     "deadlineSeconds": c.deadline.as_secs_f64(),
@@ -739,7 +747,7 @@ fn write_controller_heading(o: &mut String, c: &ControllerStatus) -> fmt::Result
 
 /// The controller's figures; the ones that mean trouble are marked `bad`.
 fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
-    let stats: [(&str, String, &str, bool); 8] = [
+    let stats: [(&str, String, &str, bool); 10] = [
         (
             "sessions",
             c.sessions.len().to_string(),
@@ -750,6 +758,7 @@ fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
         ("queued", c.queued.to_string(), "queued", false),
         ("dispatched", c.dispatched.to_string(), "dispatched", false),
         ("done", c.done.to_string(), "done", false),
+        ("requeued", c.requeued.to_string(), "requeued", false),
         ("errors", c.errors.to_string(), "errors", c.errors > 0),
         (
             "terminal",
@@ -762,6 +771,12 @@ fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
             c.deadline_misses.to_string(),
             "deadline misses",
             c.deadline_misses > 0,
+        ),
+        (
+            "discarded",
+            c.discarded.to_string(),
+            "late results discarded",
+            c.discarded > 0,
         ),
     ];
     for (id, n, label, bad) in stats {
@@ -943,6 +958,8 @@ mod tests {
             in_flight: 0,
             dispatched: 0,
             done: 0,
+            requeued: 0,
+            discarded: 0,
             errors: 0,
             terminal: 0,
             deadline_misses: 0,

@@ -136,6 +136,9 @@ struct Store {
     subscribers: BTreeMap<u64, Subscriber>,
     /// Bytes of the objects held (their JSON): what the informer costs, for tenants' budgets.
     bytes: usize,
+    /// The newest resourceVersion among the objects and deletions applied: the consistency point
+    /// cached reads report.
+    newest_rv: String,
     /// Objects received since the current (re)list began. Held as bytes too, so that a list of
     /// 100k objects never has them all parsed at once.
     relisting: Option<HashMap<ObjectKey, CachedObject>>,
@@ -176,6 +179,18 @@ pub enum SyncError {
 }
 
 impl Store {
+    /// Remember `rv` if it is newer than what was seen. resourceVersions are opaque to clients,
+    /// but every API server issues them as increasing integers; anything else is taken as is.
+    fn note_rv(&mut self, rv: &str) {
+        let newer = match (rv.parse::<u64>(), self.newest_rv.parse::<u64>()) {
+            (Ok(new), Ok(old)) => new > old,
+            _ => !rv.is_empty(),
+        };
+        if newer {
+            self.newest_rv = rv.to_string();
+        }
+    }
+
     fn insert(&mut self, key: ObjectKey, obj: CachedObject) -> Option<CachedObject> {
         self.bytes += obj.json().len();
         if let Some(old) = self.objects.get_mut(&key) {
@@ -204,17 +219,17 @@ impl Store {
         parsed: impl FnOnce(&CachedObject) -> Arc<Value>,
         initial: bool,
     ) {
+        let rv = stored.resource_version();
+        self.note_rv(&rv);
         match self.insert(key, stored.clone()) {
             None => self.emit(&CacheEvent::Added {
                 object: parsed(&stored),
                 initial,
             }),
-            Some(old) if old.resource_version() != stored.resource_version() => {
-                self.emit(&CacheEvent::Modified {
-                    old: Arc::new(old.value()),
-                    new: parsed(&stored),
-                })
-            }
+            Some(old) if old.resource_version() != rv => self.emit(&CacheEvent::Modified {
+                old: Arc::new(old.value()),
+                new: parsed(&stored),
+            }),
             Some(_) => {}
         }
     }
@@ -311,6 +326,11 @@ impl Informer {
         out
     }
 
+    /// The newest resourceVersion this cache applied ("" before anything was).
+    pub fn newest_resource_version(&self) -> String {
+        self.lock().newest_rv.clone()
+    }
+
     /// Keys of every cached object.
     pub fn keys(&self) -> Vec<ObjectKey> {
         self.lock().objects.keys().cloned().collect()
@@ -362,6 +382,12 @@ impl Informer {
             }
             Event::Delete(obj) => {
                 // The watch event carries the object's final state, newer than the stored one.
+                if let Some(rv) = obj
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                {
+                    store.note_rv(rv);
+                }
                 let key = ObjectKey::of(&obj);
                 store.remove(&key);
                 store.emit(&CacheEvent::Deleted {

@@ -99,6 +99,7 @@ pub struct Metrics {
     /// `ctrlhub_dispatch_seat_waits_total`.
     pub seat_waits: IntCounterVec,
     deadline_misses: IntCounterVec,
+    discarded_results: IntCounterVec,
     dispatch_latency: HistogramVec,
     rejected: IntCounterVec,
     limit_hits: IntCounterVec,
@@ -320,6 +321,12 @@ impl Metrics {
                 "Requests whose deadline passed without a result (re-queued)",
                 &cr,
             ),
+            discarded_results: counter(
+                &r,
+                "ctrlhub_discarded_results_total",
+                "Results and event acks discarded because their id was not in flight on the session (late, duplicate or unknown)",
+                &cr,
+            ),
             dispatch_latency: histogram(
                 &r,
                 "ctrlhub_dispatch_latency_seconds",
@@ -390,6 +397,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A result or ack for an id not in flight was discarded.
+    pub fn discarded(&self, controller: &str, tenant: &str) {
+        self.discarded_results
+            .with_label_values(&[controller, tenant])
+            .inc();
+    }
+
     /// Drop every series of a controller that went away, so tenants registering ever new
     /// controller names cannot grow `/metrics` (and the manager's memory) without bound.
     pub fn forget_controller(&self, controller: &str, tenant: &str) {
@@ -405,6 +419,7 @@ impl Metrics {
             &self.adds,
             &self.retries,
             &self.deadline_misses,
+            &self.discarded_results,
         ] {
             let _ = counter.remove_label_values(&labels);
         }

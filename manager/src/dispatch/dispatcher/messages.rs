@@ -1,12 +1,12 @@
 //! What the dispatcher tells a session (translated to protobuf at the gRPC edge), and what a
 //! result did. Plain data: no locks, no queue.
 
+use super::state::Tombstone;
 use crate::dispatch::event_queue::Delivery;
 use crate::dispatch::queue::Reason;
 use crate::dispatch::spans::Attempt;
 use crate::informer::ObjectKey;
 use crate::informer::object::CachedObject;
-use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
@@ -116,13 +116,8 @@ pub enum Payload {
     None,
     /// The current object, as the cache holds it (its JSON is sent as is).
     Object(CachedObject),
-    /// The object is gone; its last known state.
-    Tombstone {
-        /// Last known state.
-        last: Arc<Value>,
-        /// Whether the deletion was inferred after a watch gap.
-        final_state_unknown: bool,
-    },
+    /// The object is gone, or left the registration's scope; its last known state.
+    Tombstone(Tombstone),
 }
 
 /// A reconcile request on its way to a session (translated to protobuf at the gRPC edge).
@@ -136,8 +131,6 @@ pub struct Request {
     pub attempt: u32,
     /// Why it is delivered.
     pub reasons: Vec<Reason>,
-    /// Whether this is background work (initial list or resync).
-    pub background: bool,
     /// The object or tombstone.
     pub payload: Payload,
     /// When the manager stops waiting for the result.

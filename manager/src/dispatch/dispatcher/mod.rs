@@ -23,9 +23,10 @@ mod tests;
 
 pub use messages::{Completion, Outbound, Outbox, Payload, Request, RevokeReason, TraceContext};
 pub use results::{RECENT_ERRORS, RecentError};
+pub use state::Tombstone;
 
 use crate::dispatch::event_queue::EventType;
-use crate::dispatch::queue::{Priority, WorkQueue};
+use crate::dispatch::queue::{Priority, Reason, WorkQueue};
 use crate::dispatch::seats::{Flow, SeatPool};
 use crate::dispatch::spans::{self, LinkKind};
 use crate::informer::object::CachedObject;
@@ -60,6 +61,9 @@ pub struct Counters {
     pub deadline_misses: AtomicU64,
     /// Requests re-queued because their session ended.
     pub redelivered: AtomicU64,
+    /// Results and acks discarded: for an id not in flight on their session (late, duplicate
+    /// or unknown).
+    pub discarded: AtomicU64,
 }
 
 /// The namespaces a namespace-label-selector scope admits now, shared with the controllers, which
@@ -214,8 +218,9 @@ impl Controller {
                 .is_none_or(|set| set.read().contains(&key.namespace))
     }
 
-    /// Enqueue keys; `initial` events are background work. Keys outside the scope are dropped.
-    pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, initial: bool) {
+    /// Enqueue keys because of `reason` (initial lists and resyncs are background work). Keys
+    /// outside the scope are dropped.
+    pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, reason: Reason) {
         if self.overflowed.load(Ordering::Relaxed) {
             // Revoked for exceeding its queue limit: hold nothing more until it is gone.
             return;
@@ -227,41 +232,24 @@ impl Controller {
             }
             inside
         });
-        let now = Instant::now();
-        let priority = if initial {
-            Priority::Background
-        } else {
-            Priority::Live
-        };
-        if spans::enabled() {
-            let keys: Vec<ObjectKey> = keys.into_iter().collect();
-            if keys.is_empty() {
-                return;
-            }
-            let span = spans::enqueue(&self.id, &keys, initial);
-            let mut st = self.lock();
-            for key in keys {
-                st.links.add(&key, span.clone(), LinkKind::Enqueue);
-                st.queue.add(key, priority, now);
-            }
-            let queued = st.queue.len() + st.queue.waiting_len();
-            drop(st);
-            self.check_queue_limit(queued);
-            self.wake.notify_one();
+        let keys: Vec<ObjectKey> = keys.collect();
+        if keys.is_empty() {
             return;
         }
+        let now = Instant::now();
+        let background = reason.priority() == Priority::Background;
+        let span = spans::enabled().then(|| spans::enqueue(&self.id, &keys, background));
         let mut st = self.lock();
-        let mut any = false;
         for key in keys {
-            st.queue.add(key, priority, now);
-            any = true;
+            if let Some(span) = &span {
+                st.links.add(&key, span.clone(), LinkKind::Enqueue);
+            }
+            st.queue.add_because(key, reason, now);
         }
         let queued = st.queue.len() + st.queue.waiting_len();
         drop(st);
         self.check_queue_limit(queued);
-        if any {
-            self.wake.notify_one();
-        }
+        self.wake.notify_one();
     }
 
     /// EVENTS mode: append a change of a primary.
@@ -344,7 +332,11 @@ impl Controller {
             } => {
                 st.tombstones.insert(
                     crate::registration::mapping::own_key(object),
-                    (object.clone(), *final_state_unknown),
+                    Tombstone {
+                        last: object.clone(),
+                        final_state_unknown: *final_state_unknown,
+                        left_scope: self.left_scope(object),
+                    },
                 );
             }
             CacheEvent::Added { object, .. } | CacheEvent::Modified { new: object, .. } => {
@@ -352,6 +344,27 @@ impl Controller {
                     .remove(&crate::registration::mapping::own_key(object));
             }
         }
+    }
+
+    /// Why a primary's change enqueues its key, as the proto names it.
+    pub fn primary_reason(&self, event: &CacheEvent) -> Reason {
+        match event {
+            CacheEvent::Added { initial: true, .. } => Reason::InitialList,
+            CacheEvent::Added { .. } => Reason::Created,
+            CacheEvent::Modified { .. } => Reason::Updated,
+            CacheEvent::Deleted { object, .. } if self.left_scope(object) => Reason::LeftScope,
+            CacheEvent::Deleted { .. } => Reason::Deleted,
+        }
+    }
+
+    /// Whether a primary the informer reports gone still exists but left the registration's
+    /// label selector: a selector-filtered watch reports such an object as deleted, in its new
+    /// state, which no longer matches; a real deletion's last state still does.
+    fn left_scope(&self, object: &Value) -> bool {
+        self.registration
+            .label_selector
+            .as_ref()
+            .is_some_and(|s| !s.matches_object(object))
     }
 
     /// Every primary key currently cached (for resync).

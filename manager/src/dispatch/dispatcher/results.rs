@@ -60,14 +60,14 @@ impl Controller {
             .get(id)
             .is_some_and(|f| f.session == session && f.deadline > now && f.event);
         if !valid {
-            return Completion::Discarded;
+            return self.discarded();
         }
         let Some(mut f) = st.in_flight.remove(id) else {
-            return Completion::Discarded;
+            return self.discarded();
         };
         st.events.ack(&f.key);
         st.end_trace(&mut f, "success", false, None);
-        st.release_credit_after_result(f.session);
+        st.release_credit(f.session);
         drop(st);
         self.counters.done.fetch_add(1, Ordering::Relaxed);
         self.metrics.reconciled(
@@ -90,10 +90,10 @@ impl Controller {
             .get(id)
             .is_some_and(|f| f.session == session && f.deadline > now && !f.event);
         if !valid {
-            return Completion::Discarded;
+            return self.discarded();
         }
         let Some(mut f) = st.in_flight.remove(id) else {
-            return Completion::Discarded;
+            return self.discarded();
         };
         st.queue.done_handout(&f.key, f.handout, outcome, now);
         // The last key of a backlog: the queue's and the dispatch's transient memory is free now.
@@ -101,7 +101,7 @@ impl Controller {
         let (label, again) = spans::outcome(outcome);
         let failed = matches!(outcome, Outcome::Error { .. } | Outcome::Terminal);
         st.end_trace(&mut f, label, again, failed.then_some(message));
-        st.release_credit_after_result(f.session);
+        st.release_credit(f.session);
         drop(st);
         if drained {
             crate::informer::heap::release_after_burst();
@@ -109,6 +109,14 @@ impl Controller {
         self.count_result(&f, outcome, message);
         self.wake.notify_one();
         Completion::Accepted
+    }
+
+    /// A result or ack for an id not in flight on its session (a duplicate, a late one, an
+    /// unknown one): dropped, but counted, as the proto says.
+    fn discarded(&self) -> Completion {
+        self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+        self.metrics.discarded(&self.id.name, &self.group);
+        Completion::Discarded
     }
 
     /// Metrics, counters, the recent-errors ring and the log line of an accepted result.

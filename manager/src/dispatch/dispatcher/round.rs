@@ -6,9 +6,9 @@
 //! request is reserved first and completed and sent after the lock is released. Events carry
 //! their object already and are sent under the lock.
 
-use super::state::{InFlight, State, pick_session};
+use super::state::{InFlight, State, Tombstone, pick_session};
 use super::{Controller, Outbound, Payload, Request, TraceContext};
-use crate::dispatch::queue::{Handout, Outcome, Priority};
+use crate::dispatch::queue::{Handout, Outcome, Reason};
 use crate::dispatch::seats::Seat;
 use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind};
 use crate::informer::ObjectKey;
@@ -29,7 +29,7 @@ struct Reserved {
     /// The request id.
     id: String,
     /// The tombstone known when it was reserved.
-    tombstone: Option<(Arc<Value>, bool)>,
+    tombstone: Option<Tombstone>,
     /// The dispatch span's trace context.
     trace: TraceContext,
 }
@@ -50,7 +50,7 @@ impl Controller {
             {
                 let keys = self.scoped_primary_keys();
                 tracing::debug!(controller = %self.id, keys = keys.len(), "resync");
-                self.enqueue(keys, true);
+                self.enqueue(keys, Reason::Resync);
                 next_resync = resync.map(|r| Instant::now() + r);
             }
             let next = self.dispatch_once(is_leader);
@@ -311,7 +311,7 @@ impl Controller {
         &self,
         handout: Handout<ObjectKey>,
         id: String,
-        tombstone: Option<(Arc<Value>, bool)>,
+        tombstone: Option<Tombstone>,
         trace: TraceContext,
     ) -> Request {
         self.metrics
@@ -322,7 +322,6 @@ impl Controller {
             key: handout.key.clone(),
             attempt: handout.attempt,
             reasons: handout.reasons.iter().collect(),
-            background: handout.priority == Priority::Background,
             payload,
             deadline: SystemTime::now() + self.registration.deadline,
             trace,
@@ -331,22 +330,17 @@ impl Controller {
 
     /// What a request carries: nothing unless the registration asked for the object; else the
     /// cached primary, or the tombstone of a deleted one (an unknown final state if none).
-    fn payload(&self, key: &ObjectKey, tombstone: Option<(Arc<Value>, bool)>) -> Payload {
+    fn payload(&self, key: &ObjectKey, tombstone: Option<Tombstone>) -> Payload {
         if !self.registration.include_object {
             return Payload::None;
         }
         match self.primary_object(key) {
             Some(obj) => Payload::Object(obj),
-            None => match tombstone {
-                Some((last, unknown)) => Payload::Tombstone {
-                    last,
-                    final_state_unknown: unknown,
-                },
-                None => Payload::Tombstone {
-                    last: Arc::new(Value::Null),
-                    final_state_unknown: true,
-                },
-            },
+            None => Payload::Tombstone(tombstone.unwrap_or(Tombstone {
+                last: Arc::new(Value::Null),
+                final_state_unknown: true,
+                left_scope: false,
+            })),
         }
     }
 

@@ -40,6 +40,17 @@ pub struct InFlight {
     pub(super) _seat: Seat,
 }
 
+/// The last known state of a primary that is gone, or left the registration's scope.
+#[derive(Debug, Clone)]
+pub struct Tombstone {
+    /// Its last state (JSON null when unknown).
+    pub last: Arc<Value>,
+    /// The deletion was inferred from a relist: `last` may be older than the real final state.
+    pub final_state_unknown: bool,
+    /// It still exists but stopped matching the registration's label selector.
+    pub left_scope: bool,
+}
+
 /// Everything behind a controller's lock.
 pub(super) struct State {
     pub(super) queue: WorkQueue<ObjectKey>,
@@ -47,7 +58,7 @@ pub(super) struct State {
     /// In-flight requests by request id.
     pub(super) in_flight: HashMap<String, InFlight>,
     /// The last state of deleted primaries, for tombstone payloads.
-    pub(super) tombstones: HashMap<ObjectKey, (Arc<Value>, bool)>,
+    pub(super) tombstones: HashMap<ObjectKey, Tombstone>,
     pub(super) events: EventQueue,
     pub(super) next_session_pick: u64,
     /// Enqueue spans (and re-delivered attempts) to link from each key's next attempt; only
@@ -104,17 +115,10 @@ impl State {
         }
     }
 
-    /// A request of `session` ended without a result (missed deadline, never sent): it holds
-    /// one request less.
+    /// A request of `session` ended, however it ended (result, ack, missed deadline, never
+    /// sent): it holds one request less, and a draining session that now holds none is told it
+    /// has drained (the proto: the stream ends with OK once nothing is in flight).
     pub(super) fn release_credit(&mut self, session: u64) {
-        if let Some(s) = self.sessions.get_mut(&session) {
-            s.in_flight = s.in_flight.saturating_sub(1);
-        }
-    }
-
-    /// A result of `session` came in: it holds one request less, and a draining session that
-    /// now holds none is told it has drained.
-    pub(super) fn release_credit_after_result(&mut self, session: u64) {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.in_flight = s.in_flight.saturating_sub(1);
             if s.draining && s.in_flight == 0 {

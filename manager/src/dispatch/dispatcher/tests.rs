@@ -55,8 +55,11 @@ fn keys_spread_over_sessions_and_never_twice_in_flight() {
     let c = controller(10);
     let mut rx1 = c.add_session(1, 2);
     let mut rx2 = c.add_session(2, 2);
-    c.enqueue((0..6).map(|i| ObjectKey::new("ns", format!("k{i}"))), false);
-    c.enqueue([ObjectKey::new("ns", "k0")], false);
+    c.enqueue(
+        (0..6).map(|i| ObjectKey::new("ns", format!("k{i}"))),
+        Reason::Updated,
+    );
+    c.enqueue([ObjectKey::new("ns", "k0")], Reason::Updated);
     c.dispatch_once(true);
     let a = recv_all(&mut rx1);
     let b = recv_all(&mut rx2);
@@ -76,7 +79,7 @@ fn keys_spread_over_sessions_and_never_twice_in_flight() {
 fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
     let c = controller(10);
     let mut rx1 = c.add_session(1, 5);
-    c.enqueue([ObjectKey::new("ns", "a")], false);
+    c.enqueue([ObjectKey::new("ns", "a")], Reason::Updated);
     c.dispatch_once(true);
     let first = recv_all(&mut rx1);
     assert_eq!(first.len(), 1);
@@ -100,7 +103,7 @@ fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
 fn standby_does_not_dispatch() {
     let c = controller(10);
     let mut rx1 = c.add_session(1, 5);
-    c.enqueue([ObjectKey::new("ns", "a")], false);
+    c.enqueue([ObjectKey::new("ns", "a")], Reason::Updated);
     c.dispatch_once(false);
     assert!(recv_all(&mut rx1).is_empty());
     c.dispatch_once(true);
@@ -111,7 +114,7 @@ fn standby_does_not_dispatch() {
 fn a_key_requeued_after_a_delay_is_dispatched_once_due() {
     let c = controller(10);
     let mut rx = c.add_session(1, 5);
-    c.enqueue([ObjectKey::new("ns", "later")], false);
+    c.enqueue([ObjectKey::new("ns", "later")], Reason::Updated);
     c.dispatch_once(true);
     let first = recv_all(&mut rx);
     assert_eq!(first.len(), 1);
@@ -137,7 +140,7 @@ fn max_concurrent_bounds_all_sessions() {
     let mut rx2 = c.add_session(2, 10);
     c.enqueue(
         (0..10).map(|i| ObjectKey::new("ns", format!("k{i}"))),
-        false,
+        Reason::Updated,
     );
     c.dispatch_once(true);
     assert_eq!(recv_all(&mut rx1).len() + recv_all(&mut rx2).len(), 3);
@@ -163,12 +166,12 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
     let mut rxb = b.add_session(2, 50);
     a.enqueue(
         (0..100).map(|i| ObjectKey::new("ns", format!("k{i}"))),
-        false,
+        Reason::Updated,
     );
     a.dispatch_once(true);
     let first = recv_all(&mut rxa);
     assert_eq!(first.len(), 1, "A takes its own share; B's stays free");
-    b.enqueue([ObjectKey::new("ns", "live")], false);
+    b.enqueue([ObjectKey::new("ns", "live")], Reason::Updated);
     b.dispatch_once(true);
     let got = recv_all(&mut rxb);
     assert_eq!(got.len(), 1, "B's live change goes out at once");
@@ -199,7 +202,7 @@ fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
     let mut slow = c.add_session(1, 1000);
     c.enqueue(
         (0..200).map(|i| ObjectKey::new("ns", format!("k{i}"))),
-        false,
+        Reason::Updated,
     );
     c.dispatch_once(true);
     c.dispatch_once(true);
@@ -236,7 +239,7 @@ fn a_key_outside_the_registered_namespaces_is_never_queued_whatever_mapped_it() 
             ObjectKey::new("", "cluster-wide"),
             ObjectKey::new("team-a", "mine"),
         ],
-        false,
+        Reason::Updated,
     );
     c.dispatch_once(true);
     let got: Vec<String> = recv_all(&mut rx)
