@@ -183,6 +183,11 @@ impl Replica {
                 session_id: r.session_id,
                 client,
             }),
+            // A refusal after Register: Rejected, then the same status ends the stream. The
+            // status is what callers check; a Rejected that disagrees with it is a bug.
+            Some(pb::manager_message::Message::Rejected(rejected)) => {
+                Err(status_after_rejected(&mut stream, &rejected).await)
+            }
             other => Err(tonic::Status::internal(format!(
                 "expected Registered, got {other:?}"
             ))),
@@ -289,6 +294,28 @@ impl Replica {
     pub async fn done(&self, id: &str) {
         let _ = self.tx.send(done_message(id)).await;
     }
+}
+
+/// The status that ends a stream after `rejected`; an internal error saying what differs when
+/// the two disagree (the proto: the stream ends "with the same gRPC status code and message").
+pub async fn status_after_rejected(
+    stream: &mut tonic::Streaming<pb::ManagerMessage>,
+    rejected: &pb::Rejected,
+) -> tonic::Status {
+    let end = match tokio::time::timeout(PATIENCE, stream.message()).await {
+        Ok(Err(status)) => status,
+        other => {
+            return tonic::Status::internal(format!(
+                "Rejected {rejected:?} was not followed by the stream's status but by {other:?}"
+            ));
+        }
+    };
+    if end.code() as i32 != rejected.code || end.message() != rejected.message {
+        return tonic::Status::internal(format!(
+            "Rejected {rejected:?} disagrees with the final status {end:?}"
+        ));
+    }
+    end
 }
 
 /// The Connect request: the outgoing message stream with `authorization` and `extra` metadata.

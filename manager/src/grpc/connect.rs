@@ -3,8 +3,8 @@
 //! requests out and results in until either side ends.
 
 use super::convert::{
-    credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb, readable_to_pb,
-    register_error_to_status, request_to_pb, result_message, revoked_to_pb,
+    Rejection, credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb,
+    readable_to_pb, request_to_pb, result_message, revoked_to_pb,
 };
 use super::registering::{Grant, RbacNamespaceGate, denied, watched_resources};
 use super::{ConnectStream, Service, bearer_token};
@@ -38,29 +38,46 @@ const FINAL_STATUS_WAIT: Duration = Duration::from_secs(5);
 /// What the session task sends to the controller.
 type Replies = mpsc::Sender<Result<pb::ManagerMessage, Status>>;
 
+/// Why a Connect was refused: before its Register was read (no token, a standby), answered with
+/// a status alone; after, with `Rejected` and then the status.
+pub(super) enum Refused {
+    /// Refused from the request's headers.
+    Early(Status),
+    /// Refused once the Register was read.
+    Rejected(Rejection),
+}
+
 impl Service {
     /// Authenticate, register and start a session (the body of Connect).
     pub(super) async fn open(
         &self,
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
-    ) -> Result<Response<ConnectStream>, Status> {
-        let identity = self.authenticate(&req).await?;
+    ) -> Result<Response<ConnectStream>, Refused> {
+        let identity = self.authenticate(&req).await.map_err(Refused::Early)?;
         let token = bearer_token(req.metadata()).map(str::to_owned).ok();
-        self.require_leader()?;
-        let mut inbound = req.into_inner();
+        self.require_leader().map_err(Refused::Early)?;
+        self.register(req.into_inner(), identity, token)
+            .await
+            .map_err(Refused::Rejected)
+    }
+
+    /// Read the Register, check it, attach the session and start pumping.
+    async fn register(
+        &self,
+        mut inbound: Streaming<pb::ControllerMessage>,
+        identity: Identity,
+        token: Option<String>,
+    ) -> Result<Response<ConnectStream>, Rejection> {
         let register = self.read_register(&mut inbound, &identity).await?;
         let registration = self.registration(&register, &identity).await?;
         let grant = self.authorize(&identity, &registration).await?;
-        let credits = credits(register.max_in_flight, registration.max_concurrent);
-        let attached = self
-            .controllers
-            .attach_gated(
-                &identity.tenant,
-                registration.clone(),
-                credits,
-                self.gate(grant, &identity, &registration),
-            )
-            .map_err(register_error_to_status)?;
+        let credits = credits(register.max_in_flight);
+        let attached = self.controllers.attach_gated(
+            &identity.tenant,
+            registration.clone(),
+            credits,
+            self.gate(grant, &identity, &registration),
+        )?;
         self.wait_first_lists(&attached).await?;
         let session_id = format!("{}-{}", attached.controller.id.name, uuid::Uuid::new_v4());
         self.sessions.lock().insert(
@@ -71,7 +88,16 @@ impl Service {
         let registered = pb::Registered {
             session_id: session_id.clone(),
             leader_identity: self.leader.borrow().holder.clone().unwrap_or_default(),
-            effective: Some(effective_to_pb(&register, &registration, attached.credits)),
+            effective: Some(effective_to_pb(
+                &register,
+                &registration,
+                attached.credits,
+                self.controllers
+                    .effective_namespaces(&registration)
+                    .ok()
+                    .flatten()
+                    .as_deref(),
+            )),
             readable: readable_to_pb(&registration),
         };
         let guards: Vec<AbortOnDrop> = [
@@ -100,7 +126,7 @@ impl Service {
     /// registration starts from a full cache. An informer that cannot list (forbidden to the
     /// manager, a selector the API server refuses, a list that does not finish) fails this
     /// registration alone: the session is detached and the controller told why.
-    async fn wait_first_lists(&self, attached: &Attached) -> Result<(), Status> {
+    async fn wait_first_lists(&self, attached: &Attached) -> Result<(), Rejection> {
         for informer in attached.controller.informers() {
             if let Err(e) = informer.wait_synced(FIRST_LIST_TIMEOUT).await {
                 self.controllers
@@ -108,12 +134,11 @@ impl Service {
                 tracing::warn!(controller = %attached.controller.id, error = %e, "registration refused: its informer could not start");
                 return Err(Status::unavailable(format!(
                     "{e}; the registration was not kept. Check the kind, namespaces and label selector, or retry later"
-                )));
+                ))
+                .into());
             }
         }
-        self.controllers
-            .check_cache_budget(attached)
-            .map_err(register_error_to_status)
+        Ok(self.controllers.check_cache_budget(attached)?)
     }
 
     /// The first message, which must be Register, within [`REGISTER_TIMEOUT`].
@@ -121,7 +146,7 @@ impl Service {
         &self,
         inbound: &mut Streaming<pb::ControllerMessage>,
         identity: &Identity,
-    ) -> Result<pb::Register, Status> {
+    ) -> Result<pb::Register, Rejection> {
         let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
             .await
             .map_err(|_| {
@@ -137,9 +162,11 @@ impl Service {
             .ok_or_else(|| Status::cancelled("the stream closed before Register"))?;
         match first.message {
             Some(pb::controller_message::Message::Register(r)) => Ok(*r),
-            _ => Err(Status::invalid_argument(
-                "register: the first message on a Connect stream must be Register",
-            )),
+            _ => Err(Invalid::new(
+                "register",
+                "the first message on a Connect stream must be Register",
+            )
+            .into()),
         }
     }
 
@@ -149,7 +176,7 @@ impl Service {
         &self,
         register: &pb::Register,
         identity: &Identity,
-    ) -> Result<Registration, Status> {
+    ) -> Result<Registration, Rejection> {
         match self.translate(register).await {
             Ok(r) => Ok(r),
             Err(Invalid {
@@ -162,9 +189,9 @@ impl Service {
                     }
                     _ => String::new(),
                 };
-                Err(denied(identity, &group, &kind, &ns))
+                Err(denied(identity, &group, &kind, &ns).into())
             }
-            Err(e) => Err(Status::invalid_argument(e.to_string())),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -350,7 +377,8 @@ impl Pump {
     fn control(&self, control: Option<Outbound>) -> Step {
         match control {
             Some(Outbound::Revoke { reason, message }) => {
-                let (revoked, status) = revoked_to_pb(reason, message);
+                let new_leader = self.service.other_leader();
+                let (revoked, status) = revoked_to_pb(reason, message, new_leader);
                 // A controller that does not read has no room left: it just loses the stream.
                 let _ = self
                     .tx
@@ -476,7 +504,13 @@ impl Pump {
                     "register: a session registers once; open a new Connect stream to change the registration",
                 )));
             }
-            None => {}
+            // An empty message, or a variant this manager does not know (a newer client):
+            // ignoring it could stall a key until its deadline, so the proto makes it an error.
+            None => {
+                return Step::End(Some(Status::invalid_argument(
+                    "message: empty or unknown ControllerMessage variant; this manager understands register, result, event_ack, credit and drain",
+                )));
+            }
         }
         Step::Continue
     }

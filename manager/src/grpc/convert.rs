@@ -26,22 +26,33 @@ pub(crate) fn msg(m: pb::manager_message::Message) -> pb::ManagerMessage {
 pub(crate) fn mode_from_pb(r: &pb::Register) -> Result<Mode, Invalid> {
     match pb::register::Mode::try_from(r.mode) {
         Ok(pb::register::Mode::Unspecified | pb::register::Mode::Reconcile) => Ok(Mode::Reconcile),
-        Ok(pb::register::Mode::Events) if !r.owns.is_empty() || !r.watches.is_empty() => {
-            Err(Invalid::new(
-                if r.owns.is_empty() {
-                    "register.watches"
-                } else {
-                    "register.owns"
-                },
-                "MODE_EVENTS delivers the primary's own changes; owns and watches map to keys and need MODE_RECONCILE",
-            ))
-        }
-        Ok(pb::register::Mode::Events) => Ok(Mode::Events),
+        Ok(pb::register::Mode::Events) => match events_mode_conflict(r) {
+            Some(field) => Err(Invalid::new(
+                field,
+                "must be left empty with MODE_EVENTS, which delivers the primary's own changes, in order per key: owns and watches map to keys, and concurrency and backoff bound reconciles (use MODE_RECONCILE for those)",
+            )),
+            None => Ok(Mode::Events),
+        },
         Err(_) => Err(Invalid::new(
             "register.mode",
             format!("unknown mode {}", r.mode),
         )),
     }
+}
+
+/// The first field set that MODE_EVENTS requires empty.
+fn events_mode_conflict(r: &pb::Register) -> Option<&'static str> {
+    [
+        ("register.owns", !r.owns.is_empty()),
+        ("register.watches", !r.watches.is_empty()),
+        (
+            "register.max_concurrent_reconciles",
+            r.max_concurrent_reconciles != 0,
+        ),
+        ("register.backoff", r.backoff.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(field, set)| set.then_some(field))
 }
 
 /// How a watched resource names its primary (`field` is the watch's path).
@@ -83,6 +94,12 @@ pub(crate) fn namespaces_from_pb(
                         format!("{name:?} is not a valid namespace name"),
                     ));
                 }
+                if n.names[..i].contains(name) {
+                    return Err(Invalid::new(
+                        format!("register.namespaces.names.names[{i}]"),
+                        format!("{name:?} is listed twice; entries must be unique"),
+                    ));
+                }
             }
             Ok(NamespaceScope::Names(n.names.clone()))
         }
@@ -92,14 +109,24 @@ pub(crate) fn namespaces_from_pb(
     }
 }
 
-/// `register.request_deadline`; unset or zero means the default.
+/// `register.request_deadline`; unset means the default, and a set one must be positive (its
+/// bounds per tenant are checked when the session attaches).
 pub(crate) fn deadline_from_pb(d: Option<&prost_types::Duration>) -> Result<Duration, Invalid> {
-    Ok(match d {
-        None => defaults::DEADLINE,
-        Some(d) => duration(d, "register.request_deadline")?
-            .filter(|d| !d.is_zero())
-            .unwrap_or(defaults::DEADLINE),
-    })
+    match d {
+        None => Ok(defaults::DEADLINE),
+        Some(d) => positive(d, "register.request_deadline"),
+    }
+}
+
+/// A duration that must be set to more than zero.
+fn positive(d: &prost_types::Duration, field: &str) -> Result<Duration, Invalid> {
+    match duration(d, field)? {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => Err(Invalid::new(
+            field,
+            "must be positive; leave it unset for the default",
+        )),
+    }
 }
 
 /// `register.resync_period`; unset means the default, zero means never.
@@ -112,32 +139,35 @@ pub(crate) fn resync_from_pb(
     })
 }
 
-/// `register.backoff`; unset or zero fields keep the defaults.
+/// `register.backoff`; unset fields keep the defaults, set ones must be positive and
+/// base <= max.
 pub(crate) fn backoff_from_pb(b: Option<&pb::Backoff>) -> Result<Backoff, Invalid> {
     let mut backoff = Backoff::default();
     let Some(b) = b else { return Ok(backoff) };
     if let Some(base) = b.base.as_ref() {
-        backoff.base = duration(base, "register.backoff.base")?
-            .filter(|d| !d.is_zero())
-            .unwrap_or(backoff.base);
+        backoff.base = positive(base, "register.backoff.base")?;
     }
     if let Some(max) = b.max.as_ref() {
-        backoff.max = duration(max, "register.backoff.max")?
-            .filter(|d| !d.is_zero())
-            .unwrap_or(backoff.max);
+        backoff.max = positive(max, "register.backoff.max")?;
     }
     if backoff.base > backoff.max {
-        return Err(Invalid::new("register.backoff", "base must not exceed max"));
+        return Err(Invalid::new(
+            "register.backoff",
+            format!(
+                "base ({:?}) must not exceed max ({:?})",
+                backoff.base, backoff.max
+            ),
+        ));
     }
     Ok(backoff)
 }
 
-/// A session's credits: what it asked for, else the controller-wide bound, else the default.
-pub(crate) fn credits(max_in_flight: u32, max_concurrent: u32) -> u32 {
-    match (max_in_flight, max_concurrent) {
-        (0, 0) => defaults::MAX_IN_FLIGHT,
-        (0, max) => max,
-        (credits, _) => credits,
+/// A session's credits: what it asked for, 1 when it asked for none (the proto: "0 means 1").
+pub(crate) fn credits(max_in_flight: u32) -> u32 {
+    match max_in_flight {
+        // The proto: "0 means 1".
+        0 => defaults::MAX_IN_FLIGHT,
+        credits => credits,
     }
 }
 
@@ -146,8 +176,27 @@ pub(crate) fn effective_to_pb(
     register: &pb::Register,
     registration: &Registration,
     credits: u32,
+    ceiling: Option<&[String]>,
 ) -> pb::Register {
     let mut effective = register.clone();
+    effective.mode = match registration.mode {
+        Mode::Reconcile => pb::register::Mode::Reconcile,
+        Mode::Events => pb::register::Mode::Events,
+    } as i32;
+    effective.primary = Some(resource_to_pb(&registration.primary));
+    let refs: Vec<&ResourceRef> = registration
+        .owns
+        .iter()
+        .map(|o| &o.resource)
+        .chain(registration.watches.iter().map(|w| &w.resource))
+        .collect();
+    for owned in &mut effective.owns {
+        fill_plural(owned.resource.as_mut(), &refs);
+    }
+    for watched in &mut effective.watches {
+        fill_plural(watched.resource.as_mut(), &refs);
+    }
+    effective.namespaces = Some(effective_namespaces(register, ceiling));
     effective.max_concurrent_reconciles = registration.max_concurrent;
     effective.max_in_flight = credits;
     effective.request_deadline =
@@ -156,11 +205,38 @@ pub(crate) fn effective_to_pb(
         prost_types::Duration::try_from(registration.resync.unwrap_or_default())
             .unwrap_or_default(),
     );
-    effective.backoff = Some(pb::Backoff {
+    // EVENTS mode has no retries, so no backoff to echo.
+    effective.backoff = (registration.mode == Mode::Reconcile).then(|| pb::Backoff {
         base: prost_types::Duration::try_from(registration.backoff.base).ok(),
         max: prost_types::Duration::try_from(registration.backoff.max).ok(),
     });
     effective
+}
+
+/// The namespace scope as applied: unset means `all`, and `all` under a manager's
+/// WATCH_NAMESPACE ceiling is the ceiling's names (nothing is narrowed without saying so).
+fn effective_namespaces(register: &pb::Register, ceiling: Option<&[String]>) -> pb::NamespaceScope {
+    use pb::namespace_scope::Scope;
+    let asked = register.namespaces.as_ref().and_then(|n| n.scope.clone());
+    let scope = match (asked, ceiling) {
+        (None | Some(Scope::All(_)), Some(ceiling)) => Scope::Names(pb::namespace_scope::Names {
+            names: ceiling.to_vec(),
+        }),
+        (None, None) => Scope::All(pb::namespace_scope::All {}),
+        (Some(scope), _) => scope,
+    };
+    pb::NamespaceScope { scope: Some(scope) }
+}
+
+/// Sets the plural of `rt` from the registration's resolved resources of the same kind.
+fn fill_plural(rt: Option<&mut pb::ResourceType>, resolved: &[&ResourceRef]) {
+    let Some(rt) = rt else { return };
+    if let Some(r) = resolved
+        .iter()
+        .find(|r| r.group == rt.group && r.version == rt.version && r.kind == rt.kind)
+    {
+        rt.plural = r.plural.clone();
+    }
 }
 
 /// `Registered.readable`: what the session may read from the cache, and whether only metadata
@@ -186,23 +262,73 @@ pub(crate) fn readable_to_pb(registration: &Registration) -> Vec<pb::ReadableRes
     out
 }
 
-/// The gRPC status of a refused attach.
-pub(crate) fn register_error_to_status(e: RegisterError) -> Status {
-    match e {
-        RegisterError::Invalid(i) => Status::invalid_argument(i.to_string()),
-        RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
-        limit @ RegisterError::Limit { .. } => Status::resource_exhausted(limit.to_string()),
-        taken @ RegisterError::NameTaken { .. } => Status::already_exists(taken.to_string()),
-        closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
+/// A Connect refused after its Register was read: answered with a `Rejected` message carrying
+/// the field at fault, then this status (the proto: "the manager answers Rejected and closes").
+#[derive(Debug)]
+pub(crate) struct Rejection {
+    /// The status the stream ends with; `Rejected` repeats its code and message.
+    pub(crate) status: Status,
+    /// The offending field's path, empty when no single field is at fault.
+    pub(crate) field: String,
+}
+
+impl From<Status> for Rejection {
+    fn from(status: Status) -> Self {
+        Rejection {
+            status,
+            field: String::new(),
+        }
+    }
+}
+
+impl From<Invalid> for Rejection {
+    fn from(i: Invalid) -> Self {
+        Rejection {
+            status: Status::invalid_argument(i.to_string()),
+            field: i.field,
+        }
+    }
+}
+
+impl From<RegisterError> for Rejection {
+    fn from(e: RegisterError) -> Self {
+        let status = match e {
+            RegisterError::Invalid(i) => return i.into(),
+            RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
+            limit @ RegisterError::Limit { .. } => Status::resource_exhausted(limit.to_string()),
+            taken @ RegisterError::NameTaken { .. } => Status::already_exists(taken.to_string()),
+            closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
+        };
+        status.into()
+    }
+}
+
+impl Rejection {
+    /// The `Rejected` message, then the status.
+    pub(crate) fn messages(self) -> [Result<pb::ManagerMessage, Status>; 2] {
+        let rejected = pb::Rejected {
+            code: self.status.code() as i32,
+            message: self.status.message().to_string(),
+            field: self.field,
+        };
+        [
+            Ok(msg(pb::manager_message::Message::Rejected(rejected))),
+            Err(self.status),
+        ]
     }
 }
 
 /// The `Revoked` message for `reason`, and the status the stream then ends with.
-pub(crate) fn revoked_to_pb(reason: RevokeReason, message: String) -> (pb::Revoked, Status) {
+/// `new_leader` is the Lease holder when this manager knows it (for LEADERSHIP_LOST).
+pub(crate) fn revoked_to_pb(
+    reason: RevokeReason,
+    message: String,
+    new_leader: Option<String>,
+) -> (pb::Revoked, Status) {
     use pb::revoked::Reason as R;
     let (r, status) = match reason {
         RevokeReason::LeadershipLost => (R::LeadershipLost, Status::unavailable(message.clone())),
-        RevokeReason::Superseded => (R::Superseded, Status::aborted(message.clone())),
+        RevokeReason::Superseded => (R::Superseded, Status::failed_precondition(message.clone())),
         RevokeReason::ShuttingDown => (R::ShuttingDown, Status::unavailable(message.clone())),
         RevokeReason::PermissionRevoked => (
             R::PermissionRevoked,
@@ -217,11 +343,15 @@ pub(crate) fn revoked_to_pb(reason: RevokeReason, message: String) -> (pb::Revok
             Status::unauthenticated(message.clone()),
         ),
     };
+    let leader_identity = match reason {
+        RevokeReason::LeadershipLost => new_leader.unwrap_or_default(),
+        _ => String::new(),
+    };
     let revoked = pb::Revoked {
         reason: r as i32,
         code: status.code() as i32,
         message,
-        leader_identity: String::new(),
+        leader_identity,
     };
     (revoked, status)
 }
@@ -295,7 +425,7 @@ pub(crate) fn translate_selector(
         });
     }
     out.validate_at(field)
-        .map_err(|e| Invalid::new(e.path().to_string(), e.to_string()))?;
+        .map_err(|e| Invalid::new(e.path().to_string(), e.detail()))?;
     Ok(out)
 }
 
@@ -306,7 +436,7 @@ pub(crate) fn translate_predicate_opt(
     let Some(p) = p else { return Ok(None) };
     let out = translate_predicate(p, field, 0)?;
     out.validate_at(field)
-        .map_err(|e| Invalid::new(e.path().to_string(), e.to_string()))?;
+        .map_err(|e| Invalid::new(e.path().to_string(), e.detail()))?;
     Ok(Some(out))
 }
 
@@ -326,6 +456,12 @@ pub(crate) fn translate_predicate(
         ));
     }
     let list = |ps: &[pb::Predicate], name: &str| -> Result<Vec<Predicate>, Invalid> {
+        if ps.is_empty() {
+            return Err(Invalid::new(
+                format!("{field}.{name}.predicates"),
+                "must have at least one child predicate",
+            ));
+        }
         ps.iter()
             .enumerate()
             .map(|(i, p)| {
@@ -359,12 +495,17 @@ pub(crate) fn translate_predicate(
     })
 }
 
-pub(crate) fn reason_to_pb(r: Reason, background: bool) -> pb::reconcile_request::Reason {
+pub(crate) fn reason_to_pb(r: Reason) -> pb::reconcile_request::Reason {
     use pb::reconcile_request::Reason as R;
     match r {
-        Reason::Event => R::Updated,
-        Reason::Resync if background => R::Resync,
-        Reason::Resync => R::Updated,
+        Reason::Created => R::Created,
+        Reason::Updated => R::Updated,
+        Reason::Deleted => R::Deleted,
+        Reason::LeftScope => R::LeftScope,
+        Reason::OwnedChanged => R::OwnedChanged,
+        Reason::WatchedChanged => R::WatchedChanged,
+        Reason::InitialList => R::InitialList,
+        Reason::Resync => R::Resync,
         Reason::Scheduled | Reason::RequeueAfter => R::Requeue,
         Reason::Backoff => R::Retry,
         Reason::Redelivery => R::Redelivery,
@@ -380,27 +521,30 @@ pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 }
 
 pub(crate) fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
-    let mut reasons: Vec<i32> = r
-        .reasons
-        .iter()
-        .map(|x| reason_to_pb(*x, r.background) as i32)
-        .collect();
+    use pb::reconcile_request::Reason as R;
+    let mut reasons: Vec<i32> = r.reasons.iter().map(|x| reason_to_pb(*x) as i32).collect();
     let object = match &r.payload {
         Payload::None => None,
         Payload::Object(o) => Some(pb::reconcile_request::Object::ObjectJson(o.json().to_vec())),
-        Payload::Tombstone {
-            last,
-            final_state_unknown,
-        } => {
-            reasons.push(pb::reconcile_request::Reason::Deleted as i32);
-            let json = if last.is_null() {
+        Payload::Tombstone(t) => {
+            // A re-delivery of a gone key still says why it carries a tombstone.
+            let gone = if t.left_scope {
+                R::LeftScope
+            } else {
+                R::Deleted
+            };
+            if !reasons.contains(&(R::Deleted as i32)) && !reasons.contains(&(R::LeftScope as i32))
+            {
+                reasons.push(gone as i32);
+            }
+            let json = if t.last.is_null() {
                 Vec::new()
             } else {
-                serde_json::to_vec(last.as_ref()).unwrap_or_default()
+                serde_json::to_vec(t.last.as_ref()).unwrap_or_default()
             };
             Some(pb::reconcile_request::Object::Tombstone(pb::Tombstone {
                 object_json: json,
-                final_state_unknown: *final_state_unknown,
+                final_state_unknown: t.final_state_unknown,
             }))
         }
     };
@@ -642,9 +786,9 @@ mod tests {
             "zero: never"
         );
         assert_eq!(backoff_from_pb(None), Ok(Backoff::default()));
-        assert_eq!(credits(0, 0), defaults::MAX_IN_FLIGHT);
-        assert_eq!(credits(0, 8), 8, "the controller-wide bound");
-        assert_eq!(credits(3, 8), 3, "what the session asked for");
+        assert_eq!(credits(0), defaults::MAX_IN_FLIGHT);
+        assert_eq!(credits(0), 1, "0 means 1, as the proto says");
+        assert_eq!(credits(3), 3, "what the session asked for");
     }
 
     #[test]
@@ -706,8 +850,31 @@ mod tests {
             include_object: true,
             ..Default::default()
         };
-        let effective = effective_to_pb(&register, &registration(), 2);
+        let effective = effective_to_pb(&register, &registration(), 2, None);
         assert_eq!(effective.controller_name, "web");
+        assert_eq!(
+            effective.mode,
+            pb::register::Mode::Reconcile as i32,
+            "an unset mode is echoed as MODE_RECONCILE"
+        );
+        let primary = effective.primary.clone().expect("primary");
+        assert!(!primary.plural.is_empty(), "the plural is filled in");
+        assert!(
+            matches!(
+                effective.namespaces.as_ref().and_then(|n| n.scope.as_ref()),
+                Some(pb::namespace_scope::Scope::All(_))
+            ),
+            "unset namespaces are echoed as all"
+        );
+        let ceiling = ["team-a".to_string()];
+        let narrowed = effective_to_pb(&register, &registration(), 2, Some(&ceiling));
+        assert!(
+            matches!(
+                narrowed.namespaces.and_then(|n| n.scope),
+                Some(pb::namespace_scope::Scope::Names(n)) if n.names == ceiling
+            ),
+            "all under a WATCH_NAMESPACE ceiling is echoed as the ceiling's names"
+        );
         assert_eq!(effective.max_concurrent_reconciles, 4);
         assert_eq!(effective.max_in_flight, 2);
         assert_eq!(effective.request_deadline, Some(pb_duration(5, 0)));
@@ -729,7 +896,7 @@ mod tests {
     #[test]
     fn revocations_carry_the_status_the_stream_ends_with() {
         let (revoked, status) =
-            revoked_to_pb(RevokeReason::PermissionRevoked, "role removed".into());
+            revoked_to_pb(RevokeReason::PermissionRevoked, "role removed".into(), None);
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         assert_eq!(revoked.code, tonic::Code::PermissionDenied as i32);
         assert_eq!(
@@ -737,13 +904,18 @@ mod tests {
             pb::revoked::Reason::PermissionRevoked as i32
         );
         assert_eq!(revoked.message, "role removed");
-        let (_, status) = revoked_to_pb(RevokeReason::LeadershipLost, String::new());
+        let (revoked, status) = revoked_to_pb(
+            RevokeReason::LeadershipLost,
+            String::new(),
+            Some("m2".into()),
+        );
+        assert_eq!(revoked.leader_identity, "m2", "names the new leader");
         assert_eq!(
             status.code(),
             tonic::Code::Unavailable,
             "reconnect elsewhere"
         );
-        let (_, status) = revoked_to_pb(RevokeReason::QuotaExceeded, String::new());
+        let (_, status) = revoked_to_pb(RevokeReason::QuotaExceeded, String::new(), None);
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     }
 
@@ -785,12 +957,12 @@ mod tests {
             id: "r1".into(),
             key: ObjectKey::new("ns", "a"),
             attempt: 2,
-            reasons: vec![Reason::Redelivery, Reason::Event, Reason::Backoff],
-            background: false,
-            payload: Payload::Tombstone {
+            reasons: vec![Reason::Redelivery, Reason::Updated, Reason::Backoff],
+            payload: Payload::Tombstone(crate::dispatch::dispatcher::Tombstone {
                 last: Arc::new(serde_json::json!({"metadata": {"name": "a"}})),
                 final_state_unknown: true,
-            },
+                left_scope: false,
+            }),
             deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(10),
             trace: TraceContext::default(),
         };

@@ -8,6 +8,7 @@
 
 mod connect;
 pub(crate) mod convert;
+pub mod health;
 mod reads;
 mod registering;
 
@@ -45,6 +46,8 @@ pub struct ServiceState {
     token_recheck: Option<Duration>,
     /// Failed authentications per peer address.
     peers: crate::throttle::PeerThrottle,
+    /// This manager's Lease identity (so a revocation never names it as the new leader).
+    identity: String,
 }
 
 /// Failed authentications a peer address may make at once, then per second: a controller with
@@ -93,7 +96,23 @@ impl ServiceState {
             recheck: None,
             token_recheck: None,
             peers: crate::throttle::PeerThrottle::new(AUTH_FAILURE_BURST, AUTH_FAILURES_PER_SECOND),
+            identity: String::new(),
         }
+    }
+
+    /// This manager's Lease identity.
+    pub fn with_identity(mut self, identity: &str) -> Self {
+        self.identity = identity.to_string();
+        self
+    }
+
+    /// The Lease holder when it is another manager (the new leader after this one lost it).
+    fn other_leader(&self) -> Option<String> {
+        let state = self.leader.borrow();
+        state
+            .holder
+            .clone()
+            .filter(|h| !state.leading && !h.is_empty() && *h != self.identity)
     }
 
     /// The caller's identity. A peer address that keeps failing is refused before its token
@@ -159,11 +178,19 @@ impl ControllerManager for Service {
         &self,
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
     ) -> Result<Response<ConnectStream>, Status> {
-        let result = self.open(req).await;
-        if let Err(status) = &result {
-            self.metrics.rejected(&format!("{:?}", status.code()));
+        match self.open(req).await {
+            Ok(response) => Ok(response),
+            Err(connect::Refused::Early(status)) => {
+                self.metrics.rejected(&format!("{:?}", status.code()));
+                Err(status)
+            }
+            Err(connect::Refused::Rejected(rejection)) => {
+                self.metrics
+                    .rejected(&format!("{:?}", rejection.status.code()));
+                let messages = futures::stream::iter(rejection.messages());
+                Ok(Response::new(Box::pin(messages)))
+            }
         }
-        result
     }
 
     async fn get(

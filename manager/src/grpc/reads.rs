@@ -1,5 +1,7 @@
 //! Cached reads: Get and List served from the shared caches, for a live session of the caller's
-//! own, only for kinds that session registered, and only where RBAC lets the caller read.
+//! own, only for kinds that session registered, only from the informers that session's
+//! controller uses and within its namespace scope (so never beyond its label selector or
+//! namespaces, whatever other tenants cache), and only where RBAC lets the caller read.
 
 use super::convert::translate_selector;
 use super::registering::{namespace_phrase, resource_name};
@@ -29,68 +31,118 @@ impl ServiceState {
         session_id: &str,
         rt: Option<&pb::ResourceType>,
         namespace: &str,
-    ) -> Result<Vec<Arc<Informer>>, Status> {
+    ) -> Result<Readable, Status> {
         let (owner, controller) = self.session(session_id)?;
         if &owner != identity {
             return Err(Status::permission_denied(
                 "session_id belongs to another identity",
             ));
         }
-        let informers = self.readable_informers(&controller, rt)?;
+        let informers = readable_informers(&controller, rt)?;
         // Registering granted list+watch; reading from the cache also needs get+list, checked
         // for the namespace asked about ("" = all, which needs a cluster-wide grant).
-        if let Some(plural) = informers.first().map(|i| i.key().plural.clone()) {
-            let group = informers[0].key().group.clone();
+        if let Some(key) = informers.first().map(|i| i.key().clone()) {
             let allowed = self
                 .authz
-                .allowed(identity, Access::Read, &group, &plural, namespace)
+                .allowed(identity, Access::Read, &key.group, &key.plural, namespace)
                 .await
                 .map_err(|e| Status::unavailable(e.to_string()))?;
             if !allowed {
                 return Err(Status::permission_denied(format!(
                     "{} may not get and list {} in {}",
                     identity.username,
-                    resource_name(&group, &plural),
+                    resource_name(&key.group, &key.plural),
                     namespace_phrase(namespace)
                 )));
             }
         }
-        Ok(informers)
+        Ok(Readable {
+            controller,
+            informers,
+        })
+    }
+}
+
+/// What a cached read may see: the session's controller (whose scope admits keys) and its
+/// informers of the kind asked for.
+struct Readable {
+    controller: Arc<Controller>,
+    informers: Vec<Arc<Informer>>,
+}
+
+impl Readable {
+    /// The object `key` if the session's caches hold it within its scope.
+    fn get(&self, key: &ObjectKey) -> Option<(CachedObject, bool)> {
+        if !self.controller.admits(key) {
+            return None;
+        }
+        self.informers.iter().find_map(|i| {
+            i.get(&key.namespace, &key.name)
+                .map(|o| (o, i.key().metadata_only))
+        })
     }
 
-    fn readable_informers(
-        &self,
-        controller: &Controller,
-        rt: Option<&pb::ResourceType>,
-    ) -> Result<Vec<Arc<Informer>>, Status> {
-        let rt = rt.ok_or_else(|| Status::invalid_argument("resource: is required"))?;
-        let reg = &controller.registration;
-        let registered = std::iter::once(&reg.primary)
-            .chain(reg.owns.iter().map(|o| &o.resource))
-            .chain(reg.watches.iter().map(|w| &w.resource))
-            .any(|r| {
-                r.group == rt.group
-                    && r.kind == rt.kind
-                    && (rt.version.is_empty() || r.version == rt.version)
-            });
-        if !registered {
-            return Err(Status::failed_precondition(format!(
-                "resource: {} is not a kind this session registered (primary, owns or watches); only those are cached",
-                rt.kind
-            )));
-        }
-        let informers: Vec<_> = self
-            .controllers
-            .cache()
-            .all()
-            .into_iter()
-            .filter(|i| {
-                let k: &InformerKey = i.key();
-                k.group == rt.group && k.kind == rt.kind
-            })
+    /// Every object in `namespace` (None: all) within the session's scope, sorted by key.
+    fn list(&self, namespace: Option<&str>) -> Vec<(ObjectKey, CachedObject)> {
+        let mut items: Vec<(ObjectKey, CachedObject)> = self
+            .informers
+            .iter()
+            .flat_map(|i| i.list(namespace))
+            .filter(|(k, _)| self.controller.admits(k))
             .collect();
-        Ok(informers)
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        items.dedup_by(|a, b| a.0 == b.0);
+        items
     }
+
+    /// The newest resourceVersion among the informers read.
+    fn resource_version(&self) -> String {
+        self.informers
+            .iter()
+            .map(|i| i.newest_resource_version())
+            .max_by(|a, b| match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(a), Ok(b)) => a.cmp(&b),
+                _ => a.len().cmp(&b.len()).then_with(|| a.cmp(b)),
+            })
+            .unwrap_or_default()
+    }
+
+    fn metadata_only(&self) -> bool {
+        self.informers
+            .first()
+            .is_some_and(|i| i.key().metadata_only)
+    }
+}
+
+/// The informers of the controller's own registration that hold `rt`: its primary, owned or
+/// watched kind, never another controller's cache of the same kind.
+fn readable_informers(
+    controller: &Controller,
+    rt: Option<&pb::ResourceType>,
+) -> Result<Vec<Arc<Informer>>, Status> {
+    let rt = rt.ok_or_else(|| Status::invalid_argument("resource: is required"))?;
+    let matches = |group: &str, version: &str, kind: &str| {
+        group == rt.group && kind == rt.kind && (rt.version.is_empty() || version == rt.version)
+    };
+    let reg = &controller.registration;
+    let registered = std::iter::once(&reg.primary)
+        .chain(reg.owns.iter().map(|o| &o.resource))
+        .chain(reg.watches.iter().map(|w| &w.resource))
+        .any(|r| matches(&r.group, &r.version, &r.kind));
+    if !registered {
+        return Err(Status::failed_precondition(format!(
+            "resource: {} is not a kind this session registered (primary, owns or watches); only those are cached",
+            rt.kind
+        )));
+    }
+    Ok(controller
+        .informers()
+        .into_iter()
+        .filter(|i| {
+            let k: &InformerKey = i.key();
+            matches(&k.group, &k.version, &k.kind)
+        })
+        .collect())
 }
 
 impl Service {
@@ -101,21 +153,17 @@ impl Service {
     ) -> Result<Response<pb::GetResponse>, Status> {
         let identity = self.authenticate(&req).await?;
         let r = req.into_inner();
-        let informers = self
+        let readable = self
             .cached_read(&identity, &r.session_id, r.resource.as_ref(), &r.namespace)
             .await?;
-        let found = informers.iter().find_map(|i| {
-            i.get(&r.namespace, &r.name)
-                .map(|o| (o, i.key().metadata_only))
-        });
-        match found {
+        match readable.get(&ObjectKey::new(&r.namespace, &r.name)) {
             Some((obj, metadata_only)) => Ok(Response::new(pb::GetResponse {
                 object_json: obj.json().to_vec(),
                 resource_version: obj.resource_version().to_string(),
                 metadata_only,
             })),
             None => Err(Status::not_found(format!(
-                "{}/{} not found in the cache",
+                "{}/{} not found in this session's cache",
                 r.namespace, r.name
             ))),
         }
@@ -128,7 +176,7 @@ impl Service {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let identity = self.authenticate(&req).await?;
         let r = req.into_inner();
-        let informers = self
+        let readable = self
             .cached_read(&identity, &r.session_id, r.resource.as_ref(), &r.namespace)
             .await?;
         let selector = match &r.label_selector {
@@ -139,20 +187,17 @@ impl Service {
             None => None,
         };
         let namespace = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
-        let mut items: Vec<(ObjectKey, CachedObject)> = informers
-            .iter()
-            .flat_map(|i| i.list(namespace))
-            .filter(|(_, o)| {
-                selector
-                    .as_ref()
-                    .is_none_or(|s| s.matches_object(&o.value()))
-            })
-            .collect();
-        items.sort_by(|a, b| a.0.cmp(&b.0));
-        items.dedup_by(|a, b| a.0 == b.0);
-        let (range, next_page_token) = page(&r, items.len())?;
+        // Read the consistency point before the objects: every object is at least that new.
+        let resource_version = readable.resource_version();
+        let mut items = readable.list(namespace);
+        items.retain(|(_, o)| {
+            selector
+                .as_ref()
+                .is_none_or(|s| s.matches_object(&o.value()))
+        });
+        let (page, next_page_token) = page(&r, &items)?;
         Ok(Response::new(pb::ListResponse {
-            items: items[range]
+            items: page
                 .iter()
                 .map(|(_, o)| pb::CachedObject {
                     object_json: o.json().to_vec(),
@@ -160,31 +205,145 @@ impl Service {
                 })
                 .collect(),
             next_page_token,
-            resource_version: String::new(),
-            metadata_only: informers.first().is_some_and(|i| i.key().metadata_only),
+            resource_version,
+            metadata_only: readable.metadata_only(),
         }))
     }
 }
 
-/// The slice of `len` sorted items a List asks for, and the token of the next page ("" at the
-/// end). The token is the offset of the next item.
-fn page(r: &pb::ListRequest, len: usize) -> Result<(std::ops::Range<usize>, String), Status> {
+/// One cached object with its key.
+type Item = (ObjectKey, CachedObject);
+
+/// The page of sorted `items` a List asks for, and the token of the next page ("" at the end).
+///
+/// The token names the last key returned, so the next page starts after it in the live cache:
+/// an object that exists throughout is neither skipped nor repeated however the cache changes
+/// between pages. It also carries a fingerprint of the request, so a token replayed with other
+/// fields is refused (the proto: INVALID_ARGUMENT).
+fn page<'a>(r: &pb::ListRequest, items: &'a [Item]) -> Result<(&'a [Item], String), Status> {
     let page_size = match r.page_size {
         0 => 500,
         n => n.min(5000),
     } as usize;
-    let offset: usize = if r.page_token.is_empty() {
-        0
-    } else {
-        r.page_token.parse().map_err(|_| {
-            Status::invalid_argument("page_token: not a token from a previous ListResponse")
-        })?
+    let start = match r.page_token.as_str() {
+        "" => 0,
+        token => {
+            let after = PageToken::decode(token, fingerprint(r))?;
+            items.partition_point(|(k, _)| *k <= after)
+        }
     };
-    let end = offset.saturating_add(page_size).min(len);
-    let next = if end < len {
-        end.to_string()
-    } else {
-        String::new()
+    let end = start.saturating_add(page_size).min(items.len());
+    let page = &items[start..end];
+    let next = match page.last() {
+        Some((last, _)) if end < items.len() => PageToken::encode(last, fingerprint(r)),
+        _ => String::new(),
     };
-    Ok((offset.min(end)..end, next))
+    Ok((page, next))
+}
+
+/// What a List's pages must agree on: every request field but the page token and size.
+fn fingerprint(r: &pb::ListRequest) -> u64 {
+    use prost::Message;
+    use std::hash::{Hash, Hasher};
+    let fixed = pb::ListRequest {
+        page_token: String::new(),
+        page_size: 0,
+        ..r.clone()
+    };
+    // DefaultHasher::new() has fixed keys: the same request hashes the same in this process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    fixed.encode_to_vec().hash(&mut h);
+    h.finish()
+}
+
+/// `ListResponse.next_page_token`: base64 of `v1 <fingerprint> <namespace>/<name>`.
+struct PageToken;
+
+impl PageToken {
+    fn encode(after: &ObjectKey, fingerprint: u64) -> String {
+        use base64::Engine as _;
+        let text = format!("v1 {fingerprint:x} {}/{}", after.namespace, after.name);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+    }
+
+    fn decode(token: &str, fingerprint: u64) -> Result<ObjectKey, Status> {
+        use base64::Engine as _;
+        let bad = || {
+            Status::invalid_argument(
+                "page_token: not a next_page_token of a previous ListResponse to the same request; keep every other field unchanged between pages, or start again without a token",
+            )
+        };
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let mut parts = text.splitn(3, ' ');
+        let (Some("v1"), Some(hash), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        if u64::from_str_radix(hash, 16).ok() != Some(fingerprint) {
+            return Err(bad());
+        }
+        let (namespace, name) = key.split_once('/').ok_or_else(bad)?;
+        Ok(ObjectKey::new(namespace, name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(names: &[&str]) -> Vec<(ObjectKey, CachedObject)> {
+        names
+            .iter()
+            .map(|n| {
+                let v = serde_json::json!({"metadata": {"namespace": "ns", "name": n}});
+                (ObjectKey::new("ns", *n), CachedObject::from_value(&v))
+            })
+            .collect()
+    }
+
+    fn request(size: u32, token: &str) -> pb::ListRequest {
+        pb::ListRequest {
+            session_id: "s".into(),
+            namespace: "ns".into(),
+            page_size: size,
+            page_token: token.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pages_resume_after_the_last_key_even_when_the_cache_changed() {
+        let before = items(&["a", "b", "c", "d"]);
+        let (first, token) = page(&request(2, ""), &before).expect("page 1");
+        assert_eq!(first.len(), 2);
+        // "a" was deleted and "bb" created between the pages: nothing is skipped or repeated.
+        let after = items(&["b", "bb", "c", "d"]);
+        let (second, token2) = page(&request(2, &token), &after).expect("page 2");
+        let names: Vec<&str> = second.iter().map(|(k, _)| k.name.as_str()).collect();
+        assert_eq!(names, ["bb", "c"]);
+        let (third, end) = page(&request(2, &token2), &after).expect("page 3");
+        assert_eq!(third.len(), 1);
+        assert_eq!(end, "", "the last page has no token");
+    }
+
+    #[test]
+    fn a_token_is_refused_for_another_request_or_when_forged() {
+        let all = items(&["a", "b", "c"]);
+        let (_, token) = page(&request(1, ""), &all).expect("page 1");
+        let mut other = request(1, &token);
+        other.namespace = "elsewhere".into();
+        assert_eq!(
+            page(&other, &all)
+                .map(|_| ())
+                .expect_err("changed field")
+                .code(),
+            tonic::Code::InvalidArgument
+        );
+        assert!(
+            page(&request(1, "999"), &all).is_err(),
+            "an offset is no token"
+        );
+    }
 }

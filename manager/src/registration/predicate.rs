@@ -122,7 +122,7 @@ impl Predicate {
 
     /// Checks a tree from a registration before it is used.
     ///
-    /// The error's path uses the wire field names (`predicate.all_of[1].label_selector...`) so
+    /// The error's path uses the wire field names (`predicate.all_of.predicates[1].label_selector...`) so
     /// it can be returned verbatim as an INVALID_ARGUMENT message.
     pub fn validate(&self) -> Result<(), PredicateError> {
         self.validate_at("predicate")
@@ -170,13 +170,16 @@ impl Predicate {
                     reason,
                 })
             }
+            // Paths use the proto's field names, so a user can find the field in its message.
             Predicate::AllOf(children) => children.iter().enumerate().try_for_each(|(i, c)| {
-                c.validate_node(&format!("{path}.all_of[{i}]"), depth + 1, nodes)
+                c.validate_node(&format!("{path}.all_of.predicates[{i}]"), depth + 1, nodes)
             }),
             Predicate::AnyOf(children) => children.iter().enumerate().try_for_each(|(i, c)| {
-                c.validate_node(&format!("{path}.any_of[{i}]"), depth + 1, nodes)
+                c.validate_node(&format!("{path}.any_of.predicates[{i}]"), depth + 1, nodes)
             }),
-            Predicate::Not(child) => child.validate_node(&format!("{path}.not"), depth + 1, nodes),
+            Predicate::Not(child) => {
+                child.validate_node(&format!("{path}.negate"), depth + 1, nodes)
+            }
         }
     }
 }
@@ -418,6 +421,15 @@ impl PredicateError {
             | PredicateError::InvalidLabelValue { path, .. }
             | PredicateError::OperatorValues { path, .. }
             | PredicateError::InvalidFinalizer { path, .. } => path,
+        }
+    }
+
+    /// What is wrong, without the path (which [`PredicateError::path`] gives).
+    pub fn detail(&self) -> String {
+        let full = self.to_string();
+        match full.strip_prefix(self.path()) {
+            Some(rest) => rest.trim_start_matches(": ").to_string(),
+            None => full,
         }
     }
 
@@ -814,32 +826,32 @@ mod tests {
         let cases: Vec<(Predicate, &str, &str)> = vec![
             (
                 sel(selector(&[("bad key", "v")], vec![])),
-                "predicate.all_of[1].not.label_selector.match_labels[\"bad key\"]",
+                "predicate.all_of.predicates[1].negate.label_selector.match_labels[\"bad key\"]",
                 "invalid_label_key",
             ),
             (
                 sel(selector(&[("k", "-bad")], vec![])),
-                "predicate.all_of[1].not.label_selector.match_labels[\"k\"]",
+                "predicate.all_of.predicates[1].negate.label_selector.match_labels[\"k\"]",
                 "invalid_label_value",
             ),
             (
                 sel(selector(&[(&"a".repeat(64), "v")], vec![])),
-                "predicate.all_of[1].not.label_selector.match_labels[\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"]",
+                "predicate.all_of.predicates[1].negate.label_selector.match_labels[\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"]",
                 "invalid_label_key",
             ),
             (
                 sel(selector(&[("Upper.Com/x", "v")], vec![])),
-                "predicate.all_of[1].not.label_selector.match_labels[\"Upper.Com/x\"]",
+                "predicate.all_of.predicates[1].negate.label_selector.match_labels[\"Upper.Com/x\"]",
                 "invalid_label_key",
             ),
             (
                 sel(selector(&[], vec![req("ok", In, &[])])),
-                "predicate.all_of[1].not.label_selector.match_expressions[0].values",
+                "predicate.all_of.predicates[1].negate.label_selector.match_expressions[0].values",
                 "operator_values",
             ),
             (
                 sel(selector(&[], vec![req("ok", Exists, &["x"])])),
-                "predicate.all_of[1].not.label_selector.match_expressions[0].values",
+                "predicate.all_of.predicates[1].negate.label_selector.match_expressions[0].values",
                 "operator_values",
             ),
             (
@@ -847,17 +859,17 @@ mod tests {
                     &[],
                     vec![req("ok", Exists, &[]), req("/x", Exists, &[])],
                 )),
-                "predicate.all_of[1].not.label_selector.match_expressions[1].key",
+                "predicate.all_of.predicates[1].negate.label_selector.match_expressions[1].key",
                 "invalid_label_key",
             ),
             (
                 sel(selector(&[], vec![req("ok", NotIn, &["fine", "not fine"])])),
-                "predicate.all_of[1].not.label_selector.match_expressions[0].values[1]",
+                "predicate.all_of.predicates[1].negate.label_selector.match_expressions[0].values[1]",
                 "invalid_label_value",
             ),
             (
                 Predicate::AnyOf(vec![Predicate::HasFinalizer(String::new())]),
-                "predicate.any_of[0].has_finalizer",
+                "predicate.any_of.predicates[0].has_finalizer",
                 "invalid_finalizer",
             ),
         ];
@@ -893,12 +905,18 @@ mod tests {
         let deeper = Predicate::AllOf(vec![p]);
         let err = deeper.validate().expect_err("too deep");
         assert_eq!(err.metric_label(), "too_deep");
-        assert!(err.path().starts_with("predicate.all_of[0].not.not"));
+        assert!(
+            err.path()
+                .starts_with("predicate.all_of.predicates[0].negate.negate")
+        );
 
         let wide = Predicate::AnyOf(vec![Predicate::Deleting; MAX_NODES]);
         let err = wide.validate().expect_err("too many nodes");
         assert_eq!(err.metric_label(), "too_many_nodes");
-        assert_eq!(err.path(), format!("predicate.any_of[{}]", MAX_NODES - 1));
+        assert_eq!(
+            err.path(),
+            format!("predicate.any_of.predicates[{}]", MAX_NODES - 1)
+        );
     }
 
     #[test]

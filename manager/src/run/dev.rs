@@ -228,6 +228,14 @@ impl DevArgs {
             "  kubectl --kubeconfig {kubeconfig} patch memcached memcached-sample --type=merge -p '{{\"spec\":{{\"size\":5}}}}'"
         ));
         say(format!(
+            "  your own controller: dial {} (gRPC, plaintext) with metadata `authorization: Bearer dev`",
+            self.grpc_addr
+        ));
+        say(format!(
+            "    e.g. CTRLHUB_ADDR=http://{} CTRLHUB_TOKEN=dev for the Rust SDK; protocol: docs/protocol.md",
+            self.grpc_addr
+        ));
+        say(format!(
             "  curl http://{}/status    (controllers, queues, informers)",
             self.http_addr
         ));

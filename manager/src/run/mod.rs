@@ -298,11 +298,13 @@ impl RunArgs {
             stop.clone(),
             pod_label.clone(),
         );
-        let service = self.service(&controllers, &client, &election.state, &metrics);
+        let service = self.service(&controllers, &client, &election.state, &metrics, &identity);
         let grpc_listener = bind("gRPC", self.grpc_addr).await?;
         let http_listener = bind("HTTP", self.http_addr).await?;
         tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
-        let grpc = self.serve_grpc(grpc_listener, service)?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        crate::grpc::health::follow_leadership(health, election.leading.clone(), stop.clone());
+        let grpc = self.serve_grpc(grpc_listener, service, health_service)?;
         let http_tls = self.http_tls(&identity)?;
         let http_state = HttpState {
             controllers: controllers.clone(),
@@ -425,6 +427,7 @@ impl RunArgs {
         client: &kube::Client,
         leader: &watch::Receiver<LeaderState>,
         metrics: &Arc<Metrics>,
+        identity: &str,
     ) -> Service {
         let state = match self.auth {
             AuthMode::Static => ServiceState::new(
@@ -450,7 +453,7 @@ impl RunArgs {
             .with_rbac(self.authz_allow_ttl)
             .with_token_recheck(self.token_cache_ttl),
         };
-        Service(Arc::new(state))
+        Service(Arc::new(state.with_identity(identity)))
     }
 
     /// Who may read the HTTP port: anyone with static auth; with Kubernetes auth, callers whose
@@ -499,11 +502,16 @@ impl RunArgs {
         )
     }
 
-    /// Serves `ctrlhub.v1` on its own task until the returned server is stopped.
+    /// Serves `ctrlhub.v1`, `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl
+    /// and older clients both find the services without the .proto files) on its own task
+    /// until the returned server is stopped.
     fn serve_grpc(
         &self,
         listener: tokio::net::TcpListener,
         service: Service,
+        health: tonic_health::pb::health_server::HealthServer<
+            impl tonic_health::pb::health_server::Health,
+        >,
     ) -> anyhow::Result<Server> {
         let mut server = tonic::transport::Server::builder();
         if let Some(tls) = self.grpc_tls()? {
@@ -519,10 +527,23 @@ impl RunArgs {
         };
         let service =
             ControllerManagerServer::new(service).max_decoding_message_size(self.max_message_bytes);
+        let reflection = |b: tonic_reflection::server::Builder<'static>| {
+            b.register_encoded_file_descriptor_set(ctrlhub_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+            .build_v1()
+            .context("building the gRPC reflection service")?;
+        let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+            .build_v1alpha()
+            .context("building the gRPC reflection service")?;
         let task = tokio::spawn(async move {
             let _ = server
                 .http2_keepalive_interval(Some(Duration::from_secs(20)))
                 .add_service(service)
+                .add_service(health)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
         });

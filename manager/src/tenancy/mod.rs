@@ -45,6 +45,11 @@ pub enum AuthError {
     /// The token is not accepted (unknown, expired, tampered, or its ServiceAccount is gone).
     #[error("the bearer token was not accepted: use a current ServiceAccount token")]
     Rejected,
+    /// The token is not the manager's static token (`--auth static`).
+    #[error(
+        "the bearer token is not this manager's static token: send the value of its --token (env CTRLHUB_TOKEN; `ctrlhub dev` and a plain `ctrlhub run` use `dev`)"
+    )]
+    NotTheStaticToken,
     /// The token is valid but not issued for ctrlhub.
     #[error(
         "the bearer token is not for audience {0:?}: request a projected token with that audience"
@@ -99,7 +104,7 @@ impl Authenticator for StaticTokens {
                 uid: String::new(),
                 groups: Vec::new(),
             })
-            .ok_or(AuthError::Rejected);
+            .ok_or(AuthError::NotTheStaticToken);
         Box::pin(std::future::ready(found))
     }
 }
