@@ -353,6 +353,8 @@ async fn events_mode_delivers_in_order_per_key() {
     put_configmap(&c.client, "default", "ev", &[("v", "0")]).await;
     let mut reg = register_configmaps("events", 4);
     reg.mode = pb::register::Mode::Events as i32;
+    // EVENTS mode takes no controller-wide concurrency (the proto: INVALID_ARGUMENT).
+    reg.max_concurrent_reconciles = 0;
     let mut r = Replica::connect(&m.grpc, reg.clone())
         .await
         .expect("registered");

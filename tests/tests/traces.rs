@@ -651,6 +651,7 @@ async fn events_mode_deliveries_carry_a_traceparent() {
     manager.wait_leading().await;
     let mut register = register_configmaps("events", 1);
     register.mode = ctrlhub_proto::v1::register::Mode::Events as i32;
+    register.max_concurrent_reconciles = 0;
     let mut replica = Replica::connect(&manager.grpc, register)
         .await
         .expect("registers");
