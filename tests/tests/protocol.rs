@@ -330,3 +330,55 @@ async fn discarded_and_requeued_results_are_counted() {
     assert_eq!(c["requeued"], 1, "{c}");
     assert_eq!(c["succeeded"], 1, "{c}");
 }
+
+/// 5b. A change of an owned object arrives for its owner as OWNED_CHANGED, of a watched object
+/// for the primary it maps to as WATCHED_CHANGED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_and_watched_changes_say_so() {
+    let (c, m) = setup("proto-related").await;
+    let secrets = pb::ResourceType {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Secret".into(),
+        plural: String::new(),
+    };
+    let mut reg = register("related", configmaps(), 4, Some("default"));
+    reg.owns = vec![pb::OwnedResource {
+        resource: Some(secrets.clone()),
+        controller_only: true,
+        predicate: None,
+    }];
+    reg.watches = vec![pb::WatchedResource {
+        resource: Some(pb::ResourceType {
+            kind: "ServiceAccount".into(),
+            ..secrets
+        }),
+        mapping: Some(pb::watched_resource::Mapping::LabelKey("for".into())),
+        predicate: None,
+    }];
+    put_configmap(&c.client, "default", "parent", &[("v", "0")]).await;
+    let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
+    assert_eq!(reasons_of(&mut r, "parent").await.0, [Reason::InitialList]);
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(c.client.clone(), "default");
+    let uid = cms
+        .get("parent")
+        .await
+        .expect("parent")
+        .metadata
+        .uid
+        .expect("uid");
+    let child = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "child", "namespace": "default", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "parent", "uid": uid, "controller": true}]},
+        "stringData": {"k": "v"}});
+    apply(&c.client, &child).await.expect("child applied");
+    assert_eq!(reasons_of(&mut r, "parent").await.0, [Reason::OwnedChanged]);
+    let pointer = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "pointer", "namespace": "default", "labels": {"for": "parent"}}});
+    apply(&c.client, &pointer).await.expect("pointer applied");
+    assert_eq!(
+        reasons_of(&mut r, "parent").await.0,
+        [Reason::WatchedChanged]
+    );
+}
