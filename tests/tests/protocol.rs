@@ -382,3 +382,62 @@ async fn owned_and_watched_changes_say_so() {
         [Reason::WatchedChanged]
     );
 }
+
+/// Cached reads answer from the session's own caches and scope: an object outside the
+/// session's label selector is NOT_FOUND and absent from List, even while another controller
+/// caches it; List reports the cache's resourceVersion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reads_stay_within_the_sessions_scope() {
+    let (c, m) = setup("proto-reads").await;
+    for (name, team) in [("mine", "a"), ("theirs", "b")] {
+        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default", "labels": {"team": team}}});
+        apply(&c.client, &cm).await.expect("applied");
+    }
+    let _broad = Replica::connect(&m.grpc, register("broad", configmaps(), 1, Some("default")))
+        .await
+        .expect("a controller caching every ConfigMap");
+    let mut reg = register("narrow", configmaps(), 1, Some("default"));
+    reg.label_selector = Some(pb::LabelSelector {
+        match_labels: [("team".to_string(), "a".to_string())].into(),
+        match_expressions: Vec::new(),
+    });
+    let narrow = Replica::connect(&m.grpc, reg).await.expect("registered");
+    let mut client = narrow.client.clone();
+    let get = |name: &str| {
+        with_authorization(
+            pb::GetRequest {
+                session_id: narrow.session_id.clone(),
+                resource: Some(configmaps()),
+                namespace: "default".into(),
+                name: name.into(),
+            },
+            Some("Bearer dev"),
+        )
+    };
+    assert!(client.get(get("mine")).await.is_ok(), "its own object");
+    let theirs = client
+        .get(get("theirs"))
+        .await
+        .expect_err("outside the selector");
+    assert_eq!(theirs.code(), Code::NotFound, "{theirs:?}");
+    let list = client
+        .list(with_authorization(
+            pb::ListRequest {
+                session_id: narrow.session_id.clone(),
+                resource: Some(configmaps()),
+                namespace: "default".into(),
+                ..Default::default()
+            },
+            Some("Bearer dev"),
+        ))
+        .await
+        .expect("listed")
+        .into_inner();
+    assert_eq!(list.items.len(), 1, "only its own object");
+    assert!(
+        list.resource_version.parse::<u64>().is_ok(),
+        "the cache's resourceVersion: {:?}",
+        list.resource_version
+    );
+}
