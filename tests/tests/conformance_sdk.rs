@@ -14,7 +14,11 @@ use ctrlhub_tests::init_tracing;
 /// The SDKs chosen by `CONFORMANCE_SDKS` (all of the table when unset).
 fn chosen(table: &[Sdk]) -> Vec<Sdk> {
     let wanted = std::env::var("CONFORMANCE_SDKS").unwrap_or_default();
-    let wanted: Vec<&str> = wanted.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let wanted: Vec<&str> = wanted
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     for w in &wanted {
         assert!(
             table.iter().any(|s| s.name == *w),
@@ -81,7 +85,11 @@ async fn conformance_matrix() {
     let drift = (sdks.len() == table.len())
         .then(|| readme_drift(&table, &results))
         .flatten();
-    let red: Vec<String> = results.iter().filter(|r| r.red().next().is_some()).map(summary).collect();
+    let red: Vec<String> = results
+        .iter()
+        .filter(|r| r.red().next().is_some())
+        .map(summary)
+        .collect();
     assert!(
         red.is_empty() && drift.is_none(),
         "{}{}",

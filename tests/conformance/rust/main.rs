@@ -113,7 +113,9 @@ impl Directives {
     /// Entry `min(attempt, len)` of a comma-separated list.
     fn entry(&self, key: &str, attempt: u32) -> Option<&str> {
         let list: Vec<&str> = self.data.get(key)?.split(',').map(str::trim).collect();
-        let i = usize::try_from(attempt.max(1)).unwrap_or(usize::MAX).min(list.len());
+        let i = usize::try_from(attempt.max(1))
+            .unwrap_or(usize::MAX)
+            .min(list.len());
         Some(list[i - 1])
     }
 
@@ -169,8 +171,7 @@ fn start_line<K>(req: &Request<K>, cm: Option<&ConfigMap>) -> Value {
         u64::try_from(d.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(0)
     });
     // The SDK runs the handler inside its `reconcile` span, the current context here.
-    let (span_traceparent, _) =
-        ctrlhub_sdk::traces::inject(&opentelemetry::Context::current());
+    let (span_traceparent, _) = ctrlhub_sdk::traces::inject(&opentelemetry::Context::current());
     json!({"event": "start", "key": req.key.to_string(), "id": req.id, "attempt": req.attempt,
         "reasons": reasons, "object": object, "rv": rv.unwrap_or_default(),
         "deadline_us": deadline_us, "traceparent": req.traceparent,
@@ -206,7 +207,8 @@ async fn reads(req: &Request<ConfigMap>, name: &str) -> Value {
     };
     match req.reader().list::<ConfigMap>(Some(ns), None).await {
         Ok(items) => {
-            let mut names: Vec<String> = items.into_iter().filter_map(|c| c.metadata.name).collect();
+            let mut names: Vec<String> =
+                items.into_iter().filter_map(|c| c.metadata.name).collect();
             names.sort();
             json!({"get": got, "list": names})
         }

@@ -209,7 +209,10 @@ mod tests {
         assert!(table.contains("| backoff | ❌ | — |"));
         assert!(table.contains("| requeue-after | — | — |"));
         assert!(table.contains("- `b`: the b SDK"));
-        assert!(!table.contains("too early"), "messages stay out of the README");
+        assert!(
+            !table.contains("too early"),
+            "messages stay out of the README"
+        );
     }
 
     #[test]

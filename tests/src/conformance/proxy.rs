@@ -68,6 +68,7 @@ pub struct LeaderProxy {
     port: u16,
     routes: Arc<Mutex<Vec<Route>>>,
     log: Arc<Mutex<Vec<Connection>>>,
+    cut: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -78,11 +79,18 @@ impl LeaderProxy {
         let port = listener.local_addr()?.port();
         let routes = Arc::new(Mutex::new(routes));
         let log = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(accept_loop(listener, routes.clone(), log.clone()));
+        let (cut, _) = tokio::sync::watch::channel(0);
+        let shared = Shared {
+            routes: routes.clone(),
+            log: log.clone(),
+            cut: cut.clone(),
+        };
+        let task = tokio::spawn(accept_loop(listener, shared));
         Ok(LeaderProxy {
             port,
             routes,
             log,
+            cut,
             task,
         })
     }
@@ -97,6 +105,12 @@ impl LeaderProxy {
         *self.routes.lock() = routes;
     }
 
+    /// Severs every open connection at once (a network cut: both ends see the connection
+    /// drop, neither gets a goodbye).
+    pub fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+
     /// Every connection accepted so far, oldest first.
     pub fn connections(&self) -> Vec<Connection> {
         self.log.lock().clone()
@@ -109,15 +123,19 @@ impl Drop for LeaderProxy {
     }
 }
 
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
+/// What the accept loop shares with the proxy handle.
+struct Shared {
     routes: Arc<Mutex<Vec<Route>>>,
     log: Arc<Mutex<Vec<Connection>>>,
-) {
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, shared: Shared) {
     while let Ok((inbound, _)) = listener.accept().await {
         let at_us = now_us();
-        let routes = routes.lock().clone();
-        let log = log.clone();
+        let routes = shared.routes.lock().clone();
+        let log = shared.log.clone();
+        let cut = shared.cut.subscribe();
         tokio::spawn(async move {
             let target = leader(&routes).await;
             log.lock().push(Connection {
@@ -125,7 +143,7 @@ async fn accept_loop(
                 to: target.clone(),
             });
             if let Some(addr) = target {
-                forward(inbound, &addr).await;
+                forward(inbound, &addr, cut).await;
             }
             // No leader: dropping `inbound` closes it, as a Service without endpoints does.
         });
@@ -142,10 +160,18 @@ async fn leader(routes: &[Route]) -> Option<String> {
     None
 }
 
-async fn forward(mut inbound: tokio::net::TcpStream, addr: &str) {
+async fn forward(
+    mut inbound: tokio::net::TcpStream,
+    addr: &str,
+    mut cut: tokio::sync::watch::Receiver<u64>,
+) {
     if let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await {
         let _ = outbound.set_nodelay(true);
         let _ = inbound.set_nodelay(true);
-        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+            // Dropping both sockets mid-stream is the cut.
+            _ = cut.changed() => {}
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::process::Command;
 
 use super::Failure;
-use super::checks::{ROWS, SCENARIOS, Verdict};
+use super::checks::{ROWS, SCENARIOS, Scenario, Verdict};
 use super::matrix::{RowResult, SdkResults};
 use super::sdk::{Sdk, repo_root};
 use super::world::World;
@@ -24,7 +24,7 @@ pub async fn run_sdk(sdk: &Sdk) -> SdkResults {
         Ok(mut world) => {
             for scenario in SCENARIOS {
                 let t = Instant::now();
-                let run = AssertUnwindSafe(scenario.run(&mut world)).catch_unwind();
+                let run = AssertUnwindSafe(heal_then_run(scenario, &mut world)).catch_unwind();
                 let outcome = match run.await {
                     Ok(v) => v,
                     Err(panic) => scenario
@@ -34,19 +34,41 @@ pub async fn run_sdk(sdk: &Sdk) -> SdkResults {
                         .collect(),
                 };
                 let secs = t.elapsed().as_secs_f64();
-                println!("conformance {}: {} took {secs:.1} s", sdk.name, scenario.name);
+                println!(
+                    "conformance {}: {} took {secs:.1} s",
+                    sdk.name, scenario.name
+                );
                 verdicts.extend(outcome.into_iter().map(|v| (v, secs)));
             }
         }
         Err(e) => {
             let why = e.to_string();
-            verdicts.extend(ROWS.iter().map(|r| ((r.id, Err(Failure::Setup(why.clone()))), 0.0)));
+            verdicts.extend(
+                ROWS.iter()
+                    .map(|r| ((r.id, Err(Failure::Setup(why.clone()))), 0.0)),
+            );
         }
     }
     SdkResults {
         sdk: sdk.clone(),
         seconds: started.elapsed().as_secs_f64(),
         rows: in_matrix_order(verdicts),
+    }
+}
+
+/// Runs `scenario` once the world has a leader again; when it cannot get one, every row of
+/// the scenario is red with that reason.
+async fn heal_then_run(scenario: &Scenario, world: &mut World) -> Vec<Verdict> {
+    match world.heal().await {
+        Ok(()) => scenario.run(world).await,
+        Err(e) => {
+            let why = format!("no leading manager before the check: {e}");
+            scenario
+                .rows
+                .iter()
+                .map(|r| (*r, Err(Failure::Setup(why.clone()))))
+                .collect()
+        }
     }
 }
 

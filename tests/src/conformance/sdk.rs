@@ -85,7 +85,10 @@ pub fn load_table(path: &Path) -> Result<Vec<Sdk>, TableError> {
     for sdk in &table.sdks {
         let plain = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
         if sdk.name.is_empty() || !sdk.name.chars().all(plain) {
-            return Err(invalid(format!("SDK name {:?} must be [A-Za-z0-9_-]+", sdk.name)));
+            return Err(invalid(format!(
+                "SDK name {:?} must be [A-Za-z0-9_-]+",
+                sdk.name
+            )));
         }
         if !seen.insert(sdk.name.clone()) {
             return Err(invalid(format!("SDK {:?} is listed twice", sdk.name)));
@@ -102,7 +105,9 @@ impl Sdk {
     pub fn expand(argv: &[String]) -> Vec<String> {
         let target = target_dir();
         let target = target.to_string_lossy();
-        argv.iter().map(|a| a.replace("{target}", &target)).collect()
+        argv.iter()
+            .map(|a| a.replace("{target}", &target))
+            .collect()
     }
 
     /// The controller's command, ready to spawn (program, arguments).
@@ -132,7 +137,10 @@ mod tests {
         let entry = r#"{"name":"x","title":"t","command":["a"]}"#;
         std::fs::write(&path, format!(r#"{{"sdks":[{entry},{entry}]}}"#))?;
         assert!(matches!(load_table(&path), Err(TableError::Invalid { .. })));
-        std::fs::write(&path, r#"{"sdks":[{"name":"a/b","title":"t","command":["a"]}]}"#)?;
+        std::fs::write(
+            &path,
+            r#"{"sdks":[{"name":"a/b","title":"t","command":["a"]}]}"#,
+        )?;
         assert!(matches!(load_table(&path), Err(TableError::Invalid { .. })));
         Ok(())
     }

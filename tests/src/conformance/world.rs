@@ -67,7 +67,9 @@ impl World {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let cluster = Cluster::start(devcluster::Options::default()).await?;
         tenant(&cluster).await?;
-        let otlp = OtlpSink::start().await.context("starting the OTLP receiver")?;
+        let otlp = OtlpSink::start()
+            .await
+            .context("starting the OTLP receiver")?;
         let launch = launch(&dir, otlp.endpoint())?;
         let proxy = LeaderProxy::start(Vec::new())
             .await
@@ -140,6 +142,16 @@ impl World {
         }
     }
 
+    /// Starts a manager when none runs (a check that replaces managers failed half-way), so
+    /// that one red row does not turn the next ones red too.
+    pub async fn heal(&mut self) -> Result<(), Failure> {
+        if self.managers.is_empty() {
+            self.start_manager().await?;
+        }
+        self.wait_leader().await?;
+        Ok(())
+    }
+
     /// The running manager named `identity`.
     pub fn manager(&self, identity: &str) -> Result<&Manager, Failure> {
         self.managers
@@ -180,11 +192,26 @@ impl World {
         procs: &[&Proc],
         holds: impl Fn(&Value) -> bool,
     ) -> Result<Value, Failure> {
+        let found = self
+            .wait_controller_entry(what, name, procs, |c| c.is_some_and(&holds))
+            .await?;
+        Ok(found.unwrap_or_default())
+    }
+
+    /// [`World::wait_controller`] where `holds` also sees the absence of the entry (a
+    /// controller whose last replica left is not listed).
+    pub async fn wait_controller_entry(
+        &self,
+        what: &str,
+        name: &str,
+        procs: &[&Proc],
+        holds: impl Fn(Option<&Value>) -> bool,
+    ) -> Result<Option<Value>, Failure> {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let status = self.controller_status(name).await?;
-            if let Some(s) = status.as_ref().filter(|s| holds(s)) {
-                return Ok(s.clone());
+            if holds(status.as_ref()) {
+                return Ok(status);
             }
             for p in procs {
                 p.require_running()
@@ -548,6 +575,9 @@ fn tail(events: &[Event]) -> String {
 
 /// One report line, briefly.
 pub fn line(e: &Event) -> String {
+    if !(e.is_start() || e.is_end()) {
+        return format!("{} {}", e.replica, e.event);
+    }
     if e.is_end() {
         format!(
             "{} end {} id={} attempt={} outcome={}",

@@ -22,17 +22,27 @@ async fn finished(procs: &[&Proc], k: &str) -> Result<(Event, Event), Failure> {
 pub(super) async fn cached_reads(w: &mut World) -> Result<(), Failure> {
     let ns = "reads";
     w.namespace(ns).await?;
-    w.put(ns, "target", true, &Directives::done().with("x", "1")).await?;
-    w.put(ns, "hidden", false, &Directives::done().with("x", "2")).await?;
-    for (name, read) in [("reader", "target"), ("reader-missing", "nope"), ("reader-hidden", "hidden")] {
-        w.put(ns, name, true, &Directives::done().read(read)).await?;
+    w.put(ns, "target", true, &Directives::done().with("x", "1"))
+        .await?;
+    w.put(ns, "hidden", false, &Directives::done().with("x", "2"))
+        .await?;
+    for (name, read) in [
+        ("reader", "target"),
+        ("reader-missing", "nope"),
+        ("reader-hidden", "hidden"),
+    ] {
+        w.put(ns, name, true, &Directives::done().read(read))
+            .await?;
     }
     // Registered only after every object exists: the first List then sees them all.
     let procs = replicas(w, ns, 1).await?;
     let refs: Vec<&Proc> = procs.iter().collect();
     let in_scope = json!(["reader", "reader-hidden", "reader-missing", "target"]);
     let expect = [
-        ("reader", json!({"name": "target", "found": true, "data": {"x": "1"}})),
+        (
+            "reader",
+            json!({"name": "target", "found": true, "data": {"x": "1"}}),
+        ),
         ("reader-missing", json!({"name": "nope", "found": false})),
         ("reader-hidden", json!({"name": "hidden", "found": false})),
     ];
@@ -43,11 +53,17 @@ pub(super) async fn cached_reads(w: &mut World) -> Result<(), Failure> {
     Ok(())
 }
 
-fn judge_reads(name: &str, reads: Option<&Value>, get: &Value, list: &Value) -> Result<(), Failure> {
-    let reads = reads.ok_or_else(|| {
-        Failure::Violation(format!("{name}: the end line has no `reads`"))
+fn judge_reads(
+    name: &str,
+    reads: Option<&Value>,
+    get: &Value,
+    list: &Value,
+) -> Result<(), Failure> {
+    let reads =
+        reads.ok_or_else(|| Failure::Violation(format!("{name}: the end line has no `reads`")))?;
+    require(reads.get("error").is_none(), || {
+        format!("{name}: a read failed: {reads}")
     })?;
-    require(reads.get("error").is_none(), || format!("{name}: a read failed: {reads}"))?;
     let got = &reads["get"];
     let found_ok = got["name"] == get["name"] && got["found"] == get["found"];
     let data_ok = get.get("data").is_none_or(|d| &got["data"] == d);
@@ -70,7 +86,9 @@ fn traceparent(tp: &str) -> Option<(&str, &str, &str)> {
         return None;
     };
     let hex = |s: &str, n: usize| {
-        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     let ok = version == "00"
         && hex(trace, 32)
@@ -95,7 +113,9 @@ pub(super) async fn trace_context(w: &mut World) -> Result<(), Failure> {
             s.traceparent
         ))
     })?;
-    require(parent.2 == "01", || format!("the manager samples every trace; got flags {}", parent.2))?;
+    require(parent.2 == "01", || {
+        format!("the manager samples every trace; got flags {}", parent.2)
+    })?;
     let child = traceparent(&s.span_traceparent).ok_or_else(|| {
         Failure::Violation(format!(
             "span_traceparent {:?} is not a valid W3C traceparent: the controller did not \
@@ -103,13 +123,16 @@ pub(super) async fn trace_context(w: &mut World) -> Result<(), Failure> {
             s.span_traceparent
         ))
     })?;
-    require(child.0 == parent.0 && child.1 != parent.1 && child.2 == parent.2, || {
-        format!(
-            "the controller's span {} must be a child of {}: same trace id and flags, a new \
+    require(
+        child.0 == parent.0 && child.1 != parent.1 && child.2 == parent.2,
+        || {
+            format!(
+                "the controller's span {} must be a child of {}: same trace id and flags, a new \
              span id",
-            s.span_traceparent, s.traceparent
-        )
-    })
+                s.span_traceparent, s.traceparent
+            )
+        },
+    )
 }
 
 /// The rows the reasons scenario decides, in the order of its verdicts.
@@ -131,9 +154,22 @@ pub(super) async fn reasons(w: &mut World) -> Vec<Verdict> {
         w.namespace(ns).await?;
         w.put(ns, "initial", true, &Directives::done()).await?;
         let procs = replicas_with(w, ns, 1, |s| s.deadline_ms = 2_000).await?;
-        w.put(ns, "requeue", true, &Directives::done().outcome("requeue:300")).await?;
-        w.put(ns, "retry", true, &Directives::done().outcome("error,done")).await?;
-        w.put(ns, "redeliver", true, &Directives::done().sleep_ms("60000,0")).await?;
+        w.put(
+            ns,
+            "requeue",
+            true,
+            &Directives::done().outcome("requeue:300"),
+        )
+        .await?;
+        w.put(ns, "retry", true, &Directives::done().outcome("error,done"))
+            .await?;
+        w.put(
+            ns,
+            "redeliver",
+            true,
+            &Directives::done().sleep_ms("60000,0"),
+        )
+        .await?;
         Ok::<_, Failure>(procs)
     };
     let procs = match setup.await {
@@ -153,10 +189,28 @@ pub(super) async fn reasons(w: &mut World) -> Vec<Verdict> {
         Err(_) => Ok(()),
     };
     let mut verdicts = lifecycle(w, a, ns).await;
-    verdicts.push(("reason-initial-list", initial.and_then(|s| reason(&s, "INITIAL_LIST", None))));
-    verdicts.push(("reason-requeue", nth_start(a, &key(ns, "requeue"), 1).await.and_then(|s| reason(&s, "REQUEUE", None))));
-    verdicts.push(("reason-retry", attempt(a, &key(ns, "retry"), 2).await.and_then(|s| reason(&s, "RETRY", None))));
-    verdicts.push(("reason-redelivery", attempt(a, &key(ns, "redeliver"), 2).await.and_then(|s| reason(&s, "REDELIVERY", None))));
+    verdicts.push((
+        "reason-initial-list",
+        initial.and_then(|s| reason(&s, "INITIAL_LIST", None)),
+    ));
+    verdicts.push((
+        "reason-requeue",
+        nth_start(a, &key(ns, "requeue"), 1)
+            .await
+            .and_then(|s| reason(&s, "REQUEUE", None)),
+    ));
+    verdicts.push((
+        "reason-retry",
+        attempt(a, &key(ns, "retry"), 2)
+            .await
+            .and_then(|s| reason(&s, "RETRY", None)),
+    ));
+    verdicts.push((
+        "reason-redelivery",
+        attempt(a, &key(ns, "redeliver"), 2)
+            .await
+            .and_then(|s| reason(&s, "REDELIVERY", None)),
+    ));
     let left = match initial_done {
         Ok(()) => left_scope(w, a, ns).await,
         Err(e) => Err(e),
@@ -169,14 +223,16 @@ pub(super) async fn reasons(w: &mut World) -> Vec<Verdict> {
 async fn lifecycle(w: &World, a: &Proc, ns: &str) -> Vec<Verdict> {
     let k = key(ns, "fresh");
     let created = async {
-        w.put(ns, "fresh", true, &Directives::done().with("v", "1")).await?;
+        w.put(ns, "fresh", true, &Directives::done().with("v", "1"))
+            .await?;
         let s = nth_start(a, &k, 0).await?;
         finished_start(a, &s).await?;
         reason(&s, "CREATED", Some("object"))
     }
     .await;
     let updated = async {
-        w.put(ns, "fresh", true, &Directives::done().with("v", "2")).await?;
+        w.put(ns, "fresh", true, &Directives::done().with("v", "2"))
+            .await?;
         let s = nth_start(a, &k, 1).await?;
         finished_start(a, &s).await?;
         reason(&s, "UPDATED", Some("object"))
@@ -220,16 +276,26 @@ async fn attempt(a: &Proc, k: &str, n: u32) -> Result<Event, Failure> {
 
 /// Waits until `s` has ended, so that the next change is a new request.
 async fn finished_start(a: &Proc, s: &Event) -> Result<(), Failure> {
-    wait_events(&format!("the end of {}", line(s)), &[a], |ev| end_of(ev, s).map(|_| ()))
-        .await
+    wait_events(&format!("the end of {}", line(s)), &[a], |ev| {
+        end_of(ev, s).map(|_| ())
+    })
+    .await
 }
 
 /// Whether start line `s` carries reason `name` (and the object kind `object`).
 fn reason(s: &Event, name: &str, object: Option<&str>) -> Result<(), Failure> {
     require(s.has_reason(name), || {
-        format!("expected reason {name}, the request carried {}: {}", s.reason_list(), line(s))
+        format!(
+            "expected reason {name}, the request carried {}: {}",
+            s.reason_list(),
+            line(s)
+        )
     })?;
     require(object.is_none_or(|o| s.object == o), || {
-        format!("with reason {name} the request carries {}, got {:?}", object.unwrap_or(""), s.object)
+        format!(
+            "with reason {name} the request carries {}, got {:?}",
+            object.unwrap_or(""),
+            s.object
+        )
     })
 }

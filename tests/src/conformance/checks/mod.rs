@@ -32,17 +32,26 @@ pub const ROWS: &[Row] = &[
     row("requeue-after", "requeue-after"),
     row("backoff", "backoff"),
     row("terminal", "terminal errors"),
-    row("deadline", "deadline: handler cancelled, late result discarded"),
+    row(
+        "deadline",
+        "deadline: handler cancelled, late result discarded",
+    ),
     row("drain", "Drain completes in-flight work on SIGTERM"),
     row("reconnect-restart", "reconnect after a manager restart"),
-    row("reconnect-leader", "reconnect after a leader change (leader killed)"),
+    row(
+        "reconnect-leader",
+        "reconnect after a leader change (leader killed)",
+    ),
     row(
         "reconnect-stepdown",
         "reconnect after a leader change (leader steps down, stays up)",
     ),
     row("token-rotation", "token rotation (token file re-read)"),
     row("revoked", "Revoked handling (SUPERSEDED)"),
-    row("cached-reads", "cached reads (Get/List through the manager)"),
+    row(
+        "cached-reads",
+        "cached reads (Get/List through the manager)",
+    ),
     row("trace-context", "trace context continued"),
     row("reason-created", "reason CREATED"),
     row("reason-updated", "reason UPDATED"),
@@ -121,11 +130,15 @@ pub const SCENARIOS: &[Scenario] = &[
         rows: data::REASON_ROWS,
         runner: Runner::Many(|w| Box::pin(data::reasons(w))),
     },
-    one(&["token-rotation"], |w| Box::pin(session::token_rotation(w))),
+    one(&["token-rotation"], |w| {
+        Box::pin(session::token_rotation(w))
+    }),
     one(&["reconnect-restart"], |w| {
         Box::pin(session::reconnect_restart(w))
     }),
-    one(&["reconnect-leader"], |w| Box::pin(session::reconnect_leader(w))),
+    one(&["reconnect-leader"], |w| {
+        Box::pin(session::reconnect_leader(w))
+    }),
     one(&["reconnect-stepdown"], |w| {
         Box::pin(session::reconnect_stepdown(w))
     }),

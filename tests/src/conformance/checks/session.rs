@@ -39,18 +39,32 @@ pub(super) async fn drain(w: &mut World) -> Result<(), Failure> {
     .await?;
     let sigterm_us = now_us();
     a.terminate();
-    w.wait_controller("the manager sees the session draining", ns, &[], draining)
-        .await?;
+    // The second replica joins once the manager stopped sending to the first, so new work
+    // cannot go to the draining one. A session that ended instead of draining is judged below
+    // by its reconcile, which it then did not finish.
+    // The last replica leaving removes the controller from /status.
+    w.wait_controller_entry(
+        "the manager sees the session draining or gone",
+        ns,
+        &[],
+        |c| c.is_none_or(|c| draining(c) || sessions(c) == 0),
+    )
+    .await?;
     let b = w.spawn(&Spawn::new(ns, ns, "r2"))?;
     w.put(ns, "after", true, &Directives::done()).await?;
     let k_after = key(ns, "after");
     wait_events("the second replica reconciles a new key", &[&b], |ev| {
-        find_start(ev, &k_after, |_| true).and_then(|s| end_of(ev, s)).cloned()
+        find_start(ev, &k_after, |_| true)
+            .and_then(|s| end_of(ev, s))
+            .cloned()
     })
     .await?;
     let status = a.wait_exit().await?;
     require(status.success(), || {
-        format!("a drained controller exits 0; it exited {status} (see {})", a.log.display())
+        format!(
+            "a drained controller exits 0; it exited {status} (see {})",
+            a.log.display()
+        )
     })?;
     w.wait_controller("nothing queued or in flight", ns, &[&b], |c| {
         counter(c, "inFlight") == 0 && counter(c, "queued") == 0
@@ -62,15 +76,21 @@ pub(super) async fn drain(w: &mut World) -> Result<(), Failure> {
 /// The reports of the draining replica `a` and of `b` after the drain.
 fn judge_drain(a: &[Event], b: &[Event], s: &Event, sigterm_us: u64) -> Result<(), Failure> {
     let end = end_of(a, s);
-    require(end.is_some_and(|e| e.outcome == "done" && e.ts_us >= sigterm_us), || {
-        format!(
-            "the in-flight reconcile must finish after SIGTERM and answer: {}",
-            end.map_or("it never ended".into(), line)
-        )
-    })?;
+    require(
+        end.is_some_and(|e| e.outcome == "done" && e.ts_us >= sigterm_us),
+        || {
+            format!(
+                "the in-flight reconcile must finish after SIGTERM and answer: {}",
+                end.map_or("it never ended".into(), line)
+            )
+        },
+    )?;
     let new = a.iter().find(|e| e.is_start() && e.ts_us > sigterm_us);
     require(new.is_none(), || {
-        format!("a draining replica must start nothing new: {}", new.map_or(String::new(), line))
+        format!(
+            "a draining replica must start nothing new: {}",
+            new.map_or(String::new(), line)
+        )
     })?;
     let again = b.iter().find(|e| e.is_start() && e.key == s.key);
     require(again.is_none(), || {
@@ -111,7 +131,9 @@ async fn rejected_registrations(w: &World) -> Result<f64, Failure> {
         .lines()
         .filter(|l| l.starts_with("ctrlhub_rejected_registrations_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+        .sum::<f64>()
+        // An empty sum is -0.0.
+        + 0.0)
 }
 
 /// A raw replica that answers Done to everything and notes whether its session ended.
@@ -158,36 +180,69 @@ pub(super) async fn revoked(w: &mut World) -> Result<(), Failure> {
     })
     .await?;
     let rejected = rejected_registrations(w).await?;
-    let token = std::fs::read_to_string(&w.token_file)
-        .map_err(|e| Failure::Setup(format!("reading the token file: {e}")))?;
-    // Same name, same identity, a different definition: the newest wins.
-    let mut newer = conformance_register(ns, ns);
-    newer.resync_period = Some(secs(3600.0));
-    let leader = w.wait_leader().await?.grpc.clone();
     a.may_exit();
-    let replica = Replica::connect_with(&leader, newer, Some(&format!("Bearer {}", token.trim())))
-        .await
-        .map_err(|e| Failure::Setup(format!("registering the newer definition: {e}")))?;
-    let newcomer = Newcomer::serve(replica);
-    let end = wait_events_within("the superseded handler to stop", &[a], Duration::from_secs(5), |ev| {
+    let newcomer = supersede(w, ns).await?;
+    let within = Duration::from_secs(5);
+    let end = wait_events_within("the superseded handler to stop", &[a], within, |ev| {
         end_of(ev, &s).cloned()
     })
     .await?;
     require(end.outcome == "cancelled", || {
-        format!("a revoked session's handler must be cancelled: {}", line(&end))
-    })?;
-    let status = a.wait_exit().await?;
-    require(!status.success(), || {
-        format!("a superseded controller must exit non-zero (it exited {status})")
-    })?;
-    let now_rejected = rejected_registrations(w).await?;
-    require(!newcomer.ended.load(Ordering::SeqCst) && now_rejected == rejected, || {
         format!(
-            "the superseded controller registered again (the newer session ended: {}; refused \
-             registrations {rejected} -> {now_rejected})",
-            newcomer.ended.load(Ordering::SeqCst)
+            "a revoked session's handler must be cancelled: {}",
+            line(&end)
         )
-    })
+    })?;
+    exits_without_registering(w, a, &newcomer, rejected).await
+}
+
+/// Registers the same controller name, with the same identity, and a different definition
+/// (the newest wins): the running replica is revoked with SUPERSEDED.
+async fn supersede(w: &World, ns: &str) -> Result<Newcomer, Failure> {
+    let token = std::fs::read_to_string(&w.token_file)
+        .map_err(|e| Failure::Setup(format!("reading the token file: {e}")))?;
+    let mut newer = conformance_register(ns, ns);
+    newer.resync_period = Some(secs(3600.0));
+    let leader = w.wait_leader().await?.grpc.clone();
+    let bearer = format!("Bearer {}", token.trim());
+    let replica = Replica::connect_with(&leader, newer, Some(&bearer))
+        .await
+        .map_err(|e| Failure::Setup(format!("registering the newer definition: {e}")))?;
+    Ok(Newcomer::serve(replica))
+}
+
+/// Within 10 s the superseded replica exits non-zero, and meanwhile never registers again:
+/// that would revoke the newer definition's session or be refused by the manager.
+async fn exits_without_registering(
+    w: &World,
+    a: &Proc,
+    newcomer: &Newcomer,
+    rejected: f64,
+) -> Result<(), Failure> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now_rejected = rejected_registrations(w).await?;
+        require(
+            !newcomer.ended.load(Ordering::SeqCst) && now_rejected == rejected,
+            || {
+                format!(
+                    "the superseded controller registered its old definition again (the newer \
+                 definition's session ended: {}; registrations refused: {rejected} -> \
+                 {now_rejected}); it must stop instead",
+                    newcomer.ended.load(Ordering::SeqCst)
+                )
+            },
+        )?;
+        if let Some(status) = a.exit_status() {
+            return require(!status.success(), || {
+                format!("a superseded controller must exit non-zero (it exited {status})")
+            });
+        }
+        require(tokio::time::Instant::now() < deadline, || {
+            "the superseded controller was still running 10 s after it was revoked".into()
+        })?;
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
 }
 
 /// Token rotation: the first token expires, the manager ends the session, and the controller
@@ -205,14 +260,19 @@ pub(super) async fn token_rotation(w: &mut World) -> Result<(), Failure> {
         ..Spawn::new(ns, ns, "r1")
     })?;
     let first = w
-        .wait_controller("registered with the first token", ns, &[&a], |c| sessions(c) == 1)
+        .wait_controller("registered with the first token", ns, &[&a], |c| {
+            sessions(c) == 1
+        })
         .await?;
     let first_session = first["sessionList"][0]["session"].clone();
     write_token(&file, &w.issue_token(Duration::from_secs(3600))?)?;
     let second = w
-        .wait_controller("registered again after the first token expired", ns, &[&a], |c| {
-            sessions(c) == 1 && c["sessionList"][0]["session"] != first_session
-        })
+        .wait_controller(
+            "registered again after the first token expired",
+            ns,
+            &[&a],
+            |c| sessions(c) == 1 && c["sessionList"][0]["session"] != first_session,
+        )
         .await?;
     require(now_us() >= expires_us, || {
         format!("the session was replaced before the first token expired: {second}")
@@ -220,7 +280,9 @@ pub(super) async fn token_rotation(w: &mut World) -> Result<(), Failure> {
     let k = key(ns, "after");
     w.put(ns, "after", true, &Directives::done()).await?;
     wait_events("a key reconciled on the new session", &[&a], |ev| {
-        find_start(ev, &k, |_| true).and_then(|s| end_of(ev, s)).cloned()
+        find_start(ev, &k, |_| true)
+            .and_then(|s| end_of(ev, s))
+            .cloned()
     })
     .await?;
     a.require_running()
@@ -276,13 +338,20 @@ pub(super) async fn reconnect_restart(w: &mut World) -> Result<(), Failure> {
     let since = now_us();
     old.stop().await;
     w.put(ns, "during", true, &Directives::done()).await?;
-    retries_back_off(w, a, since, 4).await?;
+    let backed_off = retries_back_off(w, a, since, 4).await;
+    // A new manager whatever the verdict, so that the checks after this one have one.
     w.start_manager().await?;
-    w.wait_controller("registered with the new manager", ns, &[a], |c| sessions(c) == 1)
-        .await?;
+    backed_off?;
+    w.wait_controller("registered with the new manager", ns, &[a], |c| {
+        sessions(c) == 1
+    })
+    .await?;
     let k = key(ns, "during");
     wait_events("the key created while no manager ran", &[a], |ev| {
-        starts(ev, &k).into_iter().find_map(|s| end_of(ev, s)).cloned()
+        starts(ev, &k)
+            .into_iter()
+            .find_map(|s| end_of(ev, s))
+            .cloned()
     })
     .await?;
     a.require_running()
@@ -299,11 +368,16 @@ pub(super) async fn reconnect_leader(w: &mut World) -> Result<(), Failure> {
     old.kill().await;
     w.put(ns, "during", true, &Directives::done()).await?;
     w.wait_leader().await?;
-    w.wait_controller("registered with the new leader", ns, &[a], |c| sessions(c) == 1)
-        .await?;
+    w.wait_controller("registered with the new leader", ns, &[a], |c| {
+        sessions(c) == 1
+    })
+    .await?;
     let k = key(ns, "during");
     wait_events("the key created while the Lease was orphaned", &[a], |ev| {
-        starts(ev, &k).into_iter().find_map(|s| end_of(ev, s)).cloned()
+        starts(ev, &k)
+            .into_iter()
+            .find_map(|s| end_of(ev, s))
+            .cloned()
     })
     .await?;
     a.require_running()
@@ -332,13 +406,20 @@ pub(super) async fn reconnect_stepdown(w: &mut World) -> Result<(), Failure> {
     let new_leader = w.wait_leader().await.map(|m| m.identity.clone());
     w.manager(&old)?.signal("CONT");
     stepped_down?;
-    require(new_leader? != old, || format!("{old} led again after the heal"))?;
+    require(new_leader? != old, || {
+        format!("{old} led again after the heal")
+    })?;
     w.put(ns, "during", true, &Directives::done()).await?;
-    w.wait_controller("registered with the new leader", ns, &[a], |c| sessions(c) == 1)
-        .await?;
+    w.wait_controller("registered with the new leader", ns, &[a], |c| {
+        sessions(c) == 1
+    })
+    .await?;
     let k = key(ns, "during");
     wait_events("a key reconciled through the new leader", &[a], |ev| {
-        starts(ev, &k).into_iter().find_map(|s| end_of(ev, s)).cloned()
+        starts(ev, &k)
+            .into_iter()
+            .find_map(|s| end_of(ev, s))
+            .cloned()
     })
     .await?;
     a.require_running()
@@ -367,7 +448,9 @@ async fn reconciles(w: &World, a: &Proc, ns: &str, name: &str) -> Result<(), Fai
     w.put(ns, name, true, &Directives::done()).await?;
     let k = key(ns, name);
     wait_events(&format!("{k} reconciled"), &[a], |ev| {
-        find_start(ev, &k, |_| true).and_then(|s| end_of(ev, s)).cloned()
+        find_start(ev, &k, |_| true)
+            .and_then(|s| end_of(ev, s))
+            .cloned()
     })
     .await?;
     Ok(())
