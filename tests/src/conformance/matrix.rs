@@ -138,6 +138,10 @@ pub fn render(sdks: &[Sdk], results: &[Option<SdkResults>]) -> String {
     for sdk in sdks {
         let _ = writeln!(out, "- `{}`: {}", sdk.name, sdk.title);
     }
+    out.push_str(
+        "\n✅ holds · ❌ does not hold (the reason is in `target/conformance/<sdk>.json` and the \
+         test's output) · — not run\n",
+    );
     out
 }
 

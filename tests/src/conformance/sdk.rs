@@ -59,7 +59,8 @@ pub enum TableError {
 
 /// The repository root (the conformance controllers' working directory).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    root.canonicalize().unwrap_or(root)
 }
 
 /// Where the table lives.
