@@ -33,7 +33,8 @@ pub const ENV_REPORT: &str = "CONFORMANCE_REPORT";
 pub const ENV_REPLICA: &str = "CONFORMANCE_REPLICA";
 
 /// One report line of a conformance controller. Fields a line does not carry take their
-/// defaults; [`Event::validate`] says whether a `start` or `end` line is complete.
+/// defaults; a `start` or `end` line missing its key, id or attempt breaks the interface, and
+/// [`read_report`] says so.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Event {
     /// `start`, `end`, or anything else (ignored).
