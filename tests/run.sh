@@ -3,7 +3,8 @@
 #
 # From a fresh clone it needs only the package registries: it creates .venv for the
 # Python conformance suite, builds the workspace binaries (the Python suite runs the
-# devcluster binary), runs every Rust test, then the Python suite.
+# devcluster binary), runs every Rust test, the SDK conformance matrix (whose python-raw
+# column runs in .venv), then the Python suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,8 +59,13 @@ cargo build --workspace --bins
 banner "production build: no \`dev\` subcommand, no devcluster or demo controller linked"
 bash tests/production_build.sh
 
-banner "cargo test --workspace"
-cargo test --workspace
+banner "cargo test --workspace (the SDK conformance matrix runs next, on its own)"
+cargo test --workspace -- --skip conformance_matrix
+
+banner "SDK conformance matrix (tests/conformance/README.md; README.md's table must match)"
+# Every SDK of tests/conformance/sdks.json against real managers and devcluster; needs the
+# binaries and .venv above. Prints each column's red rows; logs in target/conformance/<sdk>/.
+cargo test -p ctrlhub-tests --test conformance_sdk -- --nocapture
 
 banner "cargo fuzz smoke run (fuzz/: 4 targets, fixed seed, stable toolchain via RUSTC_BOOTSTRAP)"
 # Builds the fuzz package in fuzz/target with libFuzzer instrumentation (cargo-fuzz is

@@ -1534,7 +1534,7 @@ async fn operator_sees_team_b(http: &reqwest::Client, base: &str, token: &str) -
     status.is_ok() && read("/metrics").await.is_ok()
 }
 
-/// [`http_flood`] as team-a with a fresh API-server token of its own.
+/// `http_flood` as team-a with a fresh API-server token of its own.
 pub async fn http_flood_team_a(bed: &Bed, count: usize) -> Result<(usize, usize)> {
     let http = crate::manager::self_signed_client()?;
     let token = bed

@@ -3,6 +3,7 @@
 //! The one test support library of ctrlhub, used by the integration and conformance suites
 //! (`tests/tests/*.rs`) and by the benchmark harness (`ctrlhub-bench`) alike:
 //!
+//! - [`conformance`]: the SDK conformance suite's harness (tests/conformance/README.md);
 //! - [`cluster`]: devcluster in process with kube-rs, raw HTTPS and a kubeconfig for children;
 //! - [`manager`]: the real `ctrlhub` binary as a child process, its status, metrics and lease;
 //! - [`replica`]: a controller replica speaking the raw gRPC protocol;
@@ -18,6 +19,7 @@
 //! forms so that one failing scenario does not cost the figures of the others.
 
 pub mod cluster;
+pub mod conformance;
 pub mod hostile;
 pub mod manager;
 pub mod objects;
