@@ -1475,35 +1475,16 @@ async fn team_a_reads(
     Ok(())
 }
 
-/// A ServiceAccount `monitoring/prometheus` with `get` on the port's paths, as deploy/ grants
-/// Prometheus; its API-server token.
+/// A ServiceAccount `monitoring/prometheus` with `get` on every path of the port (an operator's
+/// view); its API-server token.
 async fn operator_token(bed: &Bed) -> Result<String> {
-    let c = &bed.cluster.client;
-    apply(c, &namespace_object("monitoring", &[])).await?;
-    apply(c, &service_account_object("monitoring", "prometheus")).await?;
-    apply(
-        c,
-        &json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": "ctrlhub-metrics-reader"},
-            "rules": [{"nonResourceURLs": ["/metrics", "/status", "/"], "verbs": ["get"]}],
-        }),
-    )
-    .await?;
-    apply(
-        c,
-        &json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "prometheus-ctrlhub-metrics-reader"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-metrics-reader"},
-            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
-        }),
-    )
-    .await?;
-    Ok(bed
-        .cluster
-        .dc
-        .issue_token("monitoring", "prometheus", &[], Duration::from_secs(3600))?)
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "ctrlhub-operator-view"},
+        "rules": [{"nonResourceURLs": ["/metrics", "/status", "/"], "verbs": ["get"]}],
+    });
+    apply(&bed.cluster.client, &role).await?;
+    crate::rbac::prometheus_bound_to(&bed.cluster, "ctrlhub-operator-view").await
 }
 
 /// Whether the operator's `/status` names team-b's secret-carrying error and `/metrics` has

@@ -109,3 +109,16 @@ impl ChildProcess {
         }
     }
 }
+
+/// Logs of a controller binary the suites run as a child process (the SDK's sessions and
+/// reconnects): to stderr, which the suites keep per process, at `RUST_LOG` or `info`.
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
+}

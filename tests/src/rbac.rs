@@ -124,3 +124,28 @@ pub fn configmaps_in(name: &str, namespaces: &[&str]) -> pb::Register {
     }
     r
 }
+
+/// ServiceAccount `monitoring/prometheus` bound to the ClusterRole `role` (which must exist,
+/// e.g. deploy/'s `ctrlhub-metrics-reader`), as the README says to bind Prometheus; returns a
+/// token of it for the API server's audience, which the manager's HTTP port accepts.
+pub async fn prometheus_bound_to(c: &Cluster, role: &str) -> anyhow::Result<String> {
+    namespace(&c.client, "monitoring", &[]).await;
+    apply(
+        &c.client,
+        &service_account_object("monitoring", "prometheus"),
+    )
+    .await?;
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("prometheus-{role}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
+    });
+    apply(&c.client, &binding).await?;
+    Ok(c.dc.issue_token(
+        "monitoring",
+        "prometheus",
+        &[],
+        std::time::Duration::from_secs(3600),
+    )?)
+}

@@ -671,17 +671,9 @@ async fn prometheus_token(c: &Cluster) -> String {
         roles.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    namespace(&c.client, "monitoring", &[]).await;
-    rbac::service_account(c, "monitoring", "prometheus").await;
-    let binding = serde_json::json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "prometheus-ctrlhub-metrics-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-metrics-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
-    });
-    apply(&c.client, &binding).await.expect("binding applied");
-    c.dc.issue_token("monitoring", "prometheus", &[], Duration::from_secs(3600))
-        .expect("token")
+    rbac::prometheus_bound_to(c, "ctrlhub-metrics-reader")
+        .await
+        .expect("prometheus' token")
 }
 
 /// The manager runs as deploy/ runs it (`--auth kubernetes`: HTTPS, `/metrics` authorized) and

@@ -363,23 +363,9 @@ async fn metrics_need_the_deployed_reader_role(c: &Cluster, metrics_url: &str) {
     let http = ctrlhub_tests::manager::self_signed_client().expect("client");
     let anonymous = http.get(metrics_url).send().await.expect("answered");
     assert_eq!(anonymous.status(), 401, "anonymous /metrics");
-    namespace(&c.client, "monitoring", &[]).await;
-    ctrlhub_tests::rbac::service_account(c, "monitoring", "prometheus").await;
-    let binding = serde_json::json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "prometheus-ctrlhub-metrics-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-metrics-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
-    });
-    apply(&c.client, &binding).await.expect("binding applied");
-    let token =
-        c.dc.issue_token(
-            "monitoring",
-            "prometheus",
-            &[],
-            std::time::Duration::from_secs(600),
-        )
-        .expect("token");
+    let token = ctrlhub_tests::rbac::prometheus_bound_to(c, "ctrlhub-metrics-reader")
+        .await
+        .expect("prometheus' token");
     let scraped = http
         .get(metrics_url)
         .bearer_auth(&token)

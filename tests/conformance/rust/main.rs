@@ -260,14 +260,7 @@ async fn run(settings: Settings, report: Arc<Report>) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .init();
+    ctrlhub_tests::process::log_to_stderr();
     let settings = Settings::from_env()?;
     let report = Arc::new(Report::open()?);
     let traces = ctrlhub_sdk::traces::init("conformance-rust").unwrap_or_else(|e| {

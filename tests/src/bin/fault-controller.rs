@@ -114,14 +114,7 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
 #[tokio::main]
 async fn main() {
     // The SDK's own logs (sessions, reconnects) go to stderr, which the test keeps per replica.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .init();
+    ctrlhub_tests::process::log_to_stderr();
     let args = match parse_args() {
         Ok(a) => a,
         Err(err) => {
