@@ -342,19 +342,7 @@ pub(super) async fn reconnect_restart(w: &mut World) -> Result<(), Failure> {
     // A new manager whatever the verdict, so that the checks after this one have one.
     w.start_manager().await?;
     backed_off?;
-    w.wait_controller("registered with the new manager", ns, &[a], |c| {
-        sessions(c) == 1
-    })
-    .await?;
-    let k = key(ns, "during");
-    wait_events("the key created while no manager ran", &[a], |ev| {
-        starts(ev, &k)
-            .into_iter()
-            .find_map(|s| end_of(ev, s))
-            .cloned()
-    })
-    .await?;
-    a.require_running()
+    back_and_caught_up(w, ns, a, "the new manager", "no manager ran").await
 }
 
 /// Reconnect after a leader change: a standby, SIGKILL to the leader.
@@ -368,12 +356,24 @@ pub(super) async fn reconnect_leader(w: &mut World) -> Result<(), Failure> {
     old.kill().await;
     w.put(ns, "during", true, &Directives::done()).await?;
     w.wait_leader().await?;
-    w.wait_controller("registered with the new leader", ns, &[a], |c| {
+    back_and_caught_up(w, ns, a, "the new leader", "the Lease was orphaned").await
+}
+
+/// After a manager went away: the replica `a` registers with `manager` again, reconciles the
+/// key `during` created while `gap`, and is still running.
+async fn back_and_caught_up(
+    w: &mut World,
+    ns: &str,
+    a: &Proc,
+    manager: &str,
+    gap: &str,
+) -> Result<(), Failure> {
+    w.wait_controller(&format!("registered with {manager}"), ns, &[a], |c| {
         sessions(c) == 1
     })
     .await?;
     let k = key(ns, "during");
-    wait_events("the key created while the Lease was orphaned", &[a], |ev| {
+    wait_events(&format!("the key created while {gap}"), &[a], |ev| {
         starts(ev, &k)
             .into_iter()
             .find_map(|s| end_of(ev, s))
