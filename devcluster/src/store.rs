@@ -5,6 +5,7 @@
 //! Everything happens under one mutex so that a resourceVersion totally orders all writes, a
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
+use crate::fieldcheck::{self, FieldValidation};
 use crate::fieldmanager;
 use crate::meta;
 use crate::patch;
@@ -12,6 +13,7 @@ use crate::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
 use crate::schema;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, Cause};
+use crate::validation;
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -89,6 +91,25 @@ pub struct WriteOptions {
     pub dry_run: bool,
     /// `force=true` for server-side apply.
     pub force: bool,
+    /// What to do with fields the kind's schema does not declare.
+    pub field_validation: FieldValidation,
+    /// Warnings for the response's `Warning` headers (unknown fields under `Warn`).
+    pub warnings: Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+impl WriteOptions {
+    /// Type-checks an object against its kind's schema, drops undeclared fields and applies
+    /// `fieldValidation` to them.
+    fn decode_check(&self, info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+        let unknown = fieldcheck::check(info, obj)?;
+        self.enforce(info, &unknown)
+    }
+
+    fn enforce(&self, info: &ResourceInfo, unknown: &[String]) -> Result<(), ApiError> {
+        let warnings = fieldcheck::enforce(info, self.field_validation, unknown)?;
+        self.warnings.lock().extend(warnings);
+        Ok(())
+    }
 }
 
 /// The outcome of a delete.
@@ -531,6 +552,7 @@ impl State {
         record_fields: bool,
     ) -> Result<Arc<Value>, ApiError> {
         check_type(info, obj)?;
+        opts.decode_check(info, obj)?;
         let ns = normalize_namespace(info, ns, obj)?;
         let mut name = meta::name(obj).to_string();
         if name.is_empty() {
@@ -551,7 +573,10 @@ impl State {
             name = format!("{generate}{}", random_suffix());
             meta::set(obj, "name", Some(json!(name)));
         }
-        validate_name(info, &name)?;
+        if !info.builtin {
+            // Built-in names are checked per kind by validation::validate.
+            validate_name(info, &name)?;
+        }
         self.namespace_gate(info, &ns)
             .map_err(|e| e.with_resource_name(&name))?;
         let gr = info.group_resource();
@@ -588,7 +613,8 @@ impl State {
             map.remove("status");
         }
         self.defaults_on_create(info, obj)?;
-        self.check_custom(info, obj, &name)?;
+        validation::validate(info, obj, None)?;
+        self.check_custom(info, obj, &name, opts)?;
         if record_fields {
             record(obj, None, info, opts, None);
         }
@@ -619,6 +645,7 @@ impl State {
             {
                 meta::set_path(obj, "spec.replicas", json!(1));
             }
+            ("batch", "jobs") => validation::default_job(obj),
             ("apiextensions.k8s.io", "customresourcedefinitions") => {
                 let infos = infos_from_crd(obj).map_err(|m| {
                     ApiError::invalid_field(
@@ -699,11 +726,13 @@ impl State {
         info: &ResourceInfo,
         obj: &mut Value,
         name: &str,
+        opts: &WriteOptions,
     ) -> Result<(), ApiError> {
         let Some(schema) = &info.schema else {
             return Ok(());
         };
-        schema::prune_and_default(obj, schema);
+        let pruned = schema::prune_and_default(obj, schema);
+        opts.enforce(info, &pruned)?;
         let causes = schema::validate(obj, schema);
         if causes.is_empty() {
             return Ok(());
@@ -834,6 +863,10 @@ impl State {
             ));
         }
         check_type(info, body)?;
+        // Undeclared fields are dropped before ownership is computed, so nobody owns them.
+        let mut body = body.clone();
+        opts.decode_check(info, &mut body)?;
+        let body = &body;
         let body_name = meta::name(body);
         if !body_name.is_empty() && body_name != name {
             return Err(ApiError::bad_request(format!(
@@ -986,6 +1019,7 @@ impl State {
         record_fields: bool,
     ) -> Result<Arc<Value>, ApiError> {
         let gr = info.group_resource();
+        opts.decode_check(info, &mut new)?;
         if meta::name(&new) != name {
             return Err(ApiError::bad_request(format!(
                 "the name of the object ({}) does not match the name on the URL ({name})",
@@ -1084,7 +1118,8 @@ impl State {
             }
         }
         if sub.is_none() {
-            self.check_custom(info, &mut new, name)?;
+            validation::validate(info, &new, Some(&old))?;
+            self.check_custom(info, &mut new, name, opts)?;
         }
         if info.generation && spec_changed(info, &old, &new) {
             let generation = old
