@@ -807,7 +807,7 @@ pub fn apply(
             }
         }
     }
-    if !conflicts.is_empty() && !force {
+    if !conflicts.is_empty() && !force && !upgrades_client_side_apply(live, &taken, op, &lenient) {
         conflicts.sort_by(|a, b| a.manager.cmp(&b.manager));
         return Err(ApplyError::Conflicts(conflicts));
     }
@@ -847,6 +847,41 @@ pub fn apply(
     }
     write_entries(&mut merged, entries);
     Ok(merged)
+}
+
+/// The manager `kubectl apply --server-side` uses unless told otherwise.
+const KUBECTL_MANAGER: &str = "kubectl";
+/// Where client-side apply keeps what it last applied.
+const LAST_APPLIED: &str = "/metadata/annotations/kubectl.kubernetes.io~1last-applied-configuration";
+
+/// kube-apiserver's `lastAppliedManager`: when kubectl upgrades an object from client-side to
+/// server-side apply (manager `kubectl`), it may take over without `--force-conflicts` every
+/// conflicting field it had last applied client-side, i.e. fields in the
+/// last-applied-configuration annotation whose live value is still the one it applied. A field
+/// someone else changed since still conflicts.
+fn upgrades_client_side_apply(
+    live: &Value,
+    taken: &[(usize, Path)],
+    op: &Op,
+    walker: &Walker,
+) -> bool {
+    if op.manager != KUBECTL_MANAGER {
+        return false;
+    }
+    let Some(last) = live
+        .pointer(LAST_APPLIED)
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+    else {
+        return false;
+    };
+    let Ok(last_set) = walker.field_set(&last) else {
+        return false;
+    };
+    taken.iter().all(|(_, path)| {
+        last_set.get(path).is_some_and(|n| n.member)
+            && get_path(&last, path) == get_path(live, path)
+    })
 }
 
 /// Records a non-apply write (create/update/patch) in
