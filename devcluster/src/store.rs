@@ -880,15 +880,7 @@ impl State {
         }
         let now = meta::now();
         let api_version = info.api_version();
-        let list_key = |path: &[&str]| -> Option<fieldmanager::ListKey> {
-            if !info.builtin && path.first() != Some(&"metadata") {
-                return None;
-            }
-            patch::list_merge_key(path).map(|k| match k {
-                patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
-                patch::MergeKey::Set => fieldmanager::ListKey::Set,
-            })
-        };
+        let list_key = |path: &[&str]| list_key_of(info, path);
         let op = fieldmanager::Op {
             manager: &opts.manager,
             api_version: &api_version,
@@ -1652,16 +1644,7 @@ fn record(
     }
     let now = meta::now();
     let api_version = info.api_version();
-    let builtin = info.builtin;
-    let list_key = move |path: &[&str]| -> Option<fieldmanager::ListKey> {
-        if !builtin && path.first() != Some(&"metadata") {
-            return None;
-        }
-        patch::list_merge_key(path).map(|k| match k {
-            patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
-            patch::MergeKey::Set => fieldmanager::ListKey::Set,
-        })
-    };
+    let list_key = |path: &[&str]| list_key_of(info, path);
     let op = fieldmanager::Op {
         manager: &opts.manager,
         api_version: &api_version,
@@ -1670,6 +1653,20 @@ fn record(
         list_key: &list_key,
     };
     fieldmanager::record_update(old, obj, &op);
+}
+
+/// How managed fields and apply treat the list at a path: metadata and built-in kinds by the
+/// merge-key table, custom resources by their schema's `x-kubernetes-list-type`.
+fn list_key_of(info: &ResourceInfo, path: &[&str]) -> Option<fieldmanager::ListKey> {
+    if info.builtin || path.first() == Some(&"metadata") {
+        return patch::list_merge_key(path).map(|k| match k {
+            patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
+            patch::MergeKey::Set => fieldmanager::ListKey::Set,
+        });
+    }
+    info.schema
+        .as_ref()
+        .and_then(|s| schema::list_type(s, path))
 }
 
 fn scale_of(info: &ResourceInfo, obj: &Value) -> Result<Value, ApiError> {
