@@ -148,6 +148,13 @@ impl Walk {
             return;
         }
         let ty = s.get("type").and_then(Value::as_str);
+        let free_form = ty == Some("object")
+            && s.get("properties").is_none()
+            && s.get("additionalProperties").is_none();
+        if free_form {
+            // RawExtension, FieldsV1 and apiextensions' JSON hold any JSON value.
+            return;
+        }
         match (ty, &mut *x) {
             (None, _) => return,
             (Some("object"), Value::Object(m)) => {
@@ -347,5 +354,17 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn free_form_json_takes_any_value() {
+        let mut crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "a.b"}, "spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema":
+                {"type": "object", "properties": {"size": {"type": "integer", "default": 3}}}}}]}});
+        let info = Registry::builtin()
+            .get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+            .cloned()
+            .expect("built-in");
+        assert_eq!(check(&info, &mut crd).expect("valid"), Vec::<String>::new());
     }
 }
