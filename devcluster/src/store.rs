@@ -580,9 +580,6 @@ impl State {
         self.namespace_gate(info, &ns)
             .map_err(|e| e.with_resource_name(&name))?;
         let gr = info.group_resource();
-        if self.get(&gr, &ns, &name).is_some() {
-            return Err(ApiError::already_exists(&info.group, &info.plural, &name));
-        }
         {
             let md = meta::metadata_mut(obj);
             md.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
@@ -615,6 +612,10 @@ impl State {
         self.defaults_on_create(info, obj)?;
         validation::validate(info, obj, None)?;
         self.check_custom(info, obj, &name, opts)?;
+        // Like kube-apiserver, an invalid object is refused as invalid even if the name is taken.
+        if self.get(&gr, &ns, &name).is_some() {
+            return Err(ApiError::already_exists(&info.group, &info.plural, &name));
+        }
         if record_fields {
             record(obj, None, info, opts, None);
         }
