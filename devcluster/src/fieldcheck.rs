@@ -10,7 +10,10 @@
 use crate::openapi::CATALOG;
 use crate::resources::ResourceInfo;
 use crate::status::ApiError;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::LazyLock;
 
 /// The `fieldValidation` query parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,9 +53,174 @@ struct TypeError {
     go_type: String,
 }
 
-struct Walk {
+/// Index of a [`Shape`] in [`Shapes::nodes`].
+type ShapeId = usize;
+
+/// A schema compiled for decoding: references resolved once, so checking an object costs one
+/// map lookup per field instead of walking JSON schemas keyword by keyword.
+enum Shape {
+    /// Any JSON value (RawExtension, FieldsV1, apiextensions' JSON, oneOf/anyOf schemas).
+    Any,
+    Bool,
+    Number,
+    /// An integer; `format` is `int32`, `int64` or none (Go `int`).
+    Integer {
+        format: Option<&'static str>,
+    },
+    String,
+    /// `x-kubernetes-int-or-string`: an integer or a string.
+    IntOrString,
+    /// A resource.Quantity: a string or any number.
+    Quantity,
+    /// A Go struct: its declared fields, and its name if it is a named definition.
+    Struct {
+        go: Option<GoName>,
+        fields: HashMap<String, ShapeId>,
+    },
+    /// A Go map: every value has this shape.
+    Map(ShapeId),
+    /// A Go slice.
+    Array(ShapeId),
+}
+
+/// How Go's decoder names a struct type: `DeploymentSpec` in paths, `v1.DeploymentSpec` as a
+/// type.
+struct GoName {
+    short: String,
+    qualified: String,
+}
+
+impl GoName {
+    fn of(definition: &str) -> Self {
+        let mut parts = definition.rsplit('.');
+        let short = parts.next().unwrap_or(definition).to_string();
+        let package = parts.next().unwrap_or("v1");
+        GoName {
+            qualified: format!("{package}.{short}"),
+            short,
+        }
+    }
+}
+
+/// Every built-in kind's compiled schema.
+struct Shapes {
+    nodes: Vec<Shape>,
+    by_definition: HashMap<String, ShapeId>,
+    roots: HashMap<(String, String), ShapeId>,
+}
+
+/// Compiled once from [`CATALOG`], on first use.
+static SHAPES: LazyLock<Shapes> = LazyLock::new(Shapes::compile_catalog);
+
+impl Shapes {
+    fn compile_catalog() -> Self {
+        let mut shapes = Shapes {
+            nodes: Vec::new(),
+            by_definition: HashMap::new(),
+            roots: HashMap::new(),
+        };
+        for (key, name) in CATALOG.root_names() {
+            let reference = json!({ "$ref": format!("{}{name}", crate::openapi::DEFINITIONS) });
+            let id = shapes.compile(&reference);
+            shapes.roots.insert(key, id);
+        }
+        shapes
+    }
+
+    fn push(&mut self, shape: Shape) -> ShapeId {
+        self.nodes.push(shape);
+        self.nodes.len() - 1
+    }
+
+    fn compile(&mut self, schema: &Value) -> ShapeId {
+        let (name, s) = CATALOG.resolve(schema);
+        let Some(name) = name else {
+            let shape = self.shape_of(s, None);
+            return self.push(shape);
+        };
+        if let Some(id) = self.by_definition.get(name) {
+            return *id;
+        }
+        // Registered before its body so that recursive definitions refer to themselves.
+        let id = self.push(Shape::Any);
+        self.by_definition.insert(name.to_string(), id);
+        self.nodes[id] = self.shape_of(s, Some(name));
+        id
+    }
+
+    fn shape_of(&mut self, s: &Value, name: Option<&str>) -> Shape {
+        if s.get("x-kubernetes-int-or-string").is_some() {
+            return match name {
+                Some(n) if n.ends_with(".Quantity") => Shape::Quantity,
+                _ => Shape::IntOrString,
+            };
+        }
+        if s.get("oneOf").is_some() || s.get("anyOf").is_some() {
+            return Shape::Any;
+        }
+        let format = match s.get("format").and_then(Value::as_str) {
+            Some("int32") => Some("int32"),
+            Some("int64") => Some("int64"),
+            _ => None,
+        };
+        match s.get("type").and_then(Value::as_str) {
+            Some("boolean") => Shape::Bool,
+            Some("number") => Shape::Number,
+            Some("string") => Shape::String,
+            Some("integer") => Shape::Integer { format },
+            Some("array") => Shape::Array(self.compile(s.get("items").unwrap_or(&Value::Null))),
+            Some("object") => self.object_shape(s, name),
+            _ => Shape::Any,
+        }
+    }
+
+    fn object_shape(&mut self, s: &Value, name: Option<&str>) -> Shape {
+        if let Some(props) = s.get("properties").and_then(Value::as_object) {
+            let fields = props
+                .iter()
+                .map(|(k, v)| (k.clone(), self.compile(v)))
+                .collect();
+            return Shape::Struct {
+                go: name.map(GoName::of),
+                fields,
+            };
+        }
+        match s.get("additionalProperties") {
+            Some(a) if a.is_object() => Shape::Map(self.compile(a)),
+            // Neither: free-form (RawExtension, FieldsV1, apiextensions' JSON).
+            _ => Shape::Any,
+        }
+    }
+
+    /// The Go type of a shape, as Go's decoder prints it (`int32`, `[]v1.Container`,
+    /// `map[string]string`, `v1.PodSpec`).
+    fn go_type(&self, id: ShapeId) -> String {
+        match &self.nodes[id] {
+            Shape::Any => "interface {}".into(),
+            Shape::Bool => "bool".into(),
+            Shape::Number => "float64".into(),
+            Shape::Integer { format, .. } => format.unwrap_or("int").into(),
+            Shape::String => "string".into(),
+            Shape::IntOrString => "intstr.IntOrString".into(),
+            Shape::Quantity => "resource.Quantity".into(),
+            Shape::Struct { go: Some(g), .. } => g.qualified.clone(),
+            Shape::Struct { go: None, .. } => "struct {}".into(),
+            Shape::Map(v) => format!("map[string]{}", self.go_type(*v)),
+            Shape::Array(i) => format!("[]{}", self.go_type(*i)),
+        }
+    }
+}
+
+/// One walk over an object. The paths are buffers extended and truncated around each field,
+/// so a valid object allocates nothing per field.
+struct Walk<'s> {
+    shapes: &'s Shapes,
     unknown: Vec<String>,
     type_error: Option<TypeError>,
+    /// JSON path with list indices (for unknown-field messages).
+    path: String,
+    /// The same without indices and map keys (Go's decoder reports field paths that way).
+    go_path: String,
 }
 
 /// Checks a built-in kind's object against its schema, removes the fields the schema does not
@@ -62,14 +230,18 @@ pub fn check(info: &ResourceInfo, obj: &mut Value) -> Result<Vec<String>, ApiErr
     if !info.builtin {
         return Ok(Vec::new());
     }
-    let Some((name, schema)) = CATALOG.root(&info.api_version(), &info.kind) else {
+    let shapes = &*SHAPES;
+    let Some(root) = shapes.roots.get(&(info.api_version(), info.kind.clone())) else {
         return Ok(Vec::new());
     };
     let mut walk = Walk {
+        shapes,
         unknown: Vec::new(),
         type_error: None,
+        path: String::new(),
+        go_path: String::new(),
     };
-    walk.value(obj, schema, short_name(name), "", "");
+    walk.value(obj, *root, "");
     match walk.type_error {
         Some(e) => Err(ApiError::bad_request(format!(
             "{kind} in version \"{version}\" cannot be handled as a {kind}: json: cannot unmarshal {} into Go struct field {}.{} of type {}",
@@ -109,134 +281,98 @@ pub fn enforce(
     Ok(messages)
 }
 
-/// `io.k8s.api.apps.v1.DeploymentSpec` → `DeploymentSpec`.
-fn short_name(definition: &str) -> &str {
-    definition.rsplit('.').next().unwrap_or(definition)
-}
-
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
+/// Appends `.key` (or `key` at the root) to a path buffer.
+fn push_key(path: &mut String, key: &str) {
+    if !path.is_empty() {
+        path.push('.');
     }
+    path.push_str(key);
 }
 
-impl Walk {
-    /// `path` is the JSON path with list indices (for unknown-field messages), `go_path` the
-    /// same without them (Go's decoder reports field paths that way).
-    fn value(&mut self, x: &mut Value, schema: &Value, go_struct: &str, path: &str, go_path: &str) {
+impl Walk<'_> {
+    /// `go_struct` is the innermost named struct around the value.
+    fn value(&mut self, x: &mut Value, id: ShapeId, go_struct: &str) {
         if self.type_error.is_some() || x.is_null() {
             return;
         }
-        let (name, s) = CATALOG.resolve(schema);
-        let go_struct = match name {
-            Some(n) if s.get("properties").is_some() => short_name(n),
-            _ => go_struct,
-        };
-        if s.get("x-kubernetes-int-or-string").is_some() {
-            // Quantities take any number (`cpu: 0.5`); IntOrString an integer.
-            let quantity = name.is_some_and(|n| n.ends_with(".Quantity"));
-            if !(x.is_string() || x.is_i64() || (quantity && x.is_number())) {
-                self.mismatch(x, s, name, go_struct, go_path);
+        let shapes = self.shapes;
+        let fits = match (&shapes.nodes[id], &mut *x) {
+            (Shape::Any, _) => true,
+            (Shape::Struct { go, fields }, Value::Object(m)) => {
+                let go_struct = go.as_ref().map_or(go_struct, |g| g.short.as_str());
+                self.fields(m, fields, go_struct);
+                true
             }
-            return;
-        }
-        // oneOf/anyOf (JSONSchemaPropsOrBool, ...) and untyped values (RawExtension, JSON)
-        // accept anything.
-        if s.get("oneOf").is_some() || s.get("anyOf").is_some() {
-            return;
-        }
-        let ty = s.get("type").and_then(Value::as_str);
-        let free_form = ty == Some("object")
-            && s.get("properties").is_none()
-            && s.get("additionalProperties").is_none();
-        if free_form {
-            // RawExtension, FieldsV1 and apiextensions' JSON hold any JSON value.
-            return;
-        }
-        match (ty, &mut *x) {
-            (None, _) => return,
-            (Some("object"), Value::Object(m)) => {
-                return self.object(m, s, go_struct, path, go_path);
-            }
-            (Some("array"), Value::Array(items)) => {
-                let item_schema = s.get("items").unwrap_or(&Value::Null);
-                for (i, item) in items.iter_mut().enumerate() {
-                    self.value(
-                        item,
-                        item_schema,
-                        go_struct,
-                        &format!("{path}[{i}]"),
-                        go_path,
-                    );
+            (Shape::Map(values), Value::Object(m)) => {
+                for (k, v) in m.iter_mut() {
+                    let len = self.path.len();
+                    push_key(&mut self.path, k);
+                    self.value(v, *values, go_struct);
+                    self.path.truncate(len);
                 }
-                return;
+                true
             }
-            (Some("string"), Value::String(_)) | (Some("boolean"), Value::Bool(_)) => return,
-            (Some("number"), Value::Number(_)) => return,
-            (Some("integer"), Value::Number(n)) if fits(n, s) => return,
-            _ => {}
+            (Shape::Array(items), Value::Array(a)) => {
+                for (i, item) in a.iter_mut().enumerate() {
+                    let len = self.path.len();
+                    let _ = write!(self.path, "[{i}]");
+                    self.value(item, *items, go_struct);
+                    self.path.truncate(len);
+                }
+                true
+            }
+            (Shape::Bool, Value::Bool(_)) | (Shape::String, Value::String(_)) => true,
+            (Shape::Number, Value::Number(_)) => true,
+            (Shape::Integer { format }, Value::Number(n)) => n
+                .as_i64()
+                .is_some_and(|i| *format != Some("int32") || i32::try_from(i).is_ok()),
+            (Shape::IntOrString, v) => v.is_string() || v.is_i64(),
+            (Shape::Quantity, v) => v.is_string() || v.is_number(),
+            _ => false,
+        };
+        if !fits {
+            self.mismatch(x, id, go_struct);
         }
-        self.mismatch(x, s, name, go_struct, go_path);
     }
 
-    fn object(
+    fn fields(
         &mut self,
         m: &mut Map<String, Value>,
-        s: &Value,
+        fields: &HashMap<String, ShapeId>,
         go_struct: &str,
-        path: &str,
-        go_path: &str,
     ) {
-        let props = s.get("properties").and_then(Value::as_object);
-        let additional = s.get("additionalProperties").filter(|a| a.is_object());
-        if props.is_none() && additional.is_none() {
-            // An object schema with neither is free-form (RawExtension, FieldsV1).
-            return;
-        }
         let mut unknown = Vec::new();
+        let at_root = self.path.is_empty();
         for (k, v) in m.iter_mut() {
-            match (props.and_then(|p| p.get(k)), additional) {
-                (Some(fs), _) => self.value(v, fs, go_struct, &join(path, k), &join(go_path, k)),
-                // Go's decoder names struct fields in its path, not map keys.
-                (None, Some(fs)) => self.value(v, fs, go_struct, &join(path, k), go_path),
-                (None, None) if path.is_empty() && matches!(k.as_str(), "apiVersion" | "kind") => {}
-                (None, None) => unknown.push(k.clone()),
+            match fields.get(k) {
+                Some(fs) => {
+                    let (len, go_len) = (self.path.len(), self.go_path.len());
+                    push_key(&mut self.path, k);
+                    push_key(&mut self.go_path, k);
+                    self.value(v, *fs, go_struct);
+                    self.path.truncate(len);
+                    self.go_path.truncate(go_len);
+                }
+                None if at_root && matches!(k.as_str(), "apiVersion" | "kind") => {}
+                None => unknown.push(k.clone()),
             }
         }
         for k in unknown {
             m.remove(&k);
-            self.unknown.push(join(path, &k));
+            let mut path = self.path.clone();
+            push_key(&mut path, &k);
+            self.unknown.push(path);
         }
     }
 
-    fn mismatch(
-        &mut self,
-        x: &Value,
-        s: &Value,
-        name: Option<&str>,
-        go_struct: &str,
-        go_path: &str,
-    ) {
-        let integer = s.get("type").and_then(Value::as_str) == Some("integer");
+    fn mismatch(&mut self, x: &Value, id: ShapeId, go_struct: &str) {
+        let integer = matches!(self.shapes.nodes[id], Shape::Integer { .. });
         self.type_error = Some(TypeError {
             value: go_json_kind(x, integer),
             go_struct: go_struct.to_string(),
-            path: go_path.to_string(),
-            go_type: go_type(s, name),
+            path: self.go_path.clone(),
+            go_type: self.shapes.go_type(id),
         });
-    }
-}
-
-/// Whether a JSON number fits the integer schema's Go type.
-fn fits(n: &serde_json::Number, s: &Value) -> bool {
-    let Some(i) = n.as_i64() else {
-        return false;
-    };
-    match s.get("format").and_then(Value::as_str) {
-        Some("int32") => i32::try_from(i).is_ok(),
-        _ => true,
     }
 }
 
@@ -251,43 +387,6 @@ fn go_json_kind(x: &Value, integer: bool) -> String {
         Value::Number(n) if integer => format!("number {n}"),
         Value::Number(_) => "number".into(),
         Value::Null => "null".into(),
-    }
-}
-
-/// The Go type of a schema, as Go's decoder prints it (`int32`, `[]v1.Container`,
-/// `map[string]string`, `v1.PodSpec`).
-fn go_type(s: &Value, name: Option<&str>) -> String {
-    if let Some(n) = name.filter(|_| s.get("properties").is_some()) {
-        let mut parts = n.rsplit('.');
-        let ty = parts.next().unwrap_or(n);
-        let package = parts.next().unwrap_or("v1");
-        return format!("{package}.{ty}");
-    }
-    match s.get("type").and_then(Value::as_str) {
-        Some("integer") => match s.get("format").and_then(Value::as_str) {
-            Some(f @ ("int32" | "int64")) => f.to_string(),
-            _ => "int".into(),
-        },
-        Some("number") => "float64".into(),
-        Some("boolean") => "bool".into(),
-        Some("string") => "string".into(),
-        Some("array") => {
-            let items = s.get("items").cloned().unwrap_or(Value::Null);
-            let (n, is) = CATALOG.resolve(&items);
-            format!("[]{}", go_type(is, n))
-        }
-        Some("object") => match s.get("additionalProperties") {
-            Some(a) if a.is_object() => {
-                let (n, a) = CATALOG.resolve(a);
-                format!("map[string]{}", go_type(a, n))
-            }
-            _ => "map[string]interface {}".into(),
-        },
-        _ if s.get("x-kubernetes-int-or-string").is_some() => match name {
-            Some(n) if n.ends_with("Quantity") => "resource.Quantity".into(),
-            _ => "intstr.IntOrString".into(),
-        },
-        _ => "interface {}".into(),
     }
 }
 

@@ -112,6 +112,11 @@ impl Catalog {
         Some((name.as_str(), self.definitions.get(name)?))
     }
 
+    /// Every kind's (apiVersion, kind) with the definition name of its root schema.
+    pub fn root_names(&self) -> impl Iterator<Item = ((String, String), String)> + '_ {
+        self.roots.iter().map(|(k, n)| (k.clone(), n.clone()))
+    }
+
     /// Follows `$ref` (bare, or wrapped in a one-element `allOf` when the reference carries a
     /// description) to the definition it names, with that name.
     pub fn resolve<'a>(&'a self, schema: &'a Value) -> (Option<&'a str>, &'a Value) {

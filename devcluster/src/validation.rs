@@ -13,6 +13,11 @@ use crate::selector::LabelSelector;
 use crate::status::{ApiError, Cause};
 use serde_json::{Map, Value};
 
+/// The value at a path of keys, like `Value::pointer` without parsing or allocating.
+fn get_in<'v>(v: &'v Value, keys: &[&str]) -> Option<&'v Value> {
+    keys.iter().try_fold(v, |cur, k| cur.get(*k))
+}
+
 /// One `field.Error`.
 fn cause(reason: &str, field: &str, message: String) -> Cause {
     Cause {
@@ -82,8 +87,7 @@ pub fn validate(info: &ResourceInfo, obj: &Value, old: Option<&Value>) -> Result
         return Ok(());
     }
     let mut errs = Errors::default();
-    let name = obj
-        .pointer("/metadata/name")
+    let name = get_in(obj, &["metadata", "name"])
         .and_then(Value::as_str)
         .unwrap_or_default();
     if old.is_none() {
@@ -220,38 +224,47 @@ fn validate_name(info: &ResourceInfo, name: &str, errs: &mut Errors) {
 /// kube-apiserver's limit on the total size of an object's annotations.
 const TOTAL_ANNOTATION_SIZE: usize = 256 * 1024;
 
+/// Labels and annotations of an object's or a template's metadata at `path`. Field paths are
+/// built only for errors: this runs on every write.
 fn object_meta(meta: Option<&Value>, path: &str, errs: &mut Errors) {
     let Some(meta) = meta else {
         return;
     };
-    labels(meta.get("labels"), &format!("{path}.labels"), errs);
+    labels(meta.get("labels"), path, errs);
     let Some(annotations) = meta.get("annotations").and_then(Value::as_object) else {
         return;
     };
-    let field = format!("{path}.annotations");
+    let field = || format!("{path}.annotations");
     let mut total = 0;
     for (k, v) in annotations {
-        for problem in qualified_name_problems(&k.to_lowercase()) {
-            errs.invalid(&field, &quote(k), &problem);
+        // Annotation keys are checked lowercased (only the prefix cares).
+        let key = if k.bytes().any(|b| b.is_ascii_uppercase()) {
+            std::borrow::Cow::Owned(k.to_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(k.as_str())
+        };
+        for problem in qualified_name_problems(&key) {
+            errs.invalid(&field(), &quote(k), &problem);
         }
         total += k.len() + v.as_str().map_or(0, str::len);
     }
     if total > TOTAL_ANNOTATION_SIZE {
-        errs.too_long(&field, TOTAL_ANNOTATION_SIZE);
+        errs.too_long(&field(), TOTAL_ANNOTATION_SIZE);
     }
 }
 
-fn labels(labels: Option<&Value>, field: &str, errs: &mut Errors) {
+fn labels(labels: Option<&Value>, path: &str, errs: &mut Errors) {
     let Some(labels) = labels.and_then(Value::as_object) else {
         return;
     };
+    let field = || format!("{path}.labels");
     for (k, v) in labels {
         for problem in qualified_name_problems(k) {
-            errs.invalid(field, &quote(k), &problem);
+            errs.invalid(&field(), &quote(k), &problem);
         }
         let v = v.as_str().unwrap_or_default();
         for problem in label_value_problems(v) {
-            errs.invalid(field, &quote(v), &problem);
+            errs.invalid(&field(), &quote(v), &problem);
         }
     }
 }
@@ -323,8 +336,10 @@ fn is_empty_selector(s: &Value) -> bool {
     empty("matchLabels") && empty("matchExpressions")
 }
 
-fn non_negative(obj: &Value, pointer: &str, field: &str, errs: &mut Errors) {
-    if let Some(n) = obj.pointer(pointer).and_then(Value::as_i64)
+/// A count at a dotted field path (`spec.replicas`) that must not be negative.
+fn non_negative(obj: &Value, field: &str, errs: &mut Errors) {
+    let value = field.split('.').try_fold(obj, |cur, k| cur.get(k));
+    if let Some(n) = value.and_then(Value::as_i64)
         && n < 0
     {
         errs.invalid(field, &n.to_string(), "must be greater than or equal to 0");
@@ -334,7 +349,7 @@ fn non_negative(obj: &Value, pointer: &str, field: &str, errs: &mut Errors) {
 /// Selector required, non-empty and matching the template's labels (`ValidateDeploymentSpec`
 /// and its siblings).
 fn selector_matches_template(obj: &Value, kind: &str, errs: &mut Errors) {
-    let Some(selector) = obj.pointer("/spec/selector").filter(|s| !s.is_null()) else {
+    let Some(selector) = get_in(obj, &["spec", "selector"]).filter(|s| !s.is_null()) else {
         errs.required("spec.selector", "");
         return;
     };
@@ -346,9 +361,11 @@ fn selector_matches_template(obj: &Value, kind: &str, errs: &mut Errors) {
         );
         return;
     }
-    let template_labels = obj
-        .pointer("/spec/template/metadata/labels")
-        .and_then(Value::as_object);
+    let template_labels =
+        get_in(obj, &["spec", "template", "metadata", "labels"]).and_then(Value::as_object);
+    if selects_by_labels_only(selector, template_labels) {
+        return;
+    }
     match LabelSelector::from_label_selector_json(selector) {
         Ok(s) if s.matches(template_labels) => {}
         Ok(_) => errs.invalid(
@@ -364,25 +381,39 @@ fn selector_matches_template(obj: &Value, kind: &str, errs: &mut Errors) {
     }
 }
 
+/// The common case, decided without building a selector: only `matchLabels`, all present in
+/// the template's labels with the same values.
+fn selects_by_labels_only(selector: &Value, labels: Option<&Map<String, Value>>) -> bool {
+    if selector
+        .get("matchExpressions")
+        .is_some_and(|e| !e.is_null() && e.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return false;
+    }
+    let (Some(wanted), Some(labels)) = (
+        selector.get("matchLabels").and_then(Value::as_object),
+        labels,
+    ) else {
+        return false;
+    };
+    wanted
+        .iter()
+        .all(|(k, v)| v.is_string() && labels.get(k) == Some(v))
+}
+
 fn workload(info: &ResourceInfo, obj: &Value, old: Option<&Value>, errs: &mut Errors) {
     let kind = info.kind.to_lowercase();
-    non_negative(obj, "/spec/replicas", "spec.replicas", errs);
-    non_negative(obj, "/spec/minReadySeconds", "spec.minReadySeconds", errs);
-    non_negative(
-        obj,
-        "/spec/revisionHistoryLimit",
-        "spec.revisionHistoryLimit",
-        errs,
-    );
+    non_negative(obj, "spec.replicas", errs);
+    non_negative(obj, "spec.minReadySeconds", errs);
+    non_negative(obj, "spec.revisionHistoryLimit", errs);
     selector_matches_template(obj, &kind, errs);
     pod_template(obj, &["Always"], errs);
     let Some(old) = old else {
         return;
     };
-    let old_selector = old.pointer("/spec/selector");
-    if obj.pointer("/spec/selector") != old_selector {
-        let shown = obj
-            .pointer("/spec/selector")
+    let old_selector = get_in(old, &["spec", "selector"]);
+    if get_in(obj, &["spec", "selector"]) != old_selector {
+        let shown = get_in(obj, &["spec", "selector"])
             .map(go_label_selector)
             .unwrap_or_else(|| "(*v1.LabelSelector)(nil)".into());
         errs.invalid("spec.selector", &shown, "field is immutable");
@@ -418,15 +449,13 @@ fn statefulset_update(obj: &Value, old: &Value, errs: &mut Errors) {
 }
 
 fn pod_template(obj: &Value, restart_policies: &[&str], errs: &mut Errors) {
-    let Some(template) = obj.pointer("/spec/template") else {
+    let Some(template) = get_in(obj, &["spec", "template"]) else {
         errs.required("spec.template", "");
         return;
     };
     object_meta(template.get("metadata"), "spec.template.metadata", errs);
     pod_spec(template.get("spec"), "spec.template.spec", errs);
-    let policy = template
-        .pointer("/spec/restartPolicy")
-        .and_then(Value::as_str);
+    let policy = get_in(template, &["spec", "restartPolicy"]).and_then(Value::as_str);
     match policy {
         Some(p) if !restart_policies.contains(&p) => {
             errs.not_supported("spec.template.spec.restartPolicy", p, restart_policies)
@@ -453,13 +482,12 @@ fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
         "backoffLimit",
         "activeDeadlineSeconds",
     ] {
-        non_negative(obj, &format!("/spec/{f}"), &format!("spec.{f}"), errs);
+        non_negative(obj, &format!("spec.{f}"), errs);
     }
-    let manual = obj
-        .pointer("/spec/manualSelector")
+    let manual = get_in(obj, &["spec", "manualSelector"])
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    if manual || obj.pointer("/spec/selector").is_some() {
+    if manual || get_in(obj, &["spec", "selector"]).is_some() {
         selector_matches_template(obj, "job", errs);
     }
     pod_template(obj, &["OnFailure", "Never"], errs);
@@ -479,7 +507,8 @@ fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
                 errs.invalid(field, &shown, "field is immutable");
             }
         }
-        if obj.pointer("/spec/template/spec") != old.pointer("/spec/template/spec") {
+        if get_in(obj, &["spec", "template", "spec"]) != get_in(old, &["spec", "template", "spec"])
+        {
             errs.invalid(
                 "spec.template",
                 "core.PodTemplateSpec{...}",
@@ -492,16 +521,16 @@ fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
 /// Fills in what kube-apiserver generates for a Job without `manualSelector`: a selector on
 /// the Job's uid and the matching pod template labels.
 pub fn default_job(obj: &mut Value) {
-    let manual = obj
-        .pointer("/spec/manualSelector")
+    let manual = get_in(obj, &["spec", "manualSelector"])
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    if manual || obj.pointer("/spec/selector").is_some() {
+    if manual || get_in(obj, &["spec", "selector"]).is_some() {
         return;
     }
-    let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
-    let name = obj
-        .pointer("/metadata/name")
+    let uid = get_in(obj, &["metadata", "uid"])
+        .cloned()
+        .unwrap_or(Value::Null);
+    let name = get_in(obj, &["metadata", "name"])
         .cloned()
         .unwrap_or(Value::Null);
     crate::meta::set_path(
@@ -543,7 +572,7 @@ fn cron_job(obj: &Value, name: &str, errs: &mut Errors) {
             "must be no more than 52 characters",
         );
     }
-    match obj.pointer("/spec/schedule").and_then(Value::as_str) {
+    match get_in(obj, &["spec", "schedule"]).and_then(Value::as_str) {
         None | Some("") => errs.required("spec.schedule", ""),
         Some(s) if s.split_whitespace().count() != 5 && !s.starts_with('@') => errs.invalid(
             "spec.schedule",
@@ -555,7 +584,7 @@ fn cron_job(obj: &Value, name: &str, errs: &mut Errors) {
         ),
         Some(_) => {}
     }
-    if let Some(template) = obj.pointer("/spec/jobTemplate") {
+    if let Some(template) = get_in(obj, &["spec", "jobTemplate"]) {
         let wrapped =
             serde_json::json!({"spec": template.get("spec").cloned().unwrap_or_default()});
         let mut inner = Errors::default();
@@ -569,7 +598,8 @@ fn cron_job(obj: &Value, name: &str, errs: &mut Errors) {
 
 // ---- pods (pkg/apis/core/validation) ----
 
-fn port_in_range(v: &Value, field: &str, errs: &mut Errors, allow_zero: bool) {
+/// A port number in 1–65535 (or 0 where that means unset); `field` is built only on error.
+fn port_in_range(v: &Value, field: impl Fn() -> String, errs: &mut Errors, allow_zero: bool) {
     let Some(n) = v.as_i64() else {
         return;
     };
@@ -577,7 +607,7 @@ fn port_in_range(v: &Value, field: &str, errs: &mut Errors, allow_zero: bool) {
         return;
     }
     errs.invalid(
-        field,
+        &field(),
         &n.to_string(),
         "must be between 1 and 65535, inclusive",
     );
@@ -609,32 +639,34 @@ fn port_name_problems(name: &str) -> Vec<&'static str> {
 
 const PROTOCOLS: &[&str] = &["SCTP", "TCP", "UDP"];
 
-fn container_ports(c: &Value, path: &str, errs: &mut Errors) {
+fn container_ports(c: &Value, path: &dyn Fn() -> String, errs: &mut Errors) {
     let Some(ports) = c.get("ports").and_then(Value::as_array) else {
         return;
     };
     for (i, p) in ports.iter().enumerate() {
-        let at = format!("{path}.ports[{i}]");
+        let at = |f: &str| format!("{}.ports[{i}].{f}", path());
         match p.get("containerPort") {
-            None => errs.required(&format!("{at}.containerPort"), ""),
-            Some(v) => port_in_range(v, &format!("{at}.containerPort"), errs, false),
+            None => errs.required(&at("containerPort"), ""),
+            Some(v) => port_in_range(v, || at("containerPort"), errs, false),
         }
         if let Some(v) = p.get("hostPort") {
-            port_in_range(v, &format!("{at}.hostPort"), errs, true);
+            port_in_range(v, || at("hostPort"), errs, true);
         }
         if let Some(name) = p.get("name").and_then(Value::as_str) {
             for problem in port_name_problems(name) {
-                errs.invalid(&format!("{at}.name"), &quote(name), problem);
+                errs.invalid(&at("name"), &quote(name), problem);
             }
         }
         if let Some(proto) = p.get("protocol").and_then(Value::as_str)
             && !PROTOCOLS.contains(&proto)
         {
-            errs.not_supported(&format!("{at}.protocol"), proto, PROTOCOLS);
+            errs.not_supported(&at("protocol"), proto, PROTOCOLS);
         }
     }
 }
 
+/// Containers of a pod spec at `path`. Paths are built only for errors: this runs for every
+/// workload write.
 fn pod_spec(spec: Option<&Value>, path: &str, errs: &mut Errors) {
     let Some(spec) = spec else {
         return;
@@ -643,29 +675,31 @@ fn pod_spec(spec: Option<&Value>, path: &str, errs: &mut Errors) {
     if containers.is_none_or(Vec::is_empty) {
         errs.required(&format!("{path}.containers"), "");
     }
-    let mut seen = std::collections::HashSet::new();
+    // Init containers and containers share one name space.
+    let mut seen: Vec<&str> = Vec::new();
     for list in ["initContainers", "containers"] {
         let Some(items) = spec.get(list).and_then(Value::as_array) else {
             continue;
         };
         for (i, c) in items.iter().enumerate() {
-            let at = format!("{path}.{list}[{i}]");
+            let at = || format!("{path}.{list}[{i}]");
             match c.get("name").and_then(Value::as_str) {
-                None | Some("") => errs.required(&format!("{at}.name"), ""),
+                None | Some("") => errs.required(&format!("{}.name", at()), ""),
                 Some(name) => {
                     if !is_dns1123_label(name) {
-                        errs.invalid(&format!("{at}.name"), &quote(name), DNS1123_LABEL_MSG);
+                        errs.invalid(&format!("{}.name", at()), &quote(name), DNS1123_LABEL_MSG);
                     }
-                    if !seen.insert(name.to_string()) {
-                        errs.duplicate(&format!("{at}.name"), &quote(name));
+                    if seen.contains(&name) {
+                        errs.duplicate(&format!("{}.name", at()), &quote(name));
                     }
+                    seen.push(name);
                 }
             }
             if c.get("image")
                 .and_then(Value::as_str)
                 .is_none_or(str::is_empty)
             {
-                errs.required(&format!("{at}.image"), "");
+                errs.required(&format!("{}.image", at()), "");
             }
             container_ports(c, &at, errs);
         }
@@ -677,18 +711,16 @@ fn pod_spec(spec: Option<&Value>, path: &str, errs: &mut Errors) {
 const SERVICE_TYPES: &[&str] = &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"];
 
 fn service(obj: &Value, errs: &mut Errors) {
-    let ty = obj
-        .pointer("/spec/type")
+    let ty = get_in(obj, &["spec", "type"])
         .and_then(Value::as_str)
         .unwrap_or("ClusterIP");
     if !SERVICE_TYPES.contains(&ty) {
         errs.not_supported("spec.type", ty, SERVICE_TYPES);
         return;
     }
-    let ports = obj.pointer("/spec/ports").and_then(Value::as_array);
+    let ports = get_in(obj, &["spec", "ports"]).and_then(Value::as_array);
     if ty == "ExternalName" {
-        if obj
-            .pointer("/spec/externalName")
+        if get_in(obj, &["spec", "externalName"])
             .and_then(Value::as_str)
             .is_none_or(str::is_empty)
         {
@@ -696,7 +728,7 @@ fn service(obj: &Value, errs: &mut Errors) {
         }
         return;
     }
-    let headless = obj.pointer("/spec/clusterIP").and_then(Value::as_str) == Some("None");
+    let headless = get_in(obj, &["spec", "clusterIP"]).and_then(Value::as_str) == Some("None");
     let Some(ports) = ports.filter(|p| !p.is_empty()) else {
         if !headless {
             errs.required("spec.ports", "");
@@ -724,10 +756,12 @@ fn service(obj: &Value, errs: &mut Errors) {
         }
         match p.get("port") {
             None => errs.required(&format!("{at}.port"), ""),
-            Some(v) => port_in_range(v, &format!("{at}.port"), errs, false),
+            Some(v) => port_in_range(v, || format!("{at}.port"), errs, false),
         }
         match p.get("targetPort") {
-            Some(v @ Value::Number(_)) => port_in_range(v, &format!("{at}.targetPort"), errs, true),
+            Some(v @ Value::Number(_)) => {
+                port_in_range(v, || format!("{at}.targetPort"), errs, true)
+            }
             Some(Value::String(name)) => {
                 for problem in port_name_problems(name) {
                     errs.invalid(&format!("{at}.targetPort"), &quote(name), problem);
@@ -736,7 +770,7 @@ fn service(obj: &Value, errs: &mut Errors) {
             _ => {}
         }
         if let Some(v) = p.get("nodePort") {
-            port_in_range(v, &format!("{at}.nodePort"), errs, true);
+            port_in_range(v, || format!("{at}.nodePort"), errs, true);
         }
         if let Some(proto) = p.get("protocol").and_then(Value::as_str)
             && !PROTOCOLS.contains(&proto)
@@ -776,8 +810,7 @@ fn config_key_problems(key: &str) -> Vec<String> {
 /// Checks the keys of `data`/`binaryData` (or `stringData`) and returns the data size.
 fn data_keys(obj: &Value, fields: &[&str], errs: &mut Errors) -> usize {
     let mut size = 0;
-    let mut seen = std::collections::HashSet::new();
-    for field in fields {
+    for (i, field) in fields.iter().enumerate() {
         let Some(m) = obj.get(*field).and_then(Value::as_object) else {
             continue;
         };
@@ -787,12 +820,10 @@ fn data_keys(obj: &Value, fields: &[&str], errs: &mut Errors) -> usize {
             for problem in config_key_problems(k) {
                 errs.invalid(&at(), &quote(k), &problem);
             }
-            if !seen.insert(k.as_str()) {
-                let other = if *field == "binaryData" {
-                    "data"
-                } else {
-                    "binaryData"
-                };
+            let earlier = fields[..i]
+                .iter()
+                .find(|f| obj.get(**f).and_then(|m| m.get(k)).is_some());
+            if let Some(other) = earlier {
                 errs.invalid(
                     &at(),
                     &quote(k),
@@ -873,9 +904,7 @@ fn secret(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
 // ---- leases (pkg/apis/coordination/validation) ----
 
 fn lease(obj: &Value, errs: &mut Errors) {
-    if let Some(n) = obj
-        .pointer("/spec/leaseDurationSeconds")
-        .and_then(Value::as_i64)
+    if let Some(n) = get_in(obj, &["spec", "leaseDurationSeconds"]).and_then(Value::as_i64)
         && n <= 0
     {
         errs.invalid(
@@ -884,13 +913,11 @@ fn lease(obj: &Value, errs: &mut Errors) {
             "must be greater than 0",
         );
     }
-    non_negative(obj, "/spec/leaseTransitions", "spec.leaseTransitions", errs);
-    let preferred = obj
-        .pointer("/spec/preferredHolder")
+    non_negative(obj, "spec.leaseTransitions", errs);
+    let preferred = get_in(obj, &["spec", "preferredHolder"])
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let strategy = obj
-        .pointer("/spec/strategy")
+    let strategy = get_in(obj, &["spec", "strategy"])
         .and_then(Value::as_str)
         .unwrap_or_default();
     if !preferred.is_empty() && strategy.is_empty() {
