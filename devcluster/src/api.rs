@@ -3,6 +3,7 @@
 
 use crate::authn::Authenticator;
 use crate::faults::Faults;
+use crate::fieldcheck::FieldValidation;
 use crate::meta;
 use crate::rbac::{self, Attributes, Decision};
 use crate::render::{self, Format};
@@ -231,7 +232,12 @@ async fn route(
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     match segs.as_slice() {
-        ["openapi", "v2"] => return Ok(openapi_v2(accept)),
+        ["openapi", "v2"] => return Ok(openapi_v2(app, accept)),
+        ["openapi", "v3"] => {
+            let registry = app.store.lock().registry.clone();
+            return Ok(ok(&crate::openapi::v3_index(&registry)));
+        }
+        ["openapi", "v3", rest @ ..] => return openapi_v3(app, &rest.join("/"), headers, query),
         ["api"] => {
             return Ok(ok(
                 &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": app.address}]}),
@@ -261,19 +267,11 @@ async fn route(
         target.name.as_deref(),
         target.sub.as_deref(),
     );
-    if review.is_none()
-        && !body.is_empty()
-        && (content_type.contains("protobuf") || content_type.contains("cbor"))
-    {
-        // client-go's typed clients (kubectl create namespace, create configmap, ...) send
-        // protobuf; devcluster stores JSON only, so say so instead of failing to parse.
-        return Err(ApiError {
-            message: format!(
-                "devcluster accepts JSON and YAML request bodies only, not {content_type}; use `kubectl apply -f` or `kubectl create -f` with a manifest, or a JSON client"
-            ),
-            ..ApiError::unsupported_media_type(content_type)
-        });
-    }
+    let body = if review.is_none() && !body.is_empty() {
+        request_body_as_json(content_type, body)?
+    } else {
+        body
+    };
     let verb = verb_of(method, &target, query);
     let lease = (target.info.group == "coordination.k8s.io" && target.info.plural == "leases")
         .then(|| {
@@ -305,12 +303,50 @@ async fn route(
         manager,
         dry_run,
         force: flag(query, "force"),
+        field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str))?,
+        warnings: Default::default(),
     };
+    let response = serve(
+        app, method, path, headers, query, &target, verb, format, &wopts, body,
+    )
+    .await?;
+    Ok(with_warnings(response, &wopts))
+}
+
+/// Adds a `Warning: 299` header per warning the write produced, as kube-apiserver does.
+fn with_warnings(mut response: Response, wopts: &WriteOptions) -> Response {
+    for w in wopts.warnings.lock().iter() {
+        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = header::HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            response.headers_mut().append(header::WARNING, v);
+        }
+    }
+    response
+}
+
+/// Serves one resource request once it is authenticated, authorized and past fault injection.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    app: &App,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    target: &Target,
+    verb: &str,
+    format: Format,
+    wopts: &WriteOptions,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let info = &target.info;
     let ns = target.namespace.as_deref();
     match (verb, target.name.as_deref(), target.sub.as_deref()) {
-        ("watch", _, _) => watch_response(app, &target, query, format),
+        ("watch", _, _) => {
+            crate::listoptions::validate(query, true)?;
+            watch_response(app, target, query, format)
+        }
         ("list", None, None) => {
+            crate::listoptions::validate(query, false)?;
             let (labels, fields) = selectors(info, query)?;
             let limit = query.get("limit").and_then(|l| l.parse::<usize>().ok());
             let result = app.store.lock().list(
@@ -345,7 +381,7 @@ async fn route(
         )?)),
         ("create", None, None) => {
             let obj = parse_json(&body)?;
-            let created = app.store.lock().create(info, ns, obj, &wopts)?;
+            let created = app.store.lock().create(info, ns, obj, wopts)?;
             Ok(json_response(
                 StatusCode::CREATED,
                 &render::object(info, Format::Json, &created),
@@ -359,7 +395,7 @@ async fn route(
             let updated =
                 app.store
                     .lock()
-                    .update(info, ns.unwrap_or_default(), name, obj, sub, &wopts)?;
+                    .update(info, ns.unwrap_or_default(), name, obj, sub, wopts)?;
             Ok(ok(&render::object(info, Format::Json, &updated)))
         }
         ("update", Some(name), Some("scale")) => {
@@ -369,7 +405,7 @@ async fn route(
                 ns.unwrap_or_default(),
                 name,
                 &scale,
-                &wopts,
+                wopts,
             )?))
         }
         ("patch", Some(name), sub @ (None | Some("status"))) => {
@@ -390,15 +426,7 @@ async fn route(
             let existed = st
                 .get(&info.group_resource(), ns.unwrap_or_default(), name)
                 .is_some();
-            let patched = st.patch(
-                info,
-                ns.unwrap_or_default(),
-                name,
-                kind,
-                &patch,
-                sub,
-                &wopts,
-            )?;
+            let patched = st.patch(info, ns.unwrap_or_default(), name, kind, &patch, sub, wopts)?;
             drop(st);
             let code = if existed {
                 StatusCode::OK
@@ -432,7 +460,7 @@ async fn route(
                 ns.unwrap_or_default(),
                 name,
                 &scale,
-                &wopts,
+                wopts,
             )?))
         }
         ("delete", Some(name), None) => {
@@ -669,6 +697,31 @@ fn watch_response(
         .into_response())
 }
 
+/// Protobuf bodies (client-go's typed clients: `kubectl create namespace`, `create configmap`,
+/// `run`, `expose`, ...) are decoded into the JSON the rest of the server handles; JSON and YAML
+/// pass through. CBOR is refused.
+fn request_body_as_json(content_type: &str, body: Bytes) -> Result<Bytes, ApiError> {
+    if content_type.contains("cbor") {
+        return Err(ApiError {
+            message: format!(
+                "devcluster accepts JSON, YAML and protobuf request bodies, not {content_type}"
+            ),
+            ..ApiError::unsupported_media_type(content_type)
+        });
+    }
+    if !crate::protobuf::is_protobuf(content_type) {
+        return Ok(body);
+    }
+    let decoded = crate::protobuf::decode(&body).map_err(|e| match e {
+        crate::protobuf::ProtobufError::Malformed => ApiError::bad_request(e.to_string()),
+        crate::protobuf::ProtobufError::Unsupported(_) => ApiError {
+            message: e.to_string(),
+            ..ApiError::unsupported_media_type(content_type)
+        },
+    })?;
+    Ok(Bytes::from(decoded.to_string()))
+}
+
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
@@ -783,11 +836,13 @@ pub fn version() -> Value {
     })
 }
 
-/// An empty OpenAPI v2 document. The protobuf form of an empty `openapi_v2.Document` is zero
-/// bytes, which kubectl's client-side validation accepts (every kind is then "unknown", which it
-/// skips).
-fn openapi_v2(accept: Option<&str>) -> Response {
-    if accept.is_some_and(|a| a.contains("protobuf")) {
+/// `/openapi/v2`: every served kind's schema as Swagger 2.0 JSON. kubectl asks for the
+/// gnostic protobuf form, which devcluster does not encode: it gets an empty protobuf document
+/// (zero bytes), which kubectl accepts, and validates through the server instead (the v3
+/// documents advertise `fieldValidation`).
+fn openapi_v2(app: &App, accept: Option<&str>) -> Response {
+    let json_ok = accept.is_none_or(|a| a.contains("json") || a.contains("*/*"));
+    if !json_ok && accept.is_some_and(|a| a.contains("protobuf")) {
         return (
             StatusCode::OK,
             [(
@@ -798,9 +853,66 @@ fn openapi_v2(accept: Option<&str>) -> Response {
         )
             .into_response();
     }
-    ok(
-        &json!({"swagger": "2.0", "info": {"title": "devcluster", "version": "v1.33.0"}, "paths": {}, "definitions": {}}),
+    let registry = app.store.lock().registry.clone();
+    ok(&crate::openapi::v2_document(&registry))
+}
+
+/// `/openapi/v3/{api/v1 | apis/group/version}`, with kube-apiserver's caching: an `ETag`, 304
+/// for a matching `If-None-Match`, immutable caching when the URL's `hash` is current and a
+/// redirect to the current URL when it is not.
+fn openapi_v3(
+    app: &App,
+    path: &str,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let registry = app.store.lock().registry.clone();
+    let api_version = registry
+        .all()
+        .map(ResourceInfo::api_version)
+        .find(|av| crate::openapi::v3_path(av) == path)
+        .ok_or_else(|| ApiError::no_route(&format!("/openapi/v3/{path}")))?;
+    let doc = crate::openapi::v3_rendered(&registry, &api_version);
+    let etag = format!("\"{}\"", doc.etag);
+    if let Some(hash) = query.get("hash")
+        && *hash != doc.etag
+    {
+        let location = format!("/openapi/v3/{path}?hash={}", doc.etag);
+        return Ok((
+            StatusCode::MOVED_PERMANENTLY,
+            [(header::LOCATION, location)],
+        )
+            .into_response());
+    }
+    let cache = if query.contains_key("hash") {
+        "public, immutable"
+    } else {
+        "no-cache, private"
+    };
+    let not_modified = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    if not_modified {
+        return Ok((
+            StatusCode::NOT_MODIFIED,
+            [
+                (header::ETAG, etag),
+                (header::CACHE_CONTROL, cache.to_string()),
+            ],
+        )
+            .into_response());
+    }
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (header::ETAG, etag),
+            (header::CACHE_CONTROL, cache.to_string()),
+        ],
+        doc.body.as_ref().clone(),
     )
+        .into_response())
 }
 
 #[cfg(test)]

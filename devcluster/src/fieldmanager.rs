@@ -23,12 +23,26 @@ use serde_json::{Map, Value, json};
 pub type ListKeyFn<'a> = &'a dyn Fn(&[&str]) -> Option<ListKey>;
 
 /// Merge strategy of a list, mirroring `x-kubernetes-list-type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListKey {
     /// `map` list: items are objects identified by this (scalar) field.
     Key(&'static str),
+    /// `map` list with `x-kubernetes-list-map-keys` from a schema: items are identified by
+    /// these fields together.
+    Keys(Vec<String>),
     /// `set` list: items are scalars identified by their value.
     Set,
+}
+
+impl ListKey {
+    /// The key fields of a `map` list.
+    fn fields(&self) -> Option<Vec<&str>> {
+        match self {
+            ListKey::Key(k) => Some(vec![k]),
+            ListKey::Keys(ks) => Some(ks.iter().map(String::as_str).collect()),
+            ListKey::Set => None,
+        }
+    }
 }
 
 /// One field that an apply would take away from another manager.
@@ -364,19 +378,26 @@ fn list_kind(lk: ListKeyFn, names: &[&str]) -> Option<ListKey> {
 
 /// Identifies every item of an associative list, or explains why the list
 /// cannot be treated as one (missing or duplicate keys).
-fn keyed_items(items: &[Value], key: &str) -> Result<Vec<Pe>, String> {
+fn keyed_items(items: &[Value], keys: &[&str]) -> Result<Vec<Pe>, String> {
     let mut out: Vec<Pe> = Vec::with_capacity(items.len());
     for item in items {
-        let k = item
-            .as_object()
-            .and_then(|o| o.get(key))
-            .filter(|v| !v.is_object() && !v.is_array())
-            .ok_or_else(|| {
-                format!("associative list with key {key:?} has an element that omits the key field")
-            })?;
-        let pe = key_pe(vec![(key.to_string(), k.clone())]);
+        let mut fields = Vec::with_capacity(keys.len());
+        for key in keys {
+            let k = item
+                .as_object()
+                .and_then(|o| o.get(*key))
+                .filter(|v| !v.is_object() && !v.is_array())
+                .ok_or_else(|| {
+                    format!(
+                        "associative list with key {key:?} has an element that omits the key field"
+                    )
+                })?;
+            fields.push((key.to_string(), k.clone()));
+        }
+        let shown: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let pe = key_pe(fields);
         if out.contains(&pe) {
-            return Err(format!("duplicate entries for key [{key}={k}]"));
+            return Err(format!("duplicate entries for key [{}]", shown.join(",")));
         }
         out.push(pe);
     }
@@ -446,17 +467,18 @@ impl Walker<'_> {
             }
             Value::Array(items) if !items.is_empty() => {
                 let kind = list_kind(self.list_key, names);
-                let pes = match kind {
-                    Some(ListKey::Key(key)) => keyed_items(items, key).map(Some),
-                    Some(ListKey::Set) => set_items(items).map(Some),
-                    None => Ok(None),
+                let keyed = kind.as_ref().and_then(ListKey::fields);
+                let pes = match (&kind, &keyed) {
+                    (_, Some(keys)) => keyed_items(items, keys).map(Some),
+                    (Some(ListKey::Set), _) => set_items(items).map(Some),
+                    _ => Ok(None),
                 };
                 match pes {
                     Ok(Some(pes)) => {
                         for (pe, item) in pes.into_iter().zip(items) {
                             path.push(pe);
                             out.insert(path);
-                            if matches!(kind, Some(ListKey::Key(_))) {
+                            if keyed.is_some() {
                                 self.collect(item, path, names, out)?;
                             }
                             path.pop();
@@ -496,19 +518,10 @@ impl Walker<'_> {
                 Value::Object(out)
             }
             (Value::Array(l), Value::Array(a)) => match list_kind(self.list_key, names) {
-                Some(ListKey::Key(key)) => match (keyed_items(l, key), keyed_items(a, key)) {
-                    (Ok(lkeys), Ok(akeys)) => {
-                        let mut out = l.clone();
-                        for (a_pe, aitem) in akeys.iter().zip(a) {
-                            match lkeys.iter().position(|p| p == a_pe) {
-                                Some(pos) => out[pos] = self.merge(&l[pos], aitem, names),
-                                None => out.push(aitem.clone()),
-                            }
-                        }
-                        Value::Array(out)
-                    }
-                    _ => applied.clone(),
-                },
+                Some(lk @ (ListKey::Key(_) | ListKey::Keys(_))) => {
+                    let keys = lk.fields().unwrap_or_default();
+                    self.merge_keyed(l, a, &keys, names, applied)
+                }
                 Some(ListKey::Set) => {
                     let mut out = l.clone();
                     for v in a {
@@ -522,6 +535,30 @@ impl Walker<'_> {
             },
             _ => applied.clone(),
         }
+    }
+}
+
+impl Walker<'_> {
+    /// Merges a `map` list item by item, by key; malformed lists are replaced whole.
+    fn merge_keyed<'v>(
+        &self,
+        l: &'v [Value],
+        a: &'v [Value],
+        keys: &[&str],
+        names: &mut Vec<&'v str>,
+        applied: &Value,
+    ) -> Value {
+        let (Ok(lkeys), Ok(akeys)) = (keyed_items(l, keys), keyed_items(a, keys)) else {
+            return applied.clone();
+        };
+        let mut out = l.to_vec();
+        for (a_pe, aitem) in akeys.iter().zip(a) {
+            match lkeys.iter().position(|p| p == a_pe) {
+                Some(pos) => out[pos] = self.merge(&l[pos], aitem, names),
+                None => out.push(aitem.clone()),
+            }
+        }
+        Value::Array(out)
     }
 }
 
@@ -807,7 +844,7 @@ pub fn apply(
             }
         }
     }
-    if !conflicts.is_empty() && !force {
+    if !conflicts.is_empty() && !force && !upgrades_client_side_apply(live, &taken, op, &lenient) {
         conflicts.sort_by(|a, b| a.manager.cmp(&b.manager));
         return Err(ApplyError::Conflicts(conflicts));
     }
@@ -847,6 +884,42 @@ pub fn apply(
     }
     write_entries(&mut merged, entries);
     Ok(merged)
+}
+
+/// The manager `kubectl apply --server-side` uses unless told otherwise.
+const KUBECTL_MANAGER: &str = "kubectl";
+/// Where client-side apply keeps what it last applied.
+const LAST_APPLIED: &str =
+    "/metadata/annotations/kubectl.kubernetes.io~1last-applied-configuration";
+
+/// kube-apiserver's `lastAppliedManager`: when kubectl upgrades an object from client-side to
+/// server-side apply (manager `kubectl`), it may take over without `--force-conflicts` every
+/// conflicting field it had last applied client-side, i.e. fields in the
+/// last-applied-configuration annotation whose live value is still the one it applied. A field
+/// someone else changed since still conflicts.
+fn upgrades_client_side_apply(
+    live: &Value,
+    taken: &[(usize, Path)],
+    op: &Op,
+    walker: &Walker,
+) -> bool {
+    if op.manager != KUBECTL_MANAGER {
+        return false;
+    }
+    let Some(last) = live
+        .pointer(LAST_APPLIED)
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+    else {
+        return false;
+    };
+    let Ok(last_set) = walker.field_set(&last) else {
+        return false;
+    };
+    taken.iter().all(|(_, path)| {
+        last_set.get(path).is_some_and(|n| n.member)
+            && get_path(&last, path) == get_path(live, path)
+    })
 }
 
 /// Records a non-apply write (create/update/patch) in

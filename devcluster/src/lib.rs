@@ -19,8 +19,11 @@
 pub mod api;
 pub mod authn;
 pub mod faults;
+pub mod fieldcheck;
 pub mod fieldmanager;
+pub mod listoptions;
 pub mod meta;
+pub mod openapi;
 pub mod patch;
 pub mod protobuf;
 pub mod rbac;
@@ -34,6 +37,7 @@ pub mod status;
 pub mod store;
 pub mod tls;
 pub mod token;
+pub mod validation;
 pub mod watch;
 
 pub use authn::{AuthCounts, Identity};

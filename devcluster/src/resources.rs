@@ -245,6 +245,30 @@ impl Registry {
                 .with_generation()
                 .in_all(),
             ResourceInfo::builtin("coordination.k8s.io", "v1", "leases", "Lease", true),
+            ResourceInfo::builtin("", "v1", "resourcequotas", "ResourceQuota", true)
+                .short(&["quota"])
+                .with_status(),
+            ResourceInfo::builtin("batch", "v1", "jobs", "Job", true)
+                .with_status()
+                .with_generation()
+                .in_all(),
+            ResourceInfo::builtin("batch", "v1", "cronjobs", "CronJob", true)
+                .short(&["cj"])
+                .with_status()
+                .with_generation()
+                .in_all(),
+            ResourceInfo::builtin("networking.k8s.io", "v1", "ingresses", "Ingress", true)
+                .short(&["ing"])
+                .with_status()
+                .with_generation(),
+            ResourceInfo::builtin(
+                "scheduling.k8s.io",
+                "v1",
+                "priorityclasses",
+                "PriorityClass",
+                false,
+            )
+            .short(&["pc"]),
             ResourceInfo::builtin(
                 "policy",
                 "v1",

@@ -59,17 +59,30 @@ fn field_schema<'a>(s: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
 /// a default of its own. A declared, non-nullable field that is `null` is
 /// replaced by its default or removed, as k8s does before defaulting. At the
 /// root, `apiVersion`, `kind` and `metadata` are always left untouched.
-pub fn prune_and_default(obj: &mut Value, schema: &Value) {
-    prune(obj, Some(schema), true);
+///
+/// Returns the paths of the pruned fields (`spec.foo`, `spec.items[0].bar`), for
+/// `fieldValidation`.
+pub fn prune_and_default(obj: &mut Value, schema: &Value) -> Vec<String> {
+    let mut pruned = Vec::new();
+    prune(obj, Some(schema), true, "", &mut pruned);
     apply_defaults(obj, schema, true);
+    pruned
 }
 
-fn prune(x: &mut Value, s: Option<&Value>, root: bool) {
+fn join(path: &str, k: &str) -> String {
+    if path.is_empty() {
+        k.to_string()
+    } else {
+        format!("{path}.{k}")
+    }
+}
+
+fn prune(x: &mut Value, s: Option<&Value>, root: bool, path: &str, pruned: &mut Vec<String>) {
     let s = s.and_then(Value::as_object);
     if let Some(s) = s
         && flag(s, "x-kubernetes-preserve-unknown-fields")
     {
-        skip_prune(x, s, root);
+        skip_prune(x, s, root, path, pruned);
         return;
     }
     match x {
@@ -77,7 +90,13 @@ fn prune(x: &mut Value, s: Option<&Value>, root: bool) {
             let Some(s) = s else {
                 // No schema at all for an object means nothing in it is
                 // declared (k8s prunes it to `{}`), except root meta fields.
-                m.retain(|k, _| root && is_meta_field(k));
+                m.retain(|k, _| {
+                    let keep = root && is_meta_field(k);
+                    if !keep {
+                        pruned.push(join(path, k));
+                    }
+                    keep
+                });
                 return;
             };
             let embedded = flag(s, "x-kubernetes-embedded-resource");
@@ -87,24 +106,29 @@ fn prune(x: &mut Value, s: Option<&Value>, root: bool) {
                 if (root || embedded) && is_meta_field(k) {
                     return true;
                 }
+                let child = join(path, k);
                 if let Some(p) = props.and_then(|p| p.get(k)) {
-                    prune(v, Some(p), false);
+                    prune(v, Some(p), false, &child, pruned);
                     return true;
                 }
-                match additional {
+                let keep = match additional {
                     Some(Value::Bool(keep)) => *keep,
                     Some(ap @ Value::Object(_)) => {
-                        prune(v, Some(ap), false);
+                        prune(v, Some(ap), false, &child, pruned);
                         true
                     }
                     _ => false,
+                };
+                if !keep {
+                    pruned.push(child);
                 }
+                keep
             });
         }
         Value::Array(items) => {
             let item_schema = s.and_then(|s| s.get("items"));
-            for v in items {
-                prune(v, item_schema, false);
+            for (i, v) in items.iter_mut().enumerate() {
+                prune(v, item_schema, false, &format!("{path}[{i}]"), pruned);
             }
         }
         _ => {}
@@ -114,7 +138,13 @@ fn prune(x: &mut Value, s: Option<&Value>, root: bool) {
 /// Pruning below a preserve-unknown-fields node: unknown fields stay, but
 /// declared properties (and additionalProperties values) are still pruned by
 /// their own schemas, and the preservation carries into array items.
-fn skip_prune(x: &mut Value, s: &Map<String, Value>, root: bool) {
+fn skip_prune(
+    x: &mut Value,
+    s: &Map<String, Value>,
+    root: bool,
+    path: &str,
+    pruned: &mut Vec<String>,
+) {
     match x {
         Value::Object(m) => {
             let embedded = flag(s, "x-kubernetes-embedded-resource");
@@ -123,14 +153,14 @@ fn skip_prune(x: &mut Value, s: &Map<String, Value>, root: bool) {
                     continue;
                 }
                 if let Some(fs) = field_schema(s, k) {
-                    prune(v, Some(fs), false);
+                    prune(v, Some(fs), false, &join(path, k), pruned);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(is) = s.get("items").and_then(Value::as_object) {
-                for v in items {
-                    skip_prune(v, is, false);
+                for (i, v) in items.iter_mut().enumerate() {
+                    skip_prune(v, is, false, &format!("{path}[{i}]"), pruned);
                 }
             }
         }
@@ -165,7 +195,7 @@ fn apply_defaults(x: &mut Value, s: &Value, root: bool) {
                         Some(d) => {
                             let mut d = d.clone();
                             let ps = Value::Object(p.clone());
-                            prune(&mut d, Some(&ps), false);
+                            prune(&mut d, Some(&ps), false, "", &mut Vec::new());
                             m.insert(k.clone(), d);
                         }
                         // A null the schema does not allow carries no
@@ -194,6 +224,36 @@ fn apply_defaults(x: &mut Value, s: &Value, root: bool) {
             }
         }
         _ => {}
+    }
+}
+
+/// The `x-kubernetes-list-type` of the list at a path of field names (list items are stepped
+/// through implicitly), with its `x-kubernetes-list-map-keys` for `map` lists: what
+/// server-side apply merges CRD lists by.
+pub fn list_type(schema: &Value, names: &[&str]) -> Option<crate::fieldmanager::ListKey> {
+    use crate::fieldmanager::ListKey;
+    let mut s = schema;
+    for name in names {
+        while s.get("type").and_then(Value::as_str) == Some("array") {
+            s = s.get("items")?;
+        }
+        s = s
+            .get("properties")
+            .and_then(|p| p.get(*name))
+            .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))?;
+    }
+    match s.get("x-kubernetes-list-type")?.as_str()? {
+        "set" => Some(ListKey::Set),
+        "map" => {
+            let keys: Vec<String> = s
+                .get("x-kubernetes-list-map-keys")?
+                .as_array()?
+                .iter()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect();
+            (!keys.is_empty()).then_some(ListKey::Keys(keys))
+        }
+        _ => None,
     }
 }
 
@@ -1027,5 +1087,25 @@ mod tests {
         let reasons: Vec<&str> = c.iter().map(|c| c.reason).collect();
         assert_eq!(reasons, vec!["FieldValueRequired", "FieldValueInvalid"]);
         assert_eq!(c[0].field, "a");
+    }
+
+    #[test]
+    fn list_types_come_from_the_schema_extensions() {
+        use crate::fieldmanager::ListKey;
+        let s = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["port", "protocol"],
+                "items": {"type": "object", "properties": {"tags": {"type": "array",
+                    "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}},
+            "args": {"type": "array", "items": {"type": "string"}}}}}});
+        assert_eq!(
+            list_type(&s, &["spec", "ports"]),
+            Some(ListKey::Keys(vec!["port".into(), "protocol".into()]))
+        );
+        assert_eq!(
+            list_type(&s, &["spec", "ports", "tags"]),
+            Some(ListKey::Set)
+        );
+        assert_eq!(list_type(&s, &["spec", "args"]), None);
     }
 }

@@ -5,6 +5,7 @@
 //! Everything happens under one mutex so that a resourceVersion totally orders all writes, a
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
+use crate::fieldcheck::{self, FieldValidation};
 use crate::fieldmanager;
 use crate::meta;
 use crate::patch;
@@ -12,6 +13,7 @@ use crate::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
 use crate::schema;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, Cause};
+use crate::validation;
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -89,6 +91,25 @@ pub struct WriteOptions {
     pub dry_run: bool,
     /// `force=true` for server-side apply.
     pub force: bool,
+    /// What to do with fields the kind's schema does not declare.
+    pub field_validation: FieldValidation,
+    /// Warnings for the response's `Warning` headers (unknown fields under `Warn`).
+    pub warnings: Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+impl WriteOptions {
+    /// Type-checks an object against its kind's schema, drops undeclared fields and applies
+    /// `fieldValidation` to them.
+    fn decode_check(&self, info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+        let unknown = fieldcheck::check(info, obj)?;
+        self.enforce(info, &unknown)
+    }
+
+    fn enforce(&self, info: &ResourceInfo, unknown: &[String]) -> Result<(), ApiError> {
+        let warnings = fieldcheck::enforce(info, self.field_validation, unknown)?;
+        self.warnings.lock().extend(warnings);
+        Ok(())
+    }
 }
 
 /// The outcome of a delete.
@@ -531,6 +552,7 @@ impl State {
         record_fields: bool,
     ) -> Result<Arc<Value>, ApiError> {
         check_type(info, obj)?;
+        opts.decode_check(info, obj)?;
         let ns = normalize_namespace(info, ns, obj)?;
         let mut name = meta::name(obj).to_string();
         if name.is_empty() {
@@ -551,13 +573,13 @@ impl State {
             name = format!("{generate}{}", random_suffix());
             meta::set(obj, "name", Some(json!(name)));
         }
-        validate_name(info, &name)?;
+        if !info.builtin {
+            // Built-in names are checked per kind by validation::validate.
+            validate_name(info, &name)?;
+        }
         self.namespace_gate(info, &ns)
             .map_err(|e| e.with_resource_name(&name))?;
         let gr = info.group_resource();
-        if self.get(&gr, &ns, &name).is_some() {
-            return Err(ApiError::already_exists(&info.group, &info.plural, &name));
-        }
         {
             let md = meta::metadata_mut(obj);
             md.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
@@ -588,7 +610,12 @@ impl State {
             map.remove("status");
         }
         self.defaults_on_create(info, obj)?;
-        self.check_custom(info, obj, &name)?;
+        validation::validate(info, obj, None)?;
+        self.check_custom(info, obj, &name, opts)?;
+        // Like kube-apiserver, an invalid object is refused as invalid even if the name is taken.
+        if self.get(&gr, &ns, &name).is_some() {
+            return Err(ApiError::already_exists(&info.group, &info.plural, &name));
+        }
         if record_fields {
             record(obj, None, info, opts, None);
         }
@@ -619,6 +646,7 @@ impl State {
             {
                 meta::set_path(obj, "spec.replicas", json!(1));
             }
+            ("batch", "jobs") => validation::default_job(obj),
             ("apiextensions.k8s.io", "customresourcedefinitions") => {
                 let infos = infos_from_crd(obj).map_err(|m| {
                     ApiError::invalid_field(
@@ -699,11 +727,13 @@ impl State {
         info: &ResourceInfo,
         obj: &mut Value,
         name: &str,
+        opts: &WriteOptions,
     ) -> Result<(), ApiError> {
         let Some(schema) = &info.schema else {
             return Ok(());
         };
-        schema::prune_and_default(obj, schema);
+        let pruned = schema::prune_and_default(obj, schema);
+        opts.enforce(info, &pruned)?;
         let causes = schema::validate(obj, schema);
         if causes.is_empty() {
             return Ok(());
@@ -834,6 +864,10 @@ impl State {
             ));
         }
         check_type(info, body)?;
+        // Undeclared fields are dropped before ownership is computed, so nobody owns them.
+        let mut body = body.clone();
+        opts.decode_check(info, &mut body)?;
+        let body = &body;
         let body_name = meta::name(body);
         if !body_name.is_empty() && body_name != name {
             return Err(ApiError::bad_request(format!(
@@ -847,15 +881,7 @@ impl State {
         }
         let now = meta::now();
         let api_version = info.api_version();
-        let list_key = |path: &[&str]| -> Option<fieldmanager::ListKey> {
-            if !info.builtin && path.first() != Some(&"metadata") {
-                return None;
-            }
-            patch::list_merge_key(path).map(|k| match k {
-                patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
-                patch::MergeKey::Set => fieldmanager::ListKey::Set,
-            })
-        };
+        let list_key = |path: &[&str]| list_key_of(info, path);
         let op = fieldmanager::Op {
             manager: &opts.manager,
             api_version: &api_version,
@@ -986,6 +1012,7 @@ impl State {
         record_fields: bool,
     ) -> Result<Arc<Value>, ApiError> {
         let gr = info.group_resource();
+        opts.decode_check(info, &mut new)?;
         if meta::name(&new) != name {
             return Err(ApiError::bad_request(format!(
                 "the name of the object ({}) does not match the name on the URL ({name})",
@@ -1084,7 +1111,8 @@ impl State {
             }
         }
         if sub.is_none() {
-            self.check_custom(info, &mut new, name)?;
+            validation::validate(info, &new, Some(&old))?;
+            self.check_custom(info, &mut new, name, opts)?;
         }
         if info.generation && spec_changed(info, &old, &new) {
             let generation = old
@@ -1617,16 +1645,7 @@ fn record(
     }
     let now = meta::now();
     let api_version = info.api_version();
-    let builtin = info.builtin;
-    let list_key = move |path: &[&str]| -> Option<fieldmanager::ListKey> {
-        if !builtin && path.first() != Some(&"metadata") {
-            return None;
-        }
-        patch::list_merge_key(path).map(|k| match k {
-            patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
-            patch::MergeKey::Set => fieldmanager::ListKey::Set,
-        })
-    };
+    let list_key = |path: &[&str]| list_key_of(info, path);
     let op = fieldmanager::Op {
         manager: &opts.manager,
         api_version: &api_version,
@@ -1635,6 +1654,20 @@ fn record(
         list_key: &list_key,
     };
     fieldmanager::record_update(old, obj, &op);
+}
+
+/// How managed fields and apply treat the list at a path: metadata and built-in kinds by the
+/// merge-key table, custom resources by their schema's `x-kubernetes-list-type`.
+fn list_key_of(info: &ResourceInfo, path: &[&str]) -> Option<fieldmanager::ListKey> {
+    if info.builtin || path.first() == Some(&"metadata") {
+        return patch::list_merge_key(path).map(|k| match k {
+            patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
+            patch::MergeKey::Set => fieldmanager::ListKey::Set,
+        });
+    }
+    info.schema
+        .as_ref()
+        .and_then(|s| schema::list_type(s, path))
 }
 
 fn scale_of(info: &ResourceInfo, obj: &Value) -> Result<Value, ApiError> {
