@@ -88,7 +88,7 @@ def test_controllers_service_selects_only_the_leader(overlay: str):
 def test_namespaced_overlay_sets_the_ceiling():
     deployment = next(d for d in render("namespaced") if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["WATCH_NAMESPACE"] == "team-a,team-b"
+    assert env["CTRLHUB_WATCH_NAMESPACE"] == "team-a,team-b"
     docs = render("namespaced")
     bound = {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "ctrlhub-cache-reader"}
     assert bound == {"team-a", "team-b"}

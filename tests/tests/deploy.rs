@@ -290,7 +290,8 @@ async fn manager_starts_with_the_deployments_own_args_and_env() {
         cmd.env(name, resolve_env(pod, entry));
     }
     assert!(
-        env_names.iter().any(|n| n == "POD_NAME") && env_names.iter().any(|n| n == "POD_NAMESPACE"),
+        env_names.iter().any(|n| n == "CTRLHUB_IDENTITY")
+            && env_names.iter().any(|n| n == "CTRLHUB_LEASE_NAMESPACE"),
         "the Deployment passes the pod's identity: {env_names:?}"
     );
     let mut child = cmd.spawn().expect("ctrlhub starts");

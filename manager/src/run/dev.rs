@@ -18,23 +18,23 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
     /// gRPC address of the manager.
-    #[arg(long, default_value = "127.0.0.1:9090")]
+    #[arg(long, env = "CTRLHUB_GRPC_ADDR", default_value = "127.0.0.1:9090")]
     pub grpc_addr: SocketAddr,
     /// HTTP address of the manager (/metrics, /status, /healthz).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
     /// Address of the embedded API server; port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, env = "CTRLHUB_API_ADDR", default_value = "127.0.0.1:0")]
     pub api_addr: SocketAddr,
     /// Where the kubeconfig for kubectl is written.
-    #[arg(long, default_value = ".ctrlhub-dev")]
+    #[arg(long, env = "CTRLHUB_STATE_DIR", default_value = ".ctrlhub-dev")]
     pub state_dir: PathBuf,
     /// spec.size of the sample Memcached.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "CTRLHUB_SIZE", default_value_t = 3)]
     pub size: u32,
     /// Exit after the sample reports Available (for scripts and tests) instead of running until
     /// interrupted.
-    #[arg(long)]
+    #[arg(long, env = "CTRLHUB_EXIT_WHEN_READY")]
     pub exit_when_ready: bool,
 }
 
@@ -136,6 +136,7 @@ impl DevArgs {
             watch_namespace: String::new(),
             auth: crate::run::AuthMode::Static,
             token: "dev".into(),
+            insecure_static_auth: false,
             audience: "ctrlhub".into(),
             token_cache_ttl: Duration::from_secs(120),
             authz_allow_ttl: Duration::from_secs(300),
