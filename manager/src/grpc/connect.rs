@@ -162,7 +162,7 @@ impl Service {
                     }
                     _ => String::new(),
                 };
-                Err(denied(identity, &group, &kind, &ns))
+                Err(denied(identity, &group, &kind, &ns, self.authz.deny_ttl()))
             }
             Err(e) => Err(Status::invalid_argument(e.to_string())),
         }
