@@ -60,7 +60,17 @@ impl DevArgs {
             .start_manager(&kubeconfig, manager_stop.clone())
             .await?;
         let controller_stop = stop.child_token();
-        let controller = self.start_controller(&kubeconfig, controller_stop.clone());
+        // The demo controller runs in this process but is its own service in traces.
+        let controller_traces = ctrlhub_otel::init_component("memcached-controller")
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "the controller's traces are not exported");
+                ctrlhub_otel::Traces::disabled()
+            });
+        let controller = self.start_controller(
+            &kubeconfig,
+            controller_traces.tracer(),
+            controller_stop.clone(),
+        );
         let client = cluster
             .client()
             .await
@@ -72,6 +82,7 @@ impl DevArgs {
         say("shutting down: controller drains, manager releases the lease...");
         controller_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+        controller_traces.shutdown().await;
         manager_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
         cluster.shutdown().await;
@@ -173,6 +184,7 @@ impl DevArgs {
     fn start_controller(
         &self,
         kubeconfig: &Path,
+        tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
         stop: CancellationToken,
     ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
         say("starting the memcached controller (connects over gRPC, installs its CRD)...");
@@ -184,6 +196,9 @@ impl DevArgs {
             print_crd: false,
             max_concurrent_reconciles: 4,
             namespaces: Vec::new(),
+            token_file: None,
+            log_format: ctrlhub_otel::logs::LogFormat::default(),
+            tracer,
         };
         tokio::spawn(memcached_controller::run(args, stop))
     }
