@@ -60,7 +60,7 @@ bash dashboards/schema/check.sh
 banner "cargo build --workspace --bins"
 cargo build --workspace --bins
 
-banner "production build: no \`dev\` subcommand, no devcluster or demo controller linked"
+banner "production build: the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
 bash tests/production_build.sh
 
 banner "cargo test --workspace"
