@@ -281,7 +281,10 @@ fn dashboards_are_well_formed() {
     // The traces dashboard reads Tempo with TraceQL, filtered like the others.
     let d = dashboard("ctrlhub-traces");
     let service = variable(&d, "service").expect("service variable");
-    assert_eq!(service["query"], "ctrlhub", "defaults to the manager's service name");
+    assert_eq!(
+        service["query"], "ctrlhub",
+        "defaults to the manager's service name"
+    );
     let tempo = variable(&d, "tempo").expect("tempo datasource variable");
     assert_eq!(
         (tempo["type"].as_str(), tempo["query"].as_str()),
