@@ -125,3 +125,100 @@ async fn static_auth_and_the_namespace_ceiling_are_shown_to_the_operator() {
         "{log}"
     );
 }
+
+/// A denial says which grant is missing — a ClusterRole for all namespaces, a Role for one — and
+/// when the cached decision is asked about again.
+#[tokio::test]
+async fn denials_name_the_missing_grant_and_when_they_are_re_checked() {
+    let c = start_cluster().await;
+    let args = [
+        "--auth",
+        "kubernetes",
+        "--audience",
+        "ctrlhub",
+        "--authz-deny-ttl",
+        "45s",
+    ];
+    let m = Manager::start(&c, "denials", &args).await;
+    m.wait_leading().await;
+    let auth = ctrlhub_tests::rbac::tenant(&c, "team-a", "ctl").await;
+    let all = Replica::connect_with(
+        &m.grpc,
+        ctrlhub_tests::rbac::configmaps_in("everywhere", &[]),
+        Some(&auth),
+    )
+    .await
+    .err()
+    .expect("all namespaces without a grant is refused");
+    assert_eq!(all.code(), tonic::Code::PermissionDenied);
+    let text = all.message();
+    assert!(
+        text.contains("in all namespaces")
+            && text.contains("ClusterRole")
+            && !text.contains("a Role"),
+        "{text}"
+    );
+    assert!(text.contains("re-checked in 45s"), "{text}");
+    let one = Replica::connect_with(
+        &m.grpc,
+        ctrlhub_tests::rbac::configmaps_in("here", &["team-a"]),
+        Some(&auth),
+    )
+    .await
+    .err()
+    .expect("a namespace without a grant is refused");
+    let text = one.message();
+    assert!(
+        text.contains("in namespace team-a") && text.contains("a Role granting list and watch"),
+        "{text}"
+    );
+    assert!(text.contains("re-checked in 45s"), "{text}");
+}
+
+/// `memcached-controller --help` says an empty namespace list means all namespaces: so it must,
+/// from the flag and from the environment alike.
+#[tokio::test]
+async fn memcached_with_an_empty_namespace_list_watches_all_namespaces() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "empty-ns", &[]).await;
+    m.wait_leading().await;
+    for (flag, env) in [(Some(""), None), (None, Some(""))] {
+        let mut cmd = tokio::process::Command::new(bin("memcached-controller"));
+        cmd.args(["--manager", &m.grpc, "--token", "dev", "--install-crd"])
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig)
+            .env_remove("WATCH_NAMESPACES")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        if let Some(f) = flag {
+            cmd.args(["--namespace", f]);
+        }
+        if let Some(e) = env {
+            cmd.env("WATCH_NAMESPACES", e);
+        }
+        let mut controller = cmd.spawn().expect("memcached-controller starts");
+        wait_for("memcached registers for all namespaces", || async {
+            m.try_status().await.is_ok_and(|s| {
+                s["controllers"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["name"] == "memcached" && c["sessions"] == 1)
+                })
+            })
+        })
+        .await;
+        assert!(
+            controller.try_wait().expect("status").is_none(),
+            "still running (not refused) with {flag:?} / {env:?}"
+        );
+        let _ = controller.kill().await;
+        wait_for("the session ends", || async {
+            m.try_status().await.is_ok_and(|s| {
+                !s["controllers"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["name"] == "memcached"))
+            })
+        })
+        .await;
+    }
+}

@@ -862,3 +862,52 @@ async fn events_mode_deliveries_carry_a_traceparent() {
         Some("evented")
     );
 }
+
+/// `ctrlhub dev` runs the demo controller in the manager's process, yet its spans are its own
+/// service's: one trace from the manager's `ctrlhub` into `memcached-controller`.
+#[tokio::test]
+async fn in_ctrlhub_dev_the_controller_exports_as_its_own_service() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tokio::process::Command::new(bin("ctrlhub"))
+        .arg("dev")
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--exit-when-ready")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE.saturating_mul(2), out)
+        .await
+        .expect("ctrlhub dev finishes")
+        .expect("output");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Both pipelines were flushed on the way out.
+    let spans = receiver.spans();
+    let found = find_trace(&spans, "memcached-sample");
+    let found = found.unwrap_or_else(|| {
+        let services: std::collections::BTreeSet<_> =
+            spans.iter().map(|r| (&r.service, &r.span.name)).collect();
+        panic!("no trace from ctrlhub into memcached-controller; spans: {services:?}")
+    });
+    assert_eq!(found.server.service, CONTROLLER);
+    assert_eq!(found.root.service, MANAGER);
+    assert!(
+        !spans
+            .iter()
+            .any(|r| r.service == MANAGER && kind(&r.span) == SpanKind::Server),
+        "no controller span under the manager's service name"
+    );
+}

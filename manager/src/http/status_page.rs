@@ -1085,6 +1085,24 @@ mod tests {
     }
 
     #[test]
+    fn static_auth_and_the_ceiling_are_shown_and_escaped() {
+        let mut s = snapshot(Vec::new());
+        let html = render(&s, 0);
+        assert!(!html.contains("id=\"static-auth\""));
+        assert!(html.contains("Namespace ceiling: all namespaces"));
+        s.settings = Settings {
+            static_auth: true,
+            ceiling: Some(vec!["team-a".into(), "<b>x".into()]),
+        };
+        let html = render(&s, 0);
+        assert!(html.contains("id=\"static-auth\""));
+        assert!(html.contains("<b>team-a, &lt;b&gt;x</b>"), "{html}");
+        let v = s.to_json();
+        assert_eq!(v["auth"], "static");
+        assert_eq!(v["namespaceCeiling"], json!(["team-a", "<b>x"]));
+    }
+
+    #[test]
     fn banner_names_the_holder_for_leader_and_standby() {
         let html = render(&snapshot(Vec::new()), 5);
         assert!(html.contains("class=\"banner leader\" data-leading=\"true\""));
