@@ -29,8 +29,18 @@ for flag in --release --locked --no-default-features; do
 done
 echo "running the Dockerfile's build: $build"
 eval "$build"
-bin=target/release/ctrlhub
-[[ -x $bin ]] || fail "$bin was not built (the Dockerfile copies it from there)"
+[[ -x target/release/ctrlhub ]] || fail "target/release/ctrlhub was not built (the Dockerfile copies it from there)"
+# The Dockerfile's strip line, on a copy: target/release stays as cargo left it.
+strip_flags=$(sed -n 's|^RUN strip \(.*\) target/release/ctrlhub$|\1|p' deploy/Dockerfile)
+[[ -n $strip_flags ]] || fail "expected a 'RUN strip ... target/release/ctrlhub' line in deploy/Dockerfile"
+bin=target/production-check/ctrlhub
+mkdir -p "$(dirname "$bin")"
+cp target/release/ctrlhub "$bin"
+# shellcheck disable=SC2086 # the flags as the Dockerfile spells them
+strip $strip_flags "$bin"
+size_mb=$(( $(stat -c %s "$bin") / 1024 / 1024 ))
+[[ $size_mb -le 40 ]] || fail "the image's binary is ${size_mb} MB (at most 40 MB expected)"
+echo "  ok: the image's binary is ${size_mb} MB after 'strip $strip_flags'"
 
 help=$("$bin" --help)
 grep -qE '^  run ' <<<"$help" || fail "'ctrlhub --help' does not list 'run':
