@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The production build (what deploy/Dockerfile builds: `--no-default-features`) has no `ctrlhub
-# dev` subcommand and links neither devcluster (the in-memory API server with its fault-injection
-# endpoints) nor the demo controller. Debug profile in the shared target dir, so it reuses the
-# test build's dependencies; the default binary is rebuilt at the end because the end-to-end
-# tests run `ctrlhub dev` from target/debug.
+# The production image's build, as deploy/Dockerfile runs it: its `cargo build` line is taken
+# from the Dockerfile and run verbatim (release, --locked, --no-default-features), and the
+# binary it makes must have no `ctrlhub dev` subcommand and no devcluster or demo-controller
+# code. The dependency graph is checked first, since it fails in seconds. The release build
+# shares target/ with the rest of the test command; only its first run builds from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,12 +21,26 @@ for crate in devcluster memcached-controller ctrlhub-sdk; do
 done
 echo "  ok: no devcluster, memcached-controller or ctrlhub-sdk"
 
-echo "building ctrlhub --no-default-features (debug)..."
-cargo build -q -p ctrlhub --no-default-features --bin ctrlhub
-bin="target/production-check/ctrlhub"
+# The one `RUN cargo build` line of the Dockerfile, continuation lines joined.
+build=$(sed -e ':a' -e '/\\$/N; s/\\\n//; ta' deploy/Dockerfile | sed -n 's/^RUN \(cargo build .*\)$/\1/p')
+[[ $(grep -c . <<<"$build") -eq 1 ]] || fail "expected one 'RUN cargo build' line in deploy/Dockerfile, found: $build"
+for flag in --release --locked --no-default-features; do
+    grep -q -- "$flag" <<<"$build" || fail "the Dockerfile's build lacks $flag: $build"
+done
+echo "running the Dockerfile's build: $build"
+eval "$build"
+[[ -x target/release/ctrlhub ]] || fail "target/release/ctrlhub was not built (the Dockerfile copies it from there)"
+# The Dockerfile's strip line, on a copy: target/release stays as cargo left it.
+strip_flags=$(sed -n 's|^RUN strip \(.*\) target/release/ctrlhub$|\1|p' deploy/Dockerfile)
+[[ -n $strip_flags ]] || fail "expected a 'RUN strip ... target/release/ctrlhub' line in deploy/Dockerfile"
+bin=target/production-check/ctrlhub
 mkdir -p "$(dirname "$bin")"
-cp target/debug/ctrlhub "$bin"
-trap 'echo "restoring the default (dev) build of ctrlhub..."; cargo build -q -p ctrlhub --bin ctrlhub' EXIT
+cp target/release/ctrlhub "$bin"
+# shellcheck disable=SC2086 # the flags as the Dockerfile spells them
+strip $strip_flags "$bin"
+size_mb=$(( $(stat -c %s "$bin") / 1024 / 1024 ))
+[[ $size_mb -le 40 ]] || fail "the image's binary is ${size_mb} MB (at most 40 MB expected)"
+echo "  ok: the image's binary is ${size_mb} MB after 'strip $strip_flags'"
 
 help=$("$bin" --help)
 grep -qE '^  run ' <<<"$help" || fail "'ctrlhub --help' does not list 'run':
@@ -45,3 +59,11 @@ set -e
 grep -q "unrecognized subcommand 'dev'" <<<"$out" || fail "'ctrlhub dev' did not fail as an unknown subcommand:
 $out"
 echo "  ok: 'ctrlhub dev' is refused as an unrecognized subcommand (exit $code)"
+
+# devcluster's code would bring its own symbols and its fault-injection routes along.
+for needle in devcluster memcached_controller /_devcluster/; do
+    if grep -qa -- "$needle" "$bin"; then
+        fail "the binary contains '$needle': devcluster or the demo controller is linked"
+    fi
+done
+echo "  ok: no devcluster or memcached_controller code in $bin ($(du -h "$bin" | cut -f1))"

@@ -53,10 +53,15 @@ echo "installed: $(.venv/bin/python -c 'import pytest, kubernetes, grpc; print("
 banner "buf lint (proto/ctrlhub/v1)"
 bash proto/lint.sh
 
+banner "Grafana dashboards against Grafana's own schema (@grafana/schema, npm)"
+# Installs @grafana/schema and TypeScript from dashboards/schema/package-lock.json on first use;
+# the Prometheus test below runs every panel's query.
+bash dashboards/schema/check.sh
+
 banner "cargo build --workspace --bins"
 cargo build --workspace --bins
 
-banner "production build: no \`dev\` subcommand, no devcluster or demo controller linked"
+banner "production build: the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
 bash tests/production_build.sh
 
 banner "cargo test --workspace (the SDK conformance matrix runs next, on its own)"

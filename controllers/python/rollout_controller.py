@@ -315,6 +315,20 @@ class Options:
     manager: str
     token: str
     kubeconfig: Optional[str]
+    # Read anew on every connect (a projected ServiceAccount token the kubelet rotates).
+    token_file: Optional[str] = None
+
+
+def grpc_target(address: str) -> str:
+    """The gRPC target for a manager address given as ``host:port`` or ``http://host:port``
+    (the form every ctrlhub SDK and example accepts). This controller speaks plaintext only."""
+    if address.startswith("https://"):
+        raise ValueError(f"{address}: this controller has no TLS; use host:port or http://host:port")
+    target = address.removeprefix("http://").rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address}: expected host:port, e.g. ctrlhub.ctrlhub-system.svc:9090")
+    return target
 
 
 class RolloutController:
@@ -322,11 +336,10 @@ class RolloutController:
 
     def __init__(self, opts: Options, api_client: k8s.ApiClient) -> None:
         self.opts = opts
-        self.metadata = (("authorization", f"Bearer {opts.token}"),)
         # HTTP/2 keepalive so a dead manager is noticed and we reconnect promptly
         # (the proto asks for ~30 s).
         self.channel = grpc.insecure_channel(
-            opts.manager,
+            grpc_target(opts.manager),
             options=[("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)],
         )
         self.stub = pb_grpc.ControllerManagerStub(self.channel)
@@ -336,6 +349,14 @@ class RolloutController:
         self.stopping = threading.Event()
         self._session_lock = threading.Lock()
         self._session: Optional[Session] = None
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The bearer token, from --token-file as it is now when one is given."""
+        token = self.opts.token
+        if self.opts.token_file:
+            token = Path(self.opts.token_file).read_text().strip()
+        return (("authorization", f"Bearer {token}"),)
 
     # ---- signal handling -------------------------------------------------------------
 
@@ -620,7 +641,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--manager",
         default=os.environ.get("CTRLHUB_ADDR", "127.0.0.1:9090"),
-        help="manager gRPC address host:port (env CTRLHUB_ADDR; default 127.0.0.1:9090; plaintext)",
+        help="manager gRPC address host:port or http://host:port (env CTRLHUB_ADDR; default 127.0.0.1:9090; plaintext)",
     )
     p.add_argument(
         "--token",
@@ -628,12 +649,38 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="bearer token sent as `authorization: Bearer <token>` (env CTRLHUB_TOKEN; default dev)",
     )
     p.add_argument(
+        "--token-file",
+        default=os.environ.get("CTRLHUB_TOKEN_FILE") or None,
+        help="file holding the bearer token, read on every connect (env CTRLHUB_TOKEN_FILE); takes precedence over --token",
+    )
+    p.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG") or None,
         help="kubeconfig for writing Deployments (env KUBECONFIG; default in-cluster, then ~/.kube/config)",
     )
     p.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("LOG_FORMAT", "text"),
+        help="log lines as text or one JSON object per line (env LOG_FORMAT; default text)",
+    )
     return p.parse_args(argv)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: timestamp, level, logger and message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "target": record.name,
+            "fields": {"message": record.getMessage()},
+        }
+        if record.exc_info:
+            line["fields"]["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -643,12 +690,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(message)s",
     )
+    if args.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+    try:
+        grpc_target(args.manager)
+    except ValueError as err:
+        log.error("--manager: %s", err)
+        return 2
     try:
         api_client = kubernetes_client(args.kubeconfig)
     except (k8s_config.ConfigException, OSError) as err:
         log.error("cannot load Kubernetes configuration: %s", err)
         return 2
-    controller = RolloutController(Options(manager=args.manager, token=args.token, kubeconfig=args.kubeconfig), api_client)
+    controller = RolloutController(
+        Options(manager=args.manager, token=args.token, kubeconfig=args.kubeconfig, token_file=args.token_file),
+        api_client,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signo, _frame: controller.request_stop())
     log.info("config-rollout starting: manager=%s", args.manager)

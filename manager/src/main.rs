@@ -5,9 +5,23 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 /// A multi-tenant Kubernetes controller manager for out-of-process controllers.
+///
+/// Every option can also be set by the environment variable shown with it (`CTRLHUB_` and the
+/// flag's name, e.g. `--grpc-addr` is `CTRLHUB_GRPC_ADDR`; only `--kubeconfig` reads the usual
+/// `KUBECONFIG`). Secret values are never shown here.
 #[derive(Parser, Debug)]
 #[command(name = "ctrlhub", version)]
 struct Cli {
+    /// Log lines as human-readable `text` or one JSON object per line (`json`), with the trace
+    /// and span ids of a traced reconcile; filtered by `RUST_LOG`.
+    #[arg(
+        long,
+        global = true,
+        env = "CTRLHUB_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: ctrlhub_otel::logs::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -46,15 +60,12 @@ fn shutdown_on_signal() -> CancellationToken {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn,tower=warn,h2=warn,hyper=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Parsed first: the log format is an option. Argument errors and --help print on their own.
     let cli = Cli::parse();
+    ctrlhub_otel::logs::init(
+        cli.log_format,
+        "info,kube=warn,tower=warn,h2=warn,hyper=warn",
+    );
     // Off (no exporter, no spans) unless OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT is set; a bad
     // tracing setup is reported but does not stop the manager.
     let traces = ctrlhub_otel::init("ctrlhub").unwrap_or_else(|e| {

@@ -23,6 +23,12 @@
 //! manager's sampling decision), `OTEL_BSP_*` (batch span processor), and
 //! `OTEL_EXPORTER_OTLP[_TRACES]_{TIMEOUT,HEADERS,COMPRESSION}`. Only the gRPC protocol is built
 //! in; the endpoint is a gRPC URL such as `http://otel-collector:4317`.
+//!
+//! Every process also reports `service.instance.id` (unless `OTEL_RESOURCE_ATTRIBUTES` sets
+//! it), so that replicas of one service can be told apart: `POD_NAME` when set (the Downward
+//! API), else `<hostname>-<pid>`.
+//!
+//! [`logs`] sets up the log output (text or JSON) with the ids of the current trace.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +38,9 @@ use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+
+pub mod logs;
 
 /// Whether [`init`] installed an exporter in this process.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -57,18 +65,30 @@ pub enum TracesError {
 #[must_use = "call Traces::shutdown() before exiting or the last spans are lost"]
 pub struct Traces {
     provider: Option<SdkTracerProvider>,
+    /// Installed as the global provider by [`init`] (not [`init_component`]).
+    global: bool,
 }
 
 impl Traces {
     /// No export: what a binary falls back to when [`init`] fails, since a
     /// tracing misconfiguration should not stop a controller.
     pub fn disabled() -> Self {
-        Traces { provider: None }
+        Traces {
+            provider: None,
+            global: false,
+        }
     }
 
     /// Whether spans are exported.
     pub fn enabled(&self) -> bool {
         self.provider.is_some()
+    }
+
+    /// A tracer of this pipeline (ctrlhub's scope), for a component that must not use the
+    /// global one (see [`init_component`]); None when disabled.
+    pub fn tracer(&self) -> Option<SdkTracer> {
+        use opentelemetry::trace::TracerProvider as _;
+        self.provider.as_ref().map(|p| p.tracer(SCOPE))
     }
 
     /// Flushes every finished span to the collector (waiting at most 5 s)
@@ -77,7 +97,9 @@ impl Traces {
         let Some(provider) = self.provider else {
             return;
         };
-        ENABLED.store(false, Ordering::Relaxed);
+        if self.global {
+            ENABLED.store(false, Ordering::Relaxed);
+        }
         // The batch processor blocks until its exporter (driven by this
         // runtime) is done, so it must not block a runtime worker.
         let flushed =
@@ -112,10 +134,47 @@ fn env_is(name: &str, value: &str) -> bool {
 /// called inside a tokio runtime (the gRPC exporter runs on it), once per
 /// process.
 pub fn init(default_service_name: &str) -> Result<Traces, TracesError> {
+    let Some(provider) = provider(ServiceName::Default(default_service_name))? else {
+        return Ok(Traces::disabled());
+    };
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    ENABLED.store(true, Ordering::Relaxed);
+    tracing::info!("exporting OpenTelemetry traces over OTLP/gRPC");
+    Ok(Traces {
+        provider: Some(provider),
+        global: true,
+    })
+}
+
+/// A second trace pipeline in a process that already called [`init`], for a component with a
+/// service of its own (`ctrlhub dev` runs the demo controller in the manager's process): the
+/// same `OTEL_*` settings, but `service.name` is always `service_name`. Not installed globally;
+/// hand [`Traces::tracer`] to the component. Disabled when [`init`] found no endpoint.
+pub fn init_component(service_name: &str) -> Result<Traces, TracesError> {
+    if !enabled() {
+        return Ok(Traces::disabled());
+    }
+    Ok(Traces {
+        provider: provider(ServiceName::Fixed(service_name))?,
+        global: false,
+    })
+}
+
+/// Whose `service.name` a pipeline reports.
+enum ServiceName<'a> {
+    /// This one unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names another.
+    Default(&'a str),
+    /// Always this one.
+    Fixed(&'a str),
+}
+
+/// The batch-exporting provider the environment asks for, or None when tracing is off.
+fn provider(name: ServiceName<'_>) -> Result<Option<SdkTracerProvider>, TracesError> {
     let endpoint =
         env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || env_set("OTEL_EXPORTER_OTLP_ENDPOINT");
     if !endpoint || env_is("OTEL_SDK_DISABLED", "true") || env_is("OTEL_TRACES_EXPORTER", "none") {
-        return Ok(Traces::disabled());
+        return Ok(None);
     }
     for var in [
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
@@ -134,25 +193,52 @@ pub fn init(default_service_name: &str) -> Result<Traces, TracesError> {
         .with_tonic()
         .build()?;
     let mut resource = opentelemetry_sdk::Resource::builder();
-    let named = env_set("OTEL_SERVICE_NAME")
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| {
-            a.split(',')
-                .any(|kv| kv.trim().starts_with("service.name="))
-        });
-    if !named {
-        resource = resource.with_service_name(default_service_name.to_owned());
+    match name {
+        ServiceName::Fixed(n) => resource = resource.with_service_name(n.to_owned()),
+        ServiceName::Default(n)
+            if !env_set("OTEL_SERVICE_NAME") && !resource_sets("service.name") =>
+        {
+            resource = resource.with_service_name(n.to_owned());
+        }
+        ServiceName::Default(_) => {}
     }
-    let provider = SdkTracerProvider::builder()
-        .with_resource(resource.build())
-        .with_batch_exporter(exporter)
-        .build();
-    opentelemetry::global::set_tracer_provider(provider.clone());
-    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    ENABLED.store(true, Ordering::Relaxed);
-    tracing::info!("exporting OpenTelemetry traces over OTLP/gRPC");
-    Ok(Traces {
-        provider: Some(provider),
+    if !resource_sets("service.instance.id") {
+        resource = resource.with_attribute(KeyValue::new("service.instance.id", instance_id()));
+    }
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_resource(resource.build())
+            .with_batch_exporter(exporter)
+            .build(),
+    ))
+}
+
+/// Whether `OTEL_RESOURCE_ATTRIBUTES` sets `key`.
+fn resource_sets(key: &str) -> bool {
+    std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| {
+        a.split(',').any(|kv| {
+            kv.trim()
+                .split_once('=')
+                .is_some_and(|(k, _)| k.trim() == key)
+        })
     })
+}
+
+/// This process among the replicas of its service: the pod's name when the Downward API
+/// passes it as `POD_NAME`, else `<hostname>-<pid>` (a pod's hostname is its name too).
+pub fn instance_id() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.trim().is_empty()
+    {
+        return pod.trim().to_owned();
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}-{}", std::process::id())
 }
 
 /// ctrlhub's tracer (a no-op before [`init`]).

@@ -64,7 +64,7 @@ impl Launch {
             .args(self.token.iter().flat_map(|t| ["--token", t.as_str()]))
             .args(["--identity", identity])
             // Only what the caller asks for: not the namespace or trace export of whoever runs us.
-            .env_remove("WATCH_NAMESPACE")
+            .env_remove("CTRLHUB_WATCH_NAMESPACE")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -143,7 +143,7 @@ impl Manager {
         .await
     }
 
-    /// Start a manager for a test; `extra` args are appended (e.g. lease timings, WATCH_NAMESPACE).
+    /// Start a manager for a test; `extra` args are appended (e.g. lease timings, --watch-namespace).
     pub async fn start(cluster: &Cluster, identity: &str, extra: &[&str]) -> Manager {
         Self::start_with_env(cluster, identity, extra, &[]).await
     }

@@ -280,6 +280,11 @@ fn dashboards_are_well_formed() {
 
     // The traces dashboard reads Tempo with TraceQL, filtered like the others.
     let d = dashboard("ctrlhub-traces");
+    let service = variable(&d, "service").expect("service variable");
+    assert_eq!(
+        service["query"], "ctrlhub",
+        "defaults to the manager's service name"
+    );
     let tempo = variable(&d, "tempo").expect("tempo datasource variable");
     assert_eq!(
         (tempo["type"].as_str(), tempo["query"].as_str()),
@@ -295,9 +300,11 @@ fn dashboards_are_well_formed() {
         })
         .collect();
     for q in &traceql {
+        // The manager's service is a variable (OTEL_SERVICE_NAME renames it), and EVENTS-mode
+        // deliveries (`event`) count as reconciles.
         for needle in [
-            r#"resource.service.name = "ctrlhub""#,
-            r#"name = "reconcile""#,
+            r#"resource.service.name = "$service""#,
+            r#"(name = "reconcile" || name = "event")"#,
             "span.ctrlhub.controller",
             "span.ctrlhub.tenant",
         ] {

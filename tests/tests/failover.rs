@@ -114,12 +114,13 @@ async fn leader_kill_hands_over_and_reconcile_resumes() {
         ])
         .arg("--kubeconfig")
         .arg(&c.kubeconfig)
-        .stdout(
+        .stdout(Stdio::null())
+        // The controller logs to stderr.
+        .stderr(
             std::fs::File::create(&log)
                 .map(Stdio::from)
                 .unwrap_or_else(|_| Stdio::null()),
         )
-        .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("controller starts");

@@ -301,7 +301,7 @@ async fn missing_token_is_unauthenticated() {
     );
 }
 
-/// WATCH_NAMESPACE is the ceiling for every registration: "all namespaces" means all within it,
+/// --watch-namespace is the ceiling for every registration: "all namespaces" means all within it,
 /// and naming a namespace outside it is refused.
 #[tokio::test]
 async fn watch_namespace_is_the_ceiling() {
@@ -327,7 +327,7 @@ async fn watch_namespace_is_the_ceiling() {
         .expect("refused");
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
     assert!(
-        err.message().contains("WATCH_NAMESPACE"),
+        err.message().contains("--watch-namespace"),
         "{}",
         err.message()
     );
@@ -340,7 +340,7 @@ async fn watch_namespace_is_the_ceiling() {
     r.done(&got.id).await;
     assert!(
         r.next(Duration::from_secs(2)).await.is_none(),
-        "nothing from outside WATCH_NAMESPACE arrives"
+        "nothing from outside the namespace ceiling arrives"
     );
 }
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 struct Received {
     service: String,
+    instance: Option<String>,
     span: Span,
 }
 
@@ -46,10 +47,15 @@ impl TraceService for Receiver {
                 .as_ref()
                 .and_then(|r| string_attr(&r.attributes, "service.name"))
                 .unwrap_or_default();
+            let instance = rs
+                .resource
+                .as_ref()
+                .and_then(|r| string_attr(&r.attributes, "service.instance.id"));
             for ss in rs.scope_spans {
                 for span in ss.spans {
                     out.push(Received {
                         service: service.clone(),
+                        instance: instance.clone(),
                         span,
                     });
                 }
@@ -79,6 +85,15 @@ impl Receiver {
 
     fn spans(&self) -> Vec<Received> {
         self.spans.lock().clone()
+    }
+
+    /// The `service.instance.id` of the process that sent span `id`.
+    fn instance(&self, id: &[u8]) -> Option<String> {
+        self.spans
+            .lock()
+            .iter()
+            .find(|r| r.span.span_id == id)
+            .and_then(|r| r.instance.clone())
     }
 }
 
@@ -264,16 +279,19 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
     let receiver = Receiver::default();
     let endpoint = receiver.start().await;
     let c = start_cluster().await;
-    let mut manager = Manager::start_with_env(
-        &c,
-        "traces",
-        &[],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    )
-    .await;
+    let mut launch = Launch::for_tests();
+    launch.env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("CTRLHUB_LOG_FORMAT", "json"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut manager = Manager::launch(&c, "traces", &[], &launch)
+        .await
+        .expect("manager starts");
+    println!("manager logs to {}", manager.log.display());
     manager.wait_leading().await;
 
     // The controller's batch processor waits 10 minutes between exports, so its spans can only
@@ -295,12 +313,13 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
         .env_remove("OTEL_SERVICE_NAME")
         .env_remove("OTEL_RESOURCE_ATTRIBUTES")
         .env("RUST_LOG", "info")
-        .stdout(
+        .args(["--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(
             std::fs::File::create(&log)
                 .map(Stdio::from)
                 .unwrap_or_else(|_| Stdio::null()),
         )
-        .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("memcached-controller starts");
@@ -358,6 +377,17 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
         dispatch,
         server,
     } = &found;
+    let lines = logs_join_the_trace(&found, &manager.log, &log);
+    let path = target_dir().join("trace-logs.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").expect("log lines written");
+    println!(
+        "the reconcile's JSON log lines (also in {}):",
+        path.display()
+    );
+    for line in &lines {
+        println!("{line}");
+    }
+
     // Span kinds and services.
     assert_eq!(kind(&root.span), SpanKind::Internal, "root: {root:?}");
     assert_eq!(
@@ -370,6 +400,31 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
     assert_eq!(dispatch.service, MANAGER);
     assert_eq!(server.service, CONTROLLER);
     assert_eq!(server.span.name, "reconcile");
+    // Replicas can be told apart: each process names its instance, and the controller's span
+    // carries the session id it logged at registration.
+    let logged_session = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "registered with manager")
+        .and_then(|l| l["fields"]["session_id"].as_str().map(str::to_string));
+    assert!(
+        logged_session.is_some(),
+        "the controller logs its session id"
+    );
+    assert_eq!(
+        string_attr(&server.span.attributes, "ctrlhub.session.id"),
+        logged_session,
+        "the span names the session the controller logged"
+    );
+    for r in [root, server] {
+        let instance = receiver.instance(&r.span.span_id);
+        assert!(
+            instance.as_deref().is_some_and(|i| !i.is_empty()),
+            "{} reports service.instance.id",
+            r.service
+        );
+    }
     // One trace: the controller's span is the dispatch span's child, across processes.
     assert_eq!(dispatch.span.trace_id, root.span.trace_id);
     assert_eq!(server.span.trace_id, root.span.trace_id);
@@ -448,6 +503,129 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
         Some(name)
     );
     assert!(root.span.links.len() <= 8, "links per attempt are bounded");
+}
+
+/// The JSON log lines of the traced reconcile, from both processes: the controller's lines
+/// inside the reconcile carry its SERVER span's `trace_id` and `span_id`, and the manager's
+/// `result` line (debug) the trace id and its root span's id.
+fn logs_join_the_trace(
+    found: &Found,
+    manager_log: &std::path::Path,
+    controller_log: &std::path::Path,
+) -> Vec<String> {
+    let trace_id = hex(&found.root.span.trace_id);
+    let read = |path: &std::path::Path| -> Vec<(String, serde_json::Value)> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| Some((l.to_string(), serde_json::from_str(l).ok()?)))
+            .collect()
+    };
+    let controller: Vec<(String, serde_json::Value)> = read(controller_log)
+        .into_iter()
+        .filter(|(_, v)| v["span"]["trace_id"] == trace_id.as_str())
+        .collect();
+    assert!(
+        controller.len() >= 2,
+        "the controller's log lines of the reconcile carry trace_id {trace_id} ({})",
+        controller_log.display()
+    );
+    for (line, v) in &controller {
+        assert_eq!(v["span"]["name"], "reconcile", "{line}");
+        assert_eq!(
+            v["span"]["span_id"],
+            hex(&found.server.span.span_id).as_str(),
+            "{line}"
+        );
+    }
+    let manager: Vec<(String, serde_json::Value)> = read(manager_log)
+        .into_iter()
+        .filter(|(_, v)| v["fields"]["trace_id"] == trace_id.as_str())
+        .collect();
+    assert!(
+        manager
+            .iter()
+            .any(|(_, v)| v["fields"]["message"] == "result"
+                && v["fields"]["span_id"] == hex(&found.root.span.span_id).as_str()),
+        "the manager's result line carries the trace ({}): {manager:?}",
+        manager_log.display()
+    );
+    manager
+        .into_iter()
+        .chain(controller)
+        .map(|(l, _)| l)
+        .collect()
+}
+
+/// A reconcile whose session ends under it (the manager dies) never answers: the controller
+/// exports its span as `lost` with an error status, not as an unfinished success.
+#[tokio::test]
+async fn a_reconcile_cut_off_by_its_session_is_exported_as_lost() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = start_cluster().await;
+    let mut manager = Manager::start_with_env(
+        &c,
+        "lost",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    manager.wait_leading().await;
+    let dir = tempfile::tempdir().expect("log dir");
+    let log = dir.path().join("reconciles.log");
+    let _controller = tokio::process::Command::new(bin("fault-controller"))
+        .args([
+            "--manager",
+            &manager.grpc,
+            "--name",
+            "r1",
+            "--namespace",
+            "default",
+        ])
+        .args(["--work-ms", "600000", "--concurrency", "1"])
+        .arg("--log")
+        .arg(&log)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_SERVICE_NAME")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("fault-controller starts");
+    put_configmap(&c.client, "default", "cut", &[("k", "v")]).await;
+    wait_for("the controller works on default/cut", || async {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" start default/cut "))
+    })
+    .await;
+    manager.kill().await;
+    wait_for("the cut-off reconcile is exported", || async {
+        receiver.spans().iter().any(|r| {
+            r.service == "fault-controller"
+                && r.span.name == "reconcile"
+                && string_attr(&r.span.attributes, "k8s.object.name").as_deref() == Some("cut")
+        })
+    })
+    .await;
+    let spans = receiver.spans();
+    let span = spans
+        .iter()
+        .find(|r| {
+            r.service == "fault-controller"
+                && string_attr(&r.span.attributes, "k8s.object.name").as_deref() == Some("cut")
+        })
+        .expect("found above");
+    assert_eq!(
+        string_attr(&span.span.attributes, "ctrlhub.outcome").as_deref(),
+        Some("lost"),
+        "{span:?}"
+    );
+    let status = span.span.status.clone().expect("a status");
+    assert_eq!(status.code, StatusCode::Error as i32, "{span:?}");
 }
 
 #[tokio::test]
@@ -683,5 +861,54 @@ async fn events_mode_deliveries_carry_a_traceparent() {
     assert_eq!(
         string_attr(&root.span.attributes, "k8s.object.name").as_deref(),
         Some("evented")
+    );
+}
+
+/// `ctrlhub dev` runs the demo controller in the manager's process, yet its spans are its own
+/// service's: one trace from the manager's `ctrlhub` into `memcached-controller`.
+#[tokio::test]
+async fn in_ctrlhub_dev_the_controller_exports_as_its_own_service() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tokio::process::Command::new(bin("ctrlhub"))
+        .arg("dev")
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--exit-when-ready")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE.saturating_mul(2), out)
+        .await
+        .expect("ctrlhub dev finishes")
+        .expect("output");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Both pipelines were flushed on the way out.
+    let spans = receiver.spans();
+    let found = find_trace(&spans, "memcached-sample");
+    let found = found.unwrap_or_else(|| {
+        let services: std::collections::BTreeSet<_> =
+            spans.iter().map(|r| (&r.service, &r.span.name)).collect();
+        panic!("no trace from ctrlhub into memcached-controller; spans: {services:?}")
+    });
+    assert_eq!(found.server.service, CONTROLLER);
+    assert_eq!(found.root.service, MANAGER);
+    assert!(
+        !spans
+            .iter()
+            .any(|r| r.service == MANAGER && kind(&r.span) == SpanKind::Server),
+        "no controller span under the manager's service name"
     );
 }

@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use ctrlhub_sdk::conditions::{ConditionStatus, condition, set_condition};
 use ctrlhub_sdk::events::{EventRecorder, EventType};
 use ctrlhub_sdk::finalizer::{FinalizerEvent, finalize};
+use ctrlhub_sdk::traces::k8s_call;
 use ctrlhub_sdk::{
     Action, CancellationToken, Config, Controller, Predicate, ReconcileError, Request, Scope,
 };
@@ -80,19 +81,25 @@ pub struct MemcachedStatus {
 #[derive(clap::Parser, Debug, Clone)]
 #[command(name = "memcached-controller", version, about)]
 pub struct Args {
-    /// ctrlhub manager endpoint.
+    /// ctrlhub manager endpoint: host:port (e.g. ctrlhub.ctrlhub-system.svc:9090) or an
+    /// http:// / https:// URL.
     #[arg(long, env = "CTRLHUB_ADDR", default_value = ctrlhub_sdk::DEFAULT_ADDR)]
     pub manager: String,
-    /// Bearer token for the manager.
+    /// Bearer token for the manager (a value set in the environment is never shown).
     #[arg(long, env = "CTRLHUB_TOKEN", default_value = ctrlhub_sdk::DEFAULT_TOKEN, hide_env_values = true)]
     pub token: String,
+    /// File holding the bearer token, read anew on every connect (a projected ServiceAccount
+    /// token with the manager's audience, rotated by the kubelet); takes precedence over
+    /// --token.
+    #[arg(long, env = "CTRLHUB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Kubeconfig for writes to the API server; in-cluster (or
     /// ~/.kube/config) when unset.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Server-side apply the Memcached CRD at start and wait until it is
     /// established.
-    #[arg(long)]
+    #[arg(long, env = "INSTALL_CRD")]
     pub install_crd: bool,
     /// Print the Memcached CRD as YAML and exit.
     #[arg(long)]
@@ -103,6 +110,33 @@ pub struct Args {
     /// Namespaces to watch (repeatable or comma-separated); all when empty.
     #[arg(long = "namespace", env = "WATCH_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+    /// Log lines as `text` or one JSON object per line (`json`), with the trace and span ids
+    /// of each reconcile.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: ctrlhub_sdk::traces::logs::LogFormat,
+    /// The tracer of this controller's spans when it shares a process with another traced
+    /// service (`ctrlhub dev`); the global one otherwise.
+    #[arg(skip)]
+    pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+}
+
+impl Args {
+    /// The namespaces to watch: `--namespace ''` or an empty `WATCH_NAMESPACES` means all, and
+    /// blanks around commas are ignored.
+    pub fn scope(&self) -> Scope {
+        let names: Vec<String> = self
+            .namespaces
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if names.is_empty() {
+            Scope::All
+        } else {
+            Scope::Names(names)
+        }
+    }
 }
 
 /// Shared by every reconcile.
@@ -118,18 +152,15 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         install_crd(&client).await?;
     }
 
+    let scope = args.scope();
     let mut config = Config::new(args.manager, args.token);
-    config.token_file = std::env::var_os("CTRLHUB_TOKEN_FILE").map(PathBuf::from);
+    config.token_file = args.token_file;
+    config.tracer = args.tracer;
 
     let ctx = Arc::new(Ctx {
         events: EventRecorder::new(client.clone(), CONTROLLER_NAME),
         client,
     });
-    let scope = if args.namespaces.is_empty() {
-        Scope::All
-    } else {
-        Scope::Names(args.namespaces)
-    };
     Controller::new(CONTROLLER_NAME)
         .reconciles::<Memcached>()
         .owns::<Deployment>()
@@ -209,7 +240,9 @@ async fn reconcile_memcached(
     let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &req.key.namespace);
     // Level-triggered: act on the current state, read from the API server
     // so that our own recent writes (finalizer, status) are visible.
-    let Some(memcached) = api.get_opt(&req.key.name).await? else {
+    let (ns, name) = (req.key.namespace.as_str(), req.key.name.as_str());
+    let read = api.get_opt(name);
+    let Some(memcached) = k8s_call("GET", "memcacheds", ns, name, read).await? else {
         // Gone: the Deployment is garbage-collected through its owner reference.
         return Ok(Action::done());
     };
@@ -308,12 +341,13 @@ async fn apply(api: &Api<Memcached>, mc: Memcached, ctx: &Ctx) -> Result<Action,
 
     let status = desired_status(&mc);
     if mc.status.as_ref() != Some(&status) {
-        api.patch_status(
-            &mc.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
-        )
-        .await?;
+        let (name, namespace) = (mc.name_any(), mc.namespace().unwrap_or_default());
+        let (params, patch) = (
+            PatchParams::default(),
+            Patch::Merge(json!({ "status": status })),
+        );
+        let write = api.patch_status(&name, &params, &patch);
+        k8s_call("PATCH", "memcacheds/status", &namespace, &name, write).await?;
     }
     Ok(Action::requeue_after(Duration::from_secs(5 * 60)))
 }

@@ -14,14 +14,7 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", serde_saphyr::to_string(&Memcached::crd())?);
         return Ok(());
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Plain text when piped (tests and log collectors parse the lines).
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    ctrlhub_sdk::traces::logs::init(args.log_format, "info");
     // Off unless OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT is set.
     let traces = ctrlhub_sdk::traces::init("memcached-controller").unwrap_or_else(|err| {
         warn!("traces are not exported: {err}");

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+
+import pytest
 from typing import Any
 
 import rollout_controller as rc
@@ -135,3 +137,22 @@ def test_registration_matches_the_brief() -> None:
     assert w.WhichOneof("mapping") == "label_key" and w.label_key == "ctrlhub.io/rollout"
     assert reg.include_object is True
     assert reg.max_in_flight == 2
+
+
+@pytest.mark.parametrize(
+    "address, target",
+    [
+        ("ctrlhub.ctrlhub-system.svc:9090", "ctrlhub.ctrlhub-system.svc:9090"),
+        ("http://ctrlhub.ctrlhub-system.svc:9090", "ctrlhub.ctrlhub-system.svc:9090"),
+        ("http://127.0.0.1:9090/", "127.0.0.1:9090"),
+        ("[::1]:9090", "[::1]:9090"),
+    ],
+)
+def test_the_manager_address_is_host_port_with_or_without_http(address, target):
+    assert rc.grpc_target(address) == target
+
+
+@pytest.mark.parametrize("address", ["https://ctrlhub:9090", "ctrlhub", "http://ctrlhub", "ctrlhub:port"])
+def test_addresses_it_cannot_dial_are_refused_with_the_form_to_use(address):
+    with pytest.raises(ValueError, match="host:port"):
+        rc.grpc_target(address)

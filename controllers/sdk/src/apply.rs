@@ -70,13 +70,13 @@ where
     child.meta_mut().managed_fields = None;
     child.meta_mut().resource_version = None;
     let api: Api<C> = Api::namespaced(client.clone(), &namespace);
-    Ok(api
-        .patch(
-            &name,
-            &PatchParams::apply(field_manager).force(),
-            &Patch::Apply(&child),
-        )
-        .await?)
+    let plural = C::plural(&()).into_owned();
+    let (params, patch) = (
+        PatchParams::apply(field_manager).force(),
+        Patch::Apply(&child),
+    );
+    let call = api.patch(&name, &params, &patch);
+    Ok(crate::traces::k8s_call("PATCH", &plural, &namespace, &name, call).await?)
 }
 
 #[cfg(test)]

@@ -13,8 +13,10 @@ pub const DEFAULT_TOKEN: &str = "dev";
 /// Connection settings for [`Controller::run`](crate::Controller::run).
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Manager endpoint, e.g. `http://127.0.0.1:9090` (env `CTRLHUB_ADDR`);
-    /// `https://` needs [`Config::tls`].
+    /// Manager endpoint (env `CTRLHUB_ADDR`): `host:port`, e.g.
+    /// `ctrlhub.ctrlhub-system.svc:9090` (plaintext, or TLS when
+    /// [`Config::tls`] is set), or a URL `http://host:port` /
+    /// `https://host:port` (`https://` needs [`Config::tls`]).
     pub addr: String,
     /// Bearer token sent as `authorization: Bearer <token>` (env
     /// `CTRLHUB_TOKEN`, default `dev`).
@@ -36,6 +38,11 @@ pub struct Config {
     /// TLS to the manager (an `https://` address), with a client certificate
     /// when the manager requires mutual TLS.
     pub tls: Option<TlsFiles>,
+    /// The tracer of this controller's spans; `None`: the global one that
+    /// [`traces::init`](crate::traces::init) installs. Set it only when the
+    /// controller shares its process with another traced service (as in
+    /// `ctrlhub dev`), so its spans carry its own `service.name`.
+    pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
 }
 
 /// PEM files for TLS to the manager, read anew on every (re)connect so that
@@ -92,6 +99,19 @@ impl Config {
             keepalive_interval: Duration::from_secs(30),
             drain_grace: Duration::from_secs(5),
             tls: None,
+            tracer: None,
+        }
+    }
+
+    /// [`Config::addr`] as a URL: `host:port` gets `https://` when TLS is
+    /// configured and `http://` otherwise; a URL is kept as it is.
+    pub fn uri(&self) -> String {
+        if self.addr.contains("://") {
+            self.addr.clone()
+        } else if self.tls.is_some() {
+            format!("https://{}", self.addr)
+        } else {
+            format!("http://{}", self.addr)
         }
     }
 
@@ -130,12 +150,21 @@ impl Config {
     /// Checks the address (and a static token) without connecting.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let uri: http_uri::Uri =
-            self.addr
+            self.uri()
                 .parse()
                 .map_err(|e: http_uri::InvalidUri| ConfigError::InvalidAddr {
                     addr: self.addr.clone(),
                     reason: e.to_string(),
                 })?;
+        if uri.port_u16().is_none()
+            && uri.scheme_str() == Some("http")
+            && !self.addr.contains("://")
+        {
+            return Err(ConfigError::InvalidAddr {
+                addr: self.addr.clone(),
+                reason: "expected host:port, e.g. ctrlhub.ctrlhub-system.svc:9090".into(),
+            });
+        }
         match (uri.scheme_str(), &self.tls) {
             (Some("http"), None) | (Some("https"), Some(_)) => {}
             (Some("http"), Some(_)) => {
@@ -154,7 +183,7 @@ impl Config {
             _ => {
                 return Err(ConfigError::InvalidAddr {
                     addr: self.addr.clone(),
-                    reason: "expected an http:// or https:// URL".into(),
+                    reason: "expected host:port or an http:// or https:// URL".into(),
                 });
             }
         }
@@ -268,9 +297,29 @@ mod tests {
             matches!(c.validate(), Err(ConfigError::InvalidTls(_))),
             "TLS files with an http:// address"
         );
-        assert!(Config::new("127.0.0.1:9090", "dev").validate().is_err());
         assert!(Config::new("http://[::1", "dev").validate().is_err());
+        assert!(Config::new("ftp://a:1", "dev").validate().is_err());
+        assert!(Config::new("no-port", "dev").validate().is_err());
         assert!(Config::new("http://a", "bad\ntoken").validate().is_err());
+    }
+
+    /// The README's address works with and without a scheme.
+    #[test]
+    fn host_and_port_without_a_scheme_is_accepted() {
+        let plain = Config::new("ctrlhub.ctrlhub-system.svc:9090", "t");
+        assert!(plain.validate().is_ok());
+        assert_eq!(plain.uri(), "http://ctrlhub.ctrlhub-system.svc:9090");
+        let mut tls = Config::new("ctrlhub.ctrlhub-system.svc:9090", "t");
+        tls.tls = Some(TlsFiles {
+            ca: "ca.pem".into(),
+            cert: None,
+            key: None,
+            server_name: None,
+        });
+        assert!(tls.validate().is_ok());
+        assert_eq!(tls.uri(), "https://ctrlhub.ctrlhub-system.svc:9090");
+        assert!(Config::new("127.0.0.1:9090", "dev").validate().is_ok());
+        assert!(Config::new("[::1]:9090", "dev").validate().is_ok());
     }
 
     #[test]

@@ -77,6 +77,10 @@ impl EventRecorder {
             action: action.into(),
             secondary: None,
         };
-        self.recorder.publish(&event, &obj.object_ref(&())).await
+        let reference = obj.object_ref(&());
+        let namespace = reference.namespace.clone().unwrap_or_default();
+        let name = reference.name.clone().unwrap_or_default();
+        let call = self.recorder.publish(&event, &reference);
+        crate::traces::k8s_call("POST", "events", &namespace, &name, call).await
     }
 }

@@ -57,9 +57,9 @@ where
     let mut finalizers = obj.finalizers().to_vec();
     finalizers.push(name.to_owned());
     let patch = finalizers_patch(&finalizers, obj.meta().resource_version.as_deref());
-    Ok(api
-        .patch(&obj_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?)
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let call = api.patch(&obj_name, &params, &patch);
+    Ok(traced_patch(api, obj, &obj_name, call).await?)
 }
 
 /// Removes finalizer `name` from `obj` if present; returns the object as
@@ -84,14 +84,31 @@ where
         .cloned()
         .collect();
     let patch = finalizers_patch(&finalizers, obj.meta().resource_version.as_deref());
-    match api
-        .patch(&obj_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let call = api.patch(&obj_name, &params, &patch);
+    match traced_patch(api, obj, &obj_name, call).await {
         Ok(obj) => Ok(Some(obj)),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
         Err(err) => Err(err.into()),
     }
+}
+
+/// A finalizer patch of `obj` as a child span of the reconcile.
+async fn traced_patch<K: Resource, T>(
+    api: &Api<K>,
+    obj: &K,
+    name: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    // The URL's last segment is the plural, whatever the object's dynamic type.
+    let plural = api
+        .resource_url()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let namespace = obj.meta().namespace.clone().unwrap_or_default();
+    crate::traces::k8s_call("PATCH", &plural, &namespace, name, call).await
 }
 
 /// Runs `reconcile` under finalizer `name`:

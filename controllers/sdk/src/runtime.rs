@@ -127,7 +127,7 @@ where
         if self.primary.is_none() {
             return Err(Error::NoPrimary(self.name));
         }
-        let endpoint = Endpoint::from_shared(config.addr.clone())
+        let endpoint = Endpoint::from_shared(config.uri())
             .map_err(|e| ConfigError::InvalidAddr {
                 addr: config.addr.clone(),
                 reason: e.to_string(),
@@ -513,17 +513,12 @@ fn dispatch<K, C, F, Fut>(
             return;
         }
     };
-    // Only when this process exports traces: otherwise no span, no cost.
-    let otel =
-        crate::traces::enabled().then(|| crate::traces::start_reconcile(&shared.name, &request));
-    let span = info_span!(
-        "reconcile",
-        controller = %shared.name,
-        key = %request.key,
-        attempt = request.attempt,
-        request_id = %request.id,
-        traceparent = %request.traceparent,
-    );
+    // Only when this process exports traces: otherwise no span, no cost. Dropped unfinished
+    // (the session ended and its task was aborted), the span ends as `lost`.
+    let otel = crate::traces::ReconcileSpan::new(crate::traces::enabled().then(|| {
+        crate::traces::start_reconcile(&shared.name, &request, shared.config.tracer.as_ref())
+    }));
+    let span = reconcile_log_span(&shared.name, &request, &otel);
     let shared = shared.clone();
     tasks.spawn(
         async move {
@@ -541,50 +536,23 @@ fn dispatch<K, C, F, Fut>(
             };
             // The reconcile span is the current OpenTelemetry context inside the
             // reconcile function, so spans it starts become children.
-            let work = opentelemetry::context::FutureExt::with_context(
-                work,
-                otel.clone().unwrap_or_default(),
-            );
+            let work = opentelemetry::context::FutureExt::with_context(work, otel.context());
             let outcome = tokio::select! {
-                r = work => match r {
-                    Ok(Ok(action)) => {
-                        debug!(%key, result = %action, "reconcile finished");
-                        action.to_outcome()
-                    }
-                    Ok(Err(err)) => {
-                        debug!(%key, kind = err.metric_label(), "reconcile failed: {err}");
-                        err.to_outcome()
-                    }
-                    Err(panic) => {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        error!(%key, "reconcile panicked: {what}");
-                        ReconcileError::retry(format!("reconcile panicked: {what}")).to_outcome()
-                    }
-                },
+                r = work => outcome_of(&key, r),
                 _ = tokio::time::sleep_until(deadline) => {
                     cancel.cancel();
                     warn!(%key, "reconcile cancelled at its deadline; the manager re-delivers the key");
-                    if let Some(cx) = &otel {
-                        crate::traces::finish(cx, "deadline", Some("cancelled at its deadline"));
-                    }
+                    otel.finish("deadline", Some("cancelled at its deadline"));
                     return;
                 }
                 _ = cancel.cancelled() => {
                     debug!(%key, "session ended; reconcile abandoned");
-                    if let Some(cx) = &otel {
-                        crate::traces::finish(cx, "lost", Some("session ended before the result"));
-                    }
+                    otel.finish("lost", Some("session ended before the result"));
                     return;
                 }
             };
-            if let Some(cx) = &otel {
-                let (label, error) = crate::traces::outcome_label(&outcome);
-                crate::traces::finish(cx, label, error);
-            }
+            let (label, error) = crate::traces::outcome_label(&outcome);
+            otel.finish(label, error);
             let result = pb::ReconcileResult {
                 id,
                 outcome: Some(outcome),
@@ -599,6 +567,63 @@ fn dispatch<K, C, F, Fut>(
         }
         .instrument(span),
     );
+}
+
+/// The log span of one reconcile: every line logged while it runs names the key, attempt and
+/// request, and the `trace_id`/`span_id` of its trace (this process's span when it exports
+/// traces, else the trace the manager's `traceparent` names), so logs join traces.
+fn reconcile_log_span<K>(
+    controller: &str,
+    request: &Request<K>,
+    otel: &crate::traces::ReconcileSpan,
+) -> tracing::Span {
+    let span = info_span!(
+        "reconcile",
+        controller = %controller,
+        key = %request.key,
+        attempt = request.attempt,
+        request_id = %request.id,
+        session_id = %request.reader().session_id(),
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    let ids = otel.ids().or_else(|| {
+        let remote = crate::traces::extract(&request.traceparent, &request.tracestate);
+        crate::traces::logs::ids(&remote).map(|(trace, _)| (trace, String::new()))
+    });
+    if let Some((trace_id, span_id)) = ids {
+        span.record("trace_id", trace_id.as_str());
+        if !span_id.is_empty() {
+            span.record("span_id", span_id.as_str());
+        }
+    }
+    span
+}
+
+/// The result to send for a reconcile function's return (or panic).
+fn outcome_of(
+    key: &crate::ObjectKey,
+    r: Result<Result<Action, ReconcileError>, Box<dyn std::any::Any + Send>>,
+) -> pb::reconcile_result::Outcome {
+    match r {
+        Ok(Ok(action)) => {
+            debug!(%key, result = %action, "reconcile finished");
+            action.to_outcome()
+        }
+        Ok(Err(err)) => {
+            debug!(%key, kind = err.metric_label(), "reconcile failed: {err}");
+            err.to_outcome()
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            error!(%key, "reconcile panicked: {what}");
+            ReconcileError::retry(format!("reconcile panicked: {what}")).to_outcome()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -26,18 +26,29 @@ struct Args {
     /// Watch events kept for resumes; older resourceVersions get 410 Expired.
     #[arg(long, default_value_t = 10_000)]
     history: usize,
+    /// Log lines as `text` or one JSON object per line (`json`), on stderr; filtered by
+    /// RUST_LOG (default warn).
+    #[arg(long, env = "DEVCLUSTER_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    let args = Args::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let args = Args::parse();
+        .with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        logs.json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     let opts = devcluster::Options {
         listen: args.listen,
         tls: !args.http,

@@ -41,7 +41,7 @@ pub enum RegisterError {
     /// A field is wrong.
     #[error(transparent)]
     Invalid(#[from] Invalid),
-    /// Outside the manager's WATCH_NAMESPACE ceiling.
+    /// Outside the manager's namespace ceiling (`--watch-namespace`).
     #[error("{0}")]
     OutsideCeiling(String),
     /// A tenant limit is reached (RESOURCE_EXHAUSTED).
@@ -766,7 +766,7 @@ impl ControllerTable {
             (NamespaceScope::Names(names), Some(ceiling)) => {
                 if let Some(outside) = names.iter().find(|n| !ceiling.contains(n)) {
                     return Err(RegisterError::OutsideCeiling(format!(
-                        "register.namespaces.names: namespace {outside:?} is outside this manager's WATCH_NAMESPACE ({})",
+                        "register.namespaces.names: namespace {outside:?} is outside this manager's namespace ceiling --watch-namespace (CTRLHUB_WATCH_NAMESPACE: {})",
                         ceiling.join(",")
                     )));
                 }
@@ -958,7 +958,7 @@ fn namespace_subscriber(
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        // WATCH_NAMESPACE bounds every scope: a namespace outside it never even gets checked.
+        // The namespace ceiling (--watch-namespace) bounds every scope: a namespace outside it never even gets checked.
         let allowed = ceiling.as_ref().is_none_or(|c| c.contains(&name));
         let matches =
             allowed && !matches!(event, CacheEvent::Deleted { .. }) && sel.matches_object(ns);

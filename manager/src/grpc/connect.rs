@@ -189,7 +189,7 @@ impl Service {
                     }
                     _ => String::new(),
                 };
-                Err(denied(identity, &group, &kind, &ns).into())
+                Err(denied(identity, &group, &kind, &ns, self.authz.deny_ttl()).into())
             }
             Err(e) => Err(e.into()),
         }

@@ -214,7 +214,7 @@ pub(crate) fn effective_to_pb(
 }
 
 /// The namespace scope as applied: unset means `all`, and `all` under a manager's
-/// WATCH_NAMESPACE ceiling is the ceiling's names (nothing is narrowed without saying so).
+/// namespace ceiling (`--watch-namespace`) is the ceiling's names (nothing is narrowed without saying so).
 fn effective_namespaces(register: &pb::Register, ceiling: Option<&[String]>) -> pb::NamespaceScope {
     use pb::namespace_scope::Scope;
     let asked = register.namespaces.as_ref().and_then(|n| n.scope.clone());
@@ -873,7 +873,7 @@ mod tests {
                 narrowed.namespaces.and_then(|n| n.scope),
                 Some(pb::namespace_scope::Scope::Names(n)) if n.names == ceiling
             ),
-            "all under a WATCH_NAMESPACE ceiling is echoed as the ceiling's names"
+            "all under a namespace ceiling is echoed as the ceiling's names"
         );
         assert_eq!(effective.max_concurrent_reconciles, 4);
         assert_eq!(effective.max_in_flight, 2);

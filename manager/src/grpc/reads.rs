@@ -4,7 +4,7 @@
 //! namespaces, whatever other tenants cache), and only where RBAC lets the caller read.
 
 use super::convert::translate_selector;
-use super::registering::{namespace_phrase, resource_name};
+use super::registering::{namespace_phrase, recheck_phrase, resource_name};
 use super::{Service, ServiceState};
 use crate::dispatch::dispatcher::Controller;
 use crate::informer::object::CachedObject;
@@ -49,10 +49,11 @@ impl ServiceState {
                 .map_err(|e| Status::unavailable(e.to_string()))?;
             if !allowed {
                 return Err(Status::permission_denied(format!(
-                    "{} may not get and list {} in {}",
+                    "{} may not get and list {} in {}; {}",
                     identity.username,
                     resource_name(&key.group, &key.plural),
-                    namespace_phrase(namespace)
+                    namespace_phrase(namespace),
+                    recheck_phrase(self.authz.deny_ttl())
                 )));
             }
         }

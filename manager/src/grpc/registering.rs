@@ -165,7 +165,7 @@ impl ServiceState {
                 if let Some(r) = watched_resources(reg)
                     .find(|r| self.authz.refused_outright(who, &r.group, &r.plural))
                 {
-                    return Err(denied(who, &r.group, &r.kind, ""));
+                    return Err(denied(who, &r.group, &r.kind, "", self.authz.deny_ttl()));
                 }
                 match self.require(who, reg, &[String::new()]).await {
                     Ok(()) => Ok(Grant::Full),
@@ -212,7 +212,7 @@ impl ServiceState {
                     .await
                     .map_err(|e| Status::unavailable(e.to_string()))?;
                 if !allowed {
-                    return Err(denied(who, &r.group, &r.kind, ns));
+                    return Err(denied(who, &r.group, &r.kind, ns, self.authz.deny_ttl()));
                 }
             }
         }
@@ -270,18 +270,39 @@ impl NamespaceGate for RbacNamespaceGate {
 }
 
 /// A registration's denial. A kind the API server does not serve gets this same answer under
-/// RBAC, so the message names only what the tenant sent and what to do.
-pub(super) fn denied(who: &Identity, group: &str, kind: &str, ns: &str) -> Status {
+/// RBAC, so the message names only what the tenant sent and what to do: all namespaces need a
+/// ClusterRole, one namespace a Role; `recheck` is how long the deny is cached.
+pub(super) fn denied(
+    who: &Identity,
+    group: &str,
+    kind: &str,
+    ns: &str,
+    recheck: std::time::Duration,
+) -> Status {
     let kind = if group.is_empty() {
         kind.to_string()
     } else {
         format!("{kind}.{group}")
     };
+    let grant = if ns.is_empty() {
+        "ask for a ClusterRole granting list and watch, bound to this identity with a ClusterRoleBinding (or register named namespaces)"
+    } else {
+        "ask for a Role granting list and watch there, bound to this identity"
+    };
     Status::permission_denied(format!(
-        "{} may not list and watch {kind} in {}: ask for a Role granting list and watch there, bound to this identity",
+        "{} may not list and watch {kind} in {}: {grant}; {}",
         who.username,
-        namespace_phrase(ns)
+        namespace_phrase(ns),
+        recheck_phrase(recheck)
     ))
+}
+
+/// When a cached deny is asked about again, for denial messages.
+pub(super) fn recheck_phrase(recheck: std::time::Duration) -> String {
+    format!(
+        "denials are cached, so this is re-checked in {}",
+        humantime::format_duration(recheck)
+    )
 }
 
 /// `plural.group`, or just `plural` for the core group, as kubectl spells a resource.

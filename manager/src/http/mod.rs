@@ -41,6 +41,8 @@ pub struct HttpState {
     pub lease_name: String,
     /// Who may see what.
     pub gate: Gate,
+    /// How the manager was started (static auth, namespace ceiling), shown on the page.
+    pub settings: status_page::Settings,
 }
 
 /// The caller's address, when the connection told it (per-peer throttling of bad tokens).
@@ -117,7 +119,7 @@ fn snapshot(s: &HttpState, viewer: &Viewer) -> Snapshot {
         &s.controllers,
         &s.cache,
         &leader,
-        (&s.identity, &s.lease_name),
+        (&s.identity, &s.lease_name, &s.settings),
         viewer,
     )
 }

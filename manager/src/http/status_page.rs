@@ -25,9 +25,22 @@ pub(crate) const LIST_LIMIT: usize = 20;
 /// Seconds between automatic reloads of the page unless the URL asks otherwise.
 pub(crate) const DEFAULT_REFRESH_SECS: u32 = 5;
 
+/// How this manager was started, as far as the page tells it: what an operator must know
+/// before trusting what it shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `--auth static`: one shared token, tenant `dev`, everything allowed (development only).
+    pub static_auth: bool,
+    /// The namespace ceiling (`--watch-namespace`) every registration is confined to; `None`:
+    /// all namespaces.
+    pub ceiling: Option<Vec<String>>,
+}
+
 /// Everything the page shows, read once so the HTML and the JSON agree.
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
+    /// How this manager was started.
+    pub(crate) settings: Settings,
     /// This manager's identity.
     pub(crate) identity: String,
     /// The Lease name.
@@ -290,7 +303,7 @@ impl Snapshot {
         controllers: &ControllerTable,
         cache: &Cache,
         leader: &LeaderState,
-        (identity, lease_name): (&str, &str),
+        (identity, lease_name, settings): (&str, &str, &Settings),
         viewer: &Viewer,
     ) -> Snapshot {
         let now = Instant::now();
@@ -311,6 +324,7 @@ impl Snapshot {
             read_informers(cache)
         };
         Snapshot {
+            settings: settings.clone(),
             identity: identity.to_owned(),
             lease_name: lease_name.to_owned(),
             leading: leader.leading,
@@ -400,6 +414,9 @@ impl Snapshot {
                 None => json!({"scope": "all"}),
                 Some(t) => json!({"scope": "tenant", "tenant": t}),
             },
+            "auth": if self.settings.static_auth { "static" } else { "kubernetes" },
+            // null: all namespaces.
+            "namespaceCeiling": self.settings.ceiling,
         })
     }
 }
@@ -543,6 +560,7 @@ fn write_page(o: &mut String, s: &Snapshot, refresh_secs: u32) -> fmt::Result {
     o.push_str("</span></header><main>");
 
     write_banner(o, s)?;
+    write_settings(o, &s.settings)?;
     write_cards(o, s)?;
     write_tenants(o, s)?;
 
@@ -617,6 +635,32 @@ fn write_banner(o: &mut String, s: &Snapshot) -> fmt::Result {
         )?;
     }
     o.push_str("</section>");
+    Ok(())
+}
+
+/// The static-auth warning, and the namespace ceiling every registration is narrowed to.
+fn write_settings(o: &mut String, settings: &Settings) -> fmt::Result {
+    if settings.static_auth {
+        o.push_str(
+            "<section id=\"static-auth\" class=\"banner standby\"><span class=\"role\">STATIC AUTH</span>\
+             <span>Every controller presenting the static token is tenant <b>dev</b> and may watch \
+             and read everything this manager can, and this page is open to anyone who reaches it. \
+             For development only: run <code>--auth kubernetes</code> in a cluster.</span></section>",
+        );
+    }
+    o.push_str("<p class=\"more\" id=\"ceiling\">Namespace ceiling: ");
+    match &settings.ceiling {
+        None => o.push_str("all namespaces"),
+        Some(names) => {
+            let names: Vec<String> = names.iter().map(|n| Esc(n).to_string()).collect();
+            write!(
+                o,
+                "<b>{}</b> (every registration, \"all namespaces\" included, is confined to these)",
+                names.join(", ")
+            )?;
+        }
+    }
+    o.push_str("</p>");
     Ok(())
 }
 
@@ -972,6 +1016,7 @@ mod tests {
 
     fn snapshot(controllers: Vec<ControllerStatus>) -> Snapshot {
         Snapshot {
+            settings: Settings::default(),
             identity: "mgr-a".to_owned(),
             lease_name: "ctrlhub".to_owned(),
             leading: true,
@@ -1054,6 +1099,24 @@ mod tests {
         c.queued = 2;
         c.queued_keys.truncate(2);
         assert!(!render(&snapshot(vec![c]), 0).contains("more</p>"));
+    }
+
+    #[test]
+    fn static_auth_and_the_ceiling_are_shown_and_escaped() {
+        let mut s = snapshot(Vec::new());
+        let html = render(&s, 0);
+        assert!(!html.contains("id=\"static-auth\""));
+        assert!(html.contains("Namespace ceiling: all namespaces"));
+        s.settings = Settings {
+            static_auth: true,
+            ceiling: Some(vec!["team-a".into(), "<b>x".into()]),
+        };
+        let html = render(&s, 0);
+        assert!(html.contains("id=\"static-auth\""));
+        assert!(html.contains("<b>team-a, &lt;b&gt;x</b>"), "{html}");
+        let v = s.to_json();
+        assert_eq!(v["auth"], "static");
+        assert_eq!(v["namespaceCeiling"], json!(["team-a", "<b>x"]));
     }
 
     #[test]

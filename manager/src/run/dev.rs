@@ -18,23 +18,23 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
     /// gRPC address of the manager.
-    #[arg(long, default_value = "127.0.0.1:9090")]
+    #[arg(long, env = "CTRLHUB_GRPC_ADDR", default_value = "127.0.0.1:9090")]
     pub grpc_addr: SocketAddr,
     /// HTTP address of the manager (/metrics, /status, /healthz).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
     /// Address of the embedded API server; port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, env = "CTRLHUB_API_ADDR", default_value = "127.0.0.1:0")]
     pub api_addr: SocketAddr,
     /// Where the kubeconfig for kubectl is written.
-    #[arg(long, default_value = ".ctrlhub-dev")]
+    #[arg(long, env = "CTRLHUB_STATE_DIR", default_value = ".ctrlhub-dev")]
     pub state_dir: PathBuf,
     /// spec.size of the sample Memcached.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "CTRLHUB_SIZE", default_value_t = 3)]
     pub size: u32,
     /// Exit after the sample reports Available (for scripts and tests) instead of running until
     /// interrupted.
-    #[arg(long)]
+    #[arg(long, env = "CTRLHUB_EXIT_WHEN_READY")]
     pub exit_when_ready: bool,
 }
 
@@ -60,7 +60,17 @@ impl DevArgs {
             .start_manager(&kubeconfig, manager_stop.clone())
             .await?;
         let controller_stop = stop.child_token();
-        let controller = self.start_controller(&kubeconfig, controller_stop.clone());
+        // The demo controller runs in this process but is its own service in traces.
+        let controller_traces = ctrlhub_otel::init_component("memcached-controller")
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "the controller's traces are not exported");
+                ctrlhub_otel::Traces::disabled()
+            });
+        let controller = self.start_controller(
+            &kubeconfig,
+            controller_traces.tracer(),
+            controller_stop.clone(),
+        );
         let client = cluster
             .client()
             .await
@@ -72,6 +82,7 @@ impl DevArgs {
         say("shutting down: controller drains, manager releases the lease...");
         controller_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+        controller_traces.shutdown().await;
         manager_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
         cluster.shutdown().await;
@@ -136,6 +147,7 @@ impl DevArgs {
             watch_namespace: String::new(),
             auth: crate::run::AuthMode::Static,
             token: "dev".into(),
+            insecure_static_auth: false,
             audience: "ctrlhub".into(),
             token_cache_ttl: Duration::from_secs(120),
             authz_allow_ttl: Duration::from_secs(300),
@@ -172,6 +184,7 @@ impl DevArgs {
     fn start_controller(
         &self,
         kubeconfig: &Path,
+        tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
         stop: CancellationToken,
     ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
         say("starting the memcached controller (connects over gRPC, installs its CRD)...");
@@ -183,6 +196,9 @@ impl DevArgs {
             print_crd: false,
             max_concurrent_reconciles: 4,
             namespaces: Vec::new(),
+            token_file: None,
+            log_format: ctrlhub_otel::logs::LogFormat::default(),
+            tracer,
         };
         tokio::spawn(memcached_controller::run(args, stop))
     }

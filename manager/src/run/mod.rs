@@ -48,28 +48,39 @@ pub struct RunArgs {
     #[arg(long, env = "CTRLHUB_HTTP_TLS_KEY", requires = "http_tls_cert")]
     pub http_tls_key: Option<PathBuf>,
     /// Comma-separated namespaces every registration is confined to; empty = all namespaces.
-    #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]
+    #[arg(long, env = "CTRLHUB_WATCH_NAMESPACE", default_value = "")]
     pub watch_namespace: String,
     /// How controllers are authenticated and authorized: `static` (one shared --token, tenant
     /// `dev`, everything allowed; for `ctrlhub dev` and tests) or `kubernetes` (ServiceAccount
     /// tokens verified by TokenReview, RBAC checked by SubjectAccessReview).
     #[arg(long, env = "CTRLHUB_AUTH", value_enum, default_value = "static")]
     pub auth: AuthMode,
-    /// Static bearer token controllers must present with `--auth static`.
-    #[arg(long, env = "CTRLHUB_TOKEN", default_value = "dev")]
+    /// Static bearer token controllers must present with `--auth static` (a value set in the
+    /// environment is never shown).
+    #[arg(
+        long,
+        env = "CTRLHUB_TOKEN",
+        default_value = "dev",
+        hide_env_values = true
+    )]
     pub token: String,
+    /// Allow `--auth static` on an address other than loopback. Static auth lets anyone with
+    /// the token register as tenant `dev` and read whatever the manager can, and leaves the
+    /// HTTP port open; off a developer's machine use `--auth kubernetes`.
+    #[arg(long, env = "CTRLHUB_INSECURE_STATIC_AUTH")]
+    pub insecure_static_auth: bool,
     /// The audience controllers' ServiceAccount tokens must carry (`--auth kubernetes`).
     #[arg(long, env = "CTRLHUB_AUDIENCE", default_value = "ctrlhub")]
     pub audience: String,
     /// How long a TokenReview decision is reused; live sessions' tokens are authenticated
     /// again this often (and at their expiry), ending sessions whose tokens lapsed.
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_TOKEN_CACHE_TTL", default_value = "2m", value_parser = humantime::parse_duration)]
     pub token_cache_ttl: Duration,
     /// How long an RBAC allow is reused; live registrations are re-checked this often.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_AUTHZ_ALLOW_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub authz_allow_ttl: Duration,
     /// How long an RBAC deny is reused.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_AUTHZ_DENY_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub authz_deny_ttl: Duration,
     /// Comma-separated tenants (full usernames, e.g.
     /// `system:serviceaccount:team-a:vault-sync`) that may register Secrets; RBAC must allow
@@ -77,53 +88,66 @@ pub struct RunArgs {
     #[arg(long, env = "CTRLHUB_SECRETS_TENANTS", default_value = "")]
     pub secrets_tenants: String,
     /// Default limit: sessions (controller replicas) per tenant.
-    #[arg(long, default_value_t = Limits::default().sessions)]
+    #[arg(long, env = "CTRLHUB_MAX_SESSIONS_PER_TENANT", default_value_t = Limits::default().sessions)]
     pub max_sessions_per_tenant: usize,
     /// Default limit: controllers (registrations) per tenant.
-    #[arg(long, default_value_t = Limits::default().controllers)]
+    #[arg(long, env = "CTRLHUB_MAX_CONTROLLERS_PER_TENANT", default_value_t = Limits::default().controllers)]
     pub max_controllers_per_tenant: usize,
     /// Default limit: distinct informers (watches and caches) per tenant.
-    #[arg(long, default_value_t = Limits::default().informers)]
+    #[arg(long, env = "CTRLHUB_MAX_INFORMERS_PER_TENANT", default_value_t = Limits::default().informers)]
     pub max_informers_per_tenant: usize,
     /// Default limit: bytes of cached objects a tenant's controllers make the manager hold
     /// (each informer they use counted in full).
-    #[arg(long, default_value_t = Limits::default().cached_bytes)]
+    #[arg(long, env = "CTRLHUB_MAX_CACHED_BYTES_PER_TENANT", default_value_t = Limits::default().cached_bytes)]
     pub max_cached_bytes_per_tenant: u64,
     /// Default limit: new registrations per second per tenant (after a burst of five times as
     /// many, at least 5); replicas joining a running controller are not counted. 0 = unlimited.
-    #[arg(long, default_value_t = Limits::default().registrations_per_second)]
+    #[arg(long, env = "CTRLHUB_MAX_REGISTRATIONS_PER_SECOND", default_value_t = Limits::default().registrations_per_second)]
     pub max_registrations_per_second: u64,
     /// Default limit: keys one controller may hold queued before it is revoked.
-    #[arg(long, default_value_t = Limits::default().queued_keys)]
+    #[arg(long, env = "CTRLHUB_MAX_QUEUED_KEYS", default_value_t = Limits::default().queued_keys)]
     pub max_queued_keys: usize,
     /// Default limit: requests in flight (sum of session credits) per tenant.
-    #[arg(long, default_value_t = Limits::default().in_flight)]
+    #[arg(long, env = "CTRLHUB_MAX_IN_FLIGHT_PER_TENANT", default_value_t = Limits::default().in_flight)]
     pub max_in_flight_per_tenant: u64,
     /// What a tenant is for limits, weights and dispatch seats: `namespace` (all ServiceAccounts
     /// of a namespace together, as `system:serviceaccounts:<namespace>`; other users alone) or
     /// `identity` (every username alone). Controllers are always named per identity.
-    #[arg(long, value_enum, default_value = "namespace")]
+    #[arg(
+        long,
+        env = "CTRLHUB_TENANT_GROUPING",
+        value_enum,
+        default_value = "namespace"
+    )]
     pub tenant_grouping: crate::tenancy::TenantGrouping,
     /// Default bound: the shortest request deadline a registration may ask for.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_MIN_REQUEST_DEADLINE", default_value = "1s", value_parser = humantime::parse_duration)]
     pub min_request_deadline: Duration,
     /// Default bound: the longest request deadline a registration may ask for (how long a
     /// controller that never answers keeps what it was handed).
-    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_MAX_REQUEST_DEADLINE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub max_request_deadline: Duration,
     /// Per-tenant override, repeatable: TENANT/LIMIT=N with LIMIT one of sessions, controllers,
     /// queued-keys, in-flight, informers; or TENANT/LIMIT=DURATION with LIMIT min-deadline or
     /// max-deadline.
-    #[arg(long = "tenant-limit")]
+    #[arg(
+        long = "tenant-limit",
+        env = "CTRLHUB_TENANT_LIMIT",
+        value_delimiter = ','
+    )]
     pub tenant_limits: Vec<String>,
     /// Requests the manager keeps in flight across all tenants (dispatch seats); when all are
     /// taken, freed seats go to tenants by weighted fair queueing. 0 = unlimited (no fairness
     /// between tenants).
-    #[arg(long, default_value_t = crate::dispatch::seats::DEFAULT_SEATS)]
+    #[arg(long, env = "CTRLHUB_MAX_DISPATCH_SEATS", default_value_t = crate::dispatch::seats::DEFAULT_SEATS)]
     pub max_dispatch_seats: usize,
     /// A tenant's weight in the fair sharing of dispatch seats, repeatable: TENANT=N (1 to
     /// 1000; every other tenant weighs 1).
-    #[arg(long = "tenant-weight")]
+    #[arg(
+        long = "tenant-weight",
+        env = "CTRLHUB_TENANT_WEIGHT",
+        value_delimiter = ','
+    )]
     pub tenant_weights: Vec<String>,
     /// PEM certificate (chain) the gRPC server presents: serve TLS instead of plaintext HTTP/2.
     #[arg(long, env = "CTRLHUB_GRPC_TLS_CERT", requires = "grpc_tls_key")]
@@ -138,25 +162,25 @@ pub struct RunArgs {
     pub grpc_client_ca: Option<PathBuf>,
     /// Largest gRPC message the manager accepts from a controller, in bytes (a Register must
     /// also be at most 64 KiB).
-    #[arg(long, default_value_t = 1024 * 1024)]
+    #[arg(long, env = "CTRLHUB_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
     pub max_message_bytes: usize,
     /// Name of the leader-election Lease.
-    #[arg(long, default_value = "ctrlhub-leader")]
+    #[arg(long, env = "CTRLHUB_LEASE_NAME", default_value = "ctrlhub-leader")]
     pub lease_name: String,
     /// Namespace of the leader-election Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    #[arg(long, env = "CTRLHUB_LEASE_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
     /// This replica's identity in the Lease; pod name (or a random one) by default.
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long, env = "CTRLHUB_IDENTITY")]
     pub identity: Option<String>,
     /// How long a lease is valid after its last renewal.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
     /// How long the leader keeps trying to renew before it stops dispatching.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub renew_deadline: Duration,
     /// Interval between election attempts.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "CTRLHUB_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub retry_period: Duration,
     /// Label the leader sets to "true" on its own pod (named by --identity, in
     /// --lease-namespace) so a Service selecting it routes controllers to the leader; unset
@@ -275,6 +299,8 @@ impl RunArgs {
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         self.check_timings()?;
         let sharing = self.sharing()?;
+        self.check_static_auth()?;
+        self.log_ceiling();
         let client = self.client().await?;
         let identity = self
             .identity
@@ -314,12 +340,62 @@ impl RunArgs {
             metrics,
             lease_name: self.lease_name.clone(),
             gate: self.http_gate(&client),
+            settings: crate::http::status_page::Settings {
+                static_auth: self.auth == AuthMode::Static,
+                ceiling: self.ceiling(),
+            },
         };
         let http = serve_http(http_listener, http_state, http_tls, stop.clone());
 
         stop.cancelled().await;
         shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
         Ok(())
+    }
+
+    /// Static auth trusts whoever has the token: refused off loopback unless asked for by name,
+    /// and a warning whenever it runs.
+    fn check_static_auth(&self) -> anyhow::Result<()> {
+        if self.auth != AuthMode::Static {
+            return Ok(());
+        }
+        let exposed: Vec<String> = [
+            ("--grpc-addr", self.grpc_addr),
+            ("--http-addr", self.http_addr),
+        ]
+        .into_iter()
+        .filter(|(_, addr)| !addr.ip().is_loopback())
+        .map(|(flag, addr)| format!("{flag} {addr}"))
+        .collect();
+        if !exposed.is_empty() && !self.insecure_static_auth {
+            anyhow::bail!(
+                "--auth static (the default) on {}: anyone who reaches these ports with the token \
+                 would be allowed everything. Use --auth kubernetes in a cluster, listen on \
+                 127.0.0.1, or pass --insecure-static-auth (CTRLHUB_INSECURE_STATIC_AUTH=true) to \
+                 accept that",
+                exposed.join(" and ")
+            );
+        }
+        tracing::warn!(
+            exposed = %exposed.join(", "),
+            "static token authentication: every controller presenting the token is tenant dev and \
+             allowed everything, and the HTTP port is open; for development only (use --auth kubernetes)"
+        );
+        Ok(())
+    }
+
+    /// Says at start what every registration will be narrowed to, so that a cluster-wide
+    /// registration confined by the ceiling is not a surprise.
+    fn log_ceiling(&self) {
+        match self.ceiling() {
+            Some(names) => tracing::info!(
+                namespaces = %names.join(","),
+                "namespace ceiling (--watch-namespace): every registration, all-namespaces ones \
+                 included, is confined to these namespaces"
+            ),
+            None => {
+                tracing::info!("namespace ceiling: none (registrations may watch all namespaces)")
+            }
+        }
     }
 
     /// The leader must stop dispatching before its lease can expire elsewhere.
@@ -645,4 +721,66 @@ async fn shut_down(
     let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory as _, Parser};
+
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    /// Every option has an environment variable: `CTRLHUB_` and the long flag's name, except
+    /// `--kubeconfig`, which reads the `KUBECONFIG` every Kubernetes tool reads.
+    #[test]
+    fn every_flag_has_its_consistently_named_environment_variable() {
+        let command = Run::command();
+        let mut checked = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let want = match long {
+                "kubeconfig" => "KUBECONFIG".to_string(),
+                other => format!("CTRLHUB_{}", other.replace('-', "_").to_uppercase()),
+            };
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env.as_deref(), Some(want.as_str()), "--{long}");
+            checked += 1;
+        }
+        assert!(checked > 30, "{checked} flags");
+    }
+
+    fn parsed(args: &[&str]) -> RunArgs {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        Run::try_parse_from(argv).expect("valid arguments").args
+    }
+
+    #[test]
+    fn static_auth_off_loopback_needs_the_explicit_flag() {
+        let err = parsed(&[])
+            .check_static_auth()
+            .expect_err("0.0.0.0 with static auth");
+        let text = err.to_string();
+        assert!(text.contains("--insecure-static-auth"), "{text}");
+        assert!(text.contains("--grpc-addr 0.0.0.0:9090"), "{text}");
+        assert!(
+            parsed(&["--grpc-addr", "127.0.0.1:1", "--http-addr", "[::1]:2"])
+                .check_static_auth()
+                .is_ok()
+        );
+        assert!(
+            parsed(&["--insecure-static-auth"])
+                .check_static_auth()
+                .is_ok()
+        );
+        assert!(
+            parsed(&["--auth", "kubernetes"])
+                .check_static_auth()
+                .is_ok()
+        );
+    }
 }

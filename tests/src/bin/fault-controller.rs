@@ -156,6 +156,8 @@ async fn main() {
         Duration::from_millis(500),
         Duration::from_secs(5),
     );
+    // Off unless OTEL_EXPORTER_OTLP_ENDPOINT is set (the traces suite sets it).
+    let _traces = ctrlhub_sdk::traces::init("fault-controller");
     let result = Controller::new("faults")
         .reconciles::<ConfigMap>()
         .namespaces(Scope::Names(vec![args["namespace"].clone()]))

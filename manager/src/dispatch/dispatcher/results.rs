@@ -100,13 +100,15 @@ impl Controller {
         let drained = st.queue.is_empty() && st.queue.in_flight_count() == 0;
         let (label, again) = spans::outcome(outcome);
         let failed = matches!(outcome, Outcome::Error { .. } | Outcome::Terminal);
+        // For the result's log line: the trace this attempt is.
+        let traced = f.trace.as_ref().map(|t| t.root());
         st.end_trace(&mut f, label, again, failed.then_some(message));
         st.release_credit(f.session);
         drop(st);
         if drained {
             crate::informer::heap::release_after_burst();
         }
-        self.count_result(&f, outcome, message);
+        self.count_result(&f, outcome, message, traced);
         self.wake.notify_one();
         Completion::Accepted
     }
@@ -120,7 +122,13 @@ impl Controller {
     }
 
     /// Metrics, counters, the recent-errors ring and the log line of an accepted result.
-    fn count_result(&self, f: &InFlight, outcome: Outcome, message: &str) {
+    fn count_result(
+        &self,
+        f: &InFlight,
+        outcome: Outcome,
+        message: &str,
+        traced: Option<opentelemetry::trace::SpanContext>,
+    ) {
         let (label, terminal) = match outcome {
             Outcome::Done => (ResultLabel::Success, false),
             Outcome::RequeueAfter(d) if d.is_zero() => (ResultLabel::Requeue, false),
@@ -149,7 +157,15 @@ impl Controller {
             Outcome::Terminal => self.record_error(&f.key, f.attempt, "terminal", message),
             _ => {}
         }
-        tracing::debug!(controller = %self.id, key = %f.key, ?outcome, took = ?f.started.elapsed(), "result");
+        tracing::debug!(
+            controller = %self.id,
+            key = %f.key,
+            ?outcome,
+            took = ?f.started.elapsed(),
+            trace_id = traced.as_ref().map(|t| tracing::field::display(t.trace_id())),
+            span_id = traced.as_ref().map(|t| tracing::field::display(t.span_id())),
+            "result"
+        );
     }
 }
 

@@ -100,7 +100,14 @@ impl Controller {
         let missed = expired.len();
         for id in expired {
             if let Some(mut f) = st.in_flight.remove(&id) {
-                tracing::debug!(controller = %self.id, key = %f.key, "request missed its deadline; re-queued");
+                let traced = f.trace.as_ref().map(|t| t.root());
+                tracing::debug!(
+                    controller = %self.id,
+                    key = %f.key,
+                    trace_id = traced.as_ref().map(|t| tracing::field::display(t.trace_id())),
+                    span_id = traced.as_ref().map(|t| tracing::field::display(t.span_id())),
+                    "request missed its deadline; re-queued"
+                );
                 st.end_trace(
                     &mut f,
                     "deadline",
