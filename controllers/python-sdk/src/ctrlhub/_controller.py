@@ -171,7 +171,7 @@ class Controller:
             elif isinstance(namespaces, (Selector, dict)):
                 reg.namespaces.label_selector.CopyFrom(Selector.of(namespaces).to_proto())
             else:
-                reg.namespaces.names.names.extend(namespaces)  # type: ignore[arg-type]
+                reg.namespaces.names.names.extend(namespaces)
         if labels is not None:
             reg.label_selector.CopyFrom(Selector.of(labels).to_proto())
         if predicate is not None:
@@ -248,7 +248,7 @@ class Controller:
             metadata = config.metadata()
         except ConfigError as err:  # a file missing mid-rotation: retry, it may come back
             return _End(True, False, str(err))
-        stub = pb_grpc.ControllerManagerStub(channel)
+        stub = pb_grpc.ControllerManagerStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Connect(metadata=metadata)
         session = _Session(call, stub)
         self._session = session
