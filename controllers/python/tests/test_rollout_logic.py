@@ -123,7 +123,7 @@ def test_current_hash_and_patch() -> None:
 
 
 def test_registration_matches_the_brief() -> None:
-    reg = rc.registration()
+    reg = rc.operator.controllers[0].to_register()
     assert reg.controller_name == "config-rollout"
     assert reg.mode == reg.MODE_RECONCILE
     assert (reg.primary.group, reg.primary.version, reg.primary.kind, reg.primary.plural) == (

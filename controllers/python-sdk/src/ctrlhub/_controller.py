@@ -378,7 +378,9 @@ class Controller:
         limit = self._limit(msg)
         request = Request(msg, self._reader_for(session, limit), self.log)
         result = pb.ReconcileResult(id=msg.id)
-        span = None
+        info = self.log.isEnabledFor(logging.INFO)
+        if info:
+            self.log.info("reconcile start key=%s attempt=%d", request.key, msg.attempt)
         try:
             async with asyncio.timeout(limit) as timer:
                 async with self._slots:
@@ -401,6 +403,8 @@ class Controller:
         label = outcome(result, value)
         if label in ("error", "terminal"):
             self.log.warning("reconcile %s failed (%s, attempt %d): %s", request.key, label, msg.attempt, result.error.message or result.terminal.message)
+        if info:
+            self.log.info("reconcile end key=%s outcome=%s", request.key, label)
         session.send(pb.ControllerMessage(result=result))
 
     async def _run_handler(self, r: Request | Event) -> Any:
