@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import time
 from collections.abc import Coroutine
@@ -89,7 +90,7 @@ class Reader:
 
     async def list_raw(
         self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None, *, timeout: float | None = None
-    ) -> list[CachedObject]:
+    ) -> builtins.list[CachedObject]:
         """Every object of a registered type in ``namespace`` (every namespace in scope when
         None), optionally filtered by a label selector; all pages, in key order."""
         items: list[CachedObject] = []
@@ -111,7 +112,7 @@ class Reader:
 
     async def list(
         self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None, *, timeout: float | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         """Full objects, like ``list_raw``. Raises ``MetadataOnlyError`` for a metadata-only
         type."""
         items = await self.list_raw(kind, namespace, labels, timeout=timeout)
@@ -147,11 +148,11 @@ class SyncReader:
         """See ``Reader.get``."""
         return self._wait(self._reader.get(kind, namespace, name))
 
-    def list_raw(self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None) -> list[CachedObject]:
+    def list_raw(self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None) -> builtins.list[CachedObject]:
         """See ``Reader.list_raw``."""
         return self._wait(self._reader.list_raw(kind, namespace, labels))
 
-    def list(self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None) -> list[dict[str, Any]]:
+    def list(self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None) -> builtins.list[dict[str, Any]]:
         """See ``Reader.list``."""
         return self._wait(self._reader.list(kind, namespace, labels))
 
