@@ -377,7 +377,9 @@ class Controller:
     async def _reconcile(self, session: _Session, msg: pb.ReconcileRequest) -> None:
         limit = self._limit(msg)
         request = Request(msg, self._reader_for(session, limit), self.log)
-        result = pb.ReconcileResult(id=msg.id)
+        answer = pb.ControllerMessage()
+        result = answer.result
+        result.id = msg.id
         info = self.log.isEnabledFor(logging.INFO)
         if info:
             self.log.info("reconcile start key=%s attempt=%d", request.key, msg.attempt)
@@ -394,18 +396,18 @@ class Controller:
         except TimeoutError:
             if not timer.expired():
                 raise
-            request.cancelled.set()
+            request._cancel()
             self.log.warning("reconcile %s cancelled at its deadline (attempt %d); the manager re-delivers it", request.key, msg.attempt)
             return
         except asyncio.CancelledError:
-            request.cancelled.set()
+            request._cancel()
             raise
         label = outcome(result, value)
         if label in ("error", "terminal"):
             self.log.warning("reconcile %s failed (%s, attempt %d): %s", request.key, label, msg.attempt, result.error.message or result.terminal.message)
         if info:
             self.log.info("reconcile end key=%s outcome=%s", request.key, label)
-        session.send(pb.ControllerMessage(result=result))
+        session.send(answer)
 
     async def _run_handler(self, r: Request | Event) -> Any:
         """The handler's return value, or the exception it raised (to become the outcome)."""
@@ -432,11 +434,11 @@ class Controller:
         except TimeoutError:
             if not timer.expired():
                 raise
-            event.cancelled.set()
+            event._cancel()
             self.log.warning("event %r cancelled at its deadline; the manager sends it again", event)
             return
         except asyncio.CancelledError:
-            event.cancelled.set()
+            event._cancel()
             raise
         if isinstance(value, BaseException):
             self.log.warning("event %r not acknowledged (%s: %s); the manager sends it again after its deadline", event, type(value).__name__, value)

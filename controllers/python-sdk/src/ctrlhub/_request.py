@@ -31,11 +31,35 @@ def _timestamp(ts: Any) -> float | None:
     return ts.seconds + ts.nanos / 1e9 if ts.seconds or ts.nanos else None
 
 
-class Request:
+class _Cancellable:
+    __slots__ = ("_cancelled",)
+
+    def __init__(self) -> None:
+        self._cancelled: threading.Event | bool = False
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the handler must stop (its deadline is near, or its session ended); sync
+        handlers, which cannot be interrupted, should check it between steps."""
+        if not isinstance(self._cancelled, threading.Event):
+            event = threading.Event()
+            if self._cancelled:
+                event.set()
+            self._cancelled = event
+        return self._cancelled
+
+    def _cancel(self) -> None:
+        if isinstance(self._cancelled, threading.Event):
+            self._cancelled.set()
+        else:
+            self._cancelled = True
+
+
+class Request(_Cancellable):
     """One reconcile request: a key to bring to its desired state, with the object as of
     dispatch when the controller includes objects."""
 
-    __slots__ = ("_pb", "key", "reader", "cancelled", "logger", "_object", "_tombstone", "_span_traceparent", "_reasons")
+    __slots__ = ("_pb", "key", "reader", "logger", "_object", "_tombstone", "_span_traceparent", "_reasons")
 
     def __init__(self, msg: pb.ReconcileRequest, reader: Reader | SyncReader, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         self._pb = msg
@@ -44,9 +68,7 @@ class Request:
         self.reader = reader
         """Cached Get/List through the session that delivered this request (a ``SyncReader`` in
         sync handlers)."""
-        self.cancelled = threading.Event()
-        """Set when the handler must stop (its deadline is near, or its session ended); sync
-        handlers, which cannot be interrupted, should check it between steps."""
+        super().__init__()
         self.logger = logger
         """A logger for this controller."""
         self._object: Any = ...
@@ -118,10 +140,10 @@ class Request:
         return f"<Request {self.id} key={self.key} attempt={self.attempt}>"
 
 
-class Event:
+class Event(_Cancellable):
     """One change to an object of the primary type (MODE_EVENTS)."""
 
-    __slots__ = ("_pb", "key", "type", "reader", "cancelled", "logger", "_object")
+    __slots__ = ("_pb", "key", "type", "reader", "logger", "_object")
 
     def __init__(self, msg: pb.Event, reader: Reader | SyncReader, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         self._pb = msg
@@ -133,8 +155,7 @@ class Event:
             self.type = msg.type
         self.reader = reader
         """Cached Get/List through the session that delivered this event."""
-        self.cancelled = threading.Event()
-        """Set when the handler must stop (deadline near, session ended)."""
+        super().__init__()
         self.logger = logger
         """A logger for this controller."""
         self._object: Any = ...
