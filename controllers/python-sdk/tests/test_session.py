@@ -298,3 +298,24 @@ async def test_cached_reads_async_and_sync(devcluster: Cluster, manager: Manager
     assert results["async"] == ({"k": "v"}, None, ["target"])
     assert results["unregistered"] == "FAILED_PRECONDITION"
     assert results["sync"] == ({"k": "v"}, None)
+
+
+async def test_a_standby_names_the_leader_and_is_retried_until_it_leads(
+    devcluster: Cluster, start_manager: Callable[..., Manager], ns: str, serve: Callable[..., Running],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    leader = start_manager(identity="leader-a")
+    await leader.leading()
+    standby = start_manager(identity="standby-b")
+    await eventually("the standby to be up", lambda: standby.status() is not None)
+    op = ctrlhub.Operator()
+    seen: list[str] = []
+    op.reconcile("v1/ConfigMap", name=ns, namespaces=ns)(lambda name: seen.append(name))
+    caplog.set_level("WARNING", logger=f"ctrlhub.{ns}")
+    serve(op, cfg(standby))  # only ever dials the standby's address
+    await eventually("a retry naming the leader", lambda: "(the leader is leader-a)" in caplog.text)
+    assert op.controllers[0].session_id is None
+    leader.stop()  # releases the Lease: the standby takes over
+    await standby.leading()
+    devcluster.configmap(ns, "x")
+    await eventually("a reconcile once the standby leads", lambda: seen == ["x"])
