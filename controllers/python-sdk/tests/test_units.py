@@ -36,6 +36,8 @@ def test_backoff_resets_after_a_session_that_registered() -> None:
         b.next_delay(False)
     assert b.failures == 5
     assert b.next_delay(True) == pytest.approx(0.1) and b.failures == 1
+    b.next_delay(False)
+    assert b.next_delay(True, lasted=0.2) == pytest.approx(0.4) and b.failures == 3, "a flapping session is no reset"
 
 
 def test_time_left_keeps_a_margin() -> None:

@@ -227,10 +227,11 @@ class Controller:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix=f"ctrlhub-{self.name}")
         try:
             while not stop.is_set():
+                started = time.monotonic()
                 end = await self._run_session(config, stop)
                 if not end.retry or stop.is_set():
                     break
-                delay = backoff.next_delay(end.registered)
+                delay = backoff.next_delay(end.registered, time.monotonic() - started)
                 self.log.warning("session ended: %s; reconnecting in %.0f ms", end.reason, delay * 1000)
                 try:
                     await asyncio.wait_for(stop.wait(), delay)

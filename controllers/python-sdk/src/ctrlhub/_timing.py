@@ -15,11 +15,15 @@ DEADLINE_MARGIN_MAX = 0.5
 class Backoff:
     """Exponential reconnect backoff with equal jitter: after the n-th consecutive failure wait
     a random time in ``[d/2, d]`` where ``d = min(initial * 2**(n-1), maximum)``. A session that
-    registered resets the sequence (its end counts as the first failure)."""
+    registered and lasted at least ``reset_after`` seconds resets the sequence (its end counts as
+    the first failure); a shorter one counts as a failure, so a manager that accepts and at once
+    revokes (a quota, say) is not reconnected to in a tight loop."""
 
-    def __init__(self, initial: float = 0.1, maximum: float = 5.0, rng: Callable[[], float] = random.random) -> None:
+    def __init__(self, initial: float = 0.1, maximum: float = 5.0, rng: Callable[[], float] = random.random,
+                 reset_after: float = 1.0) -> None:
         self.initial = initial
         self.maximum = maximum
+        self.reset_after = reset_after
         self.failures = 0
         self._rng = rng
 
@@ -27,10 +31,10 @@ class Backoff:
         """The un-jittered delay after ``failures`` (≥ 1) consecutive failures."""
         return min(self.initial * 2.0 ** min(max(failures, 1) - 1, 62), self.maximum)
 
-    def next_delay(self, registered: bool) -> float:
-        """Records the end of a session (``registered``: it got going) and returns how long to
-        wait before connecting again."""
-        self.failures = 1 if registered else self.failures + 1
+    def next_delay(self, registered: bool, lasted: float = float("inf")) -> float:
+        """Records the end of a session (``registered``: it got going; ``lasted``: for how many
+        seconds) and returns how long to wait before connecting again."""
+        self.failures = 1 if registered and lasted >= self.reset_after else self.failures + 1
         d = self.base_delay(self.failures)
         return d / 2 + self._rng() * d / 2
 
