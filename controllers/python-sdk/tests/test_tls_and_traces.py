@@ -76,7 +76,7 @@ async def test_reconcile_span_continues_the_managers_trace(devcluster: Cluster, 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    assert ctrlhub.traces.enabled()
+    await eventually("the SDK to see the provider", ctrlhub.traces.enabled)
 
     # Tracing on in the manager (exporting to nowhere): every request carries a traceparent.
     m = start_manager(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,13 +31,25 @@ def child_traceparent(traceparent: str) -> str:
     return f"00-{parts[1]}-{secrets.token_hex(8)}-{parts[3]}"
 
 
+_provider_set = False
+_last_look = -1e9
+
+
 def enabled() -> bool:
-    """Whether OpenTelemetry is installed and a tracer provider (not the no-op default) is set."""
-    if not _HAVE_OTEL:
+    """Whether OpenTelemetry is installed and a tracer provider (not the no-op default) is set.
+    Cheap enough per request: a provider can be set only once, and until it is we look again
+    at most once a second."""
+    global _provider_set, _last_look
+    if not _HAVE_OTEL or _provider_set:
+        return _provider_set
+    now = time.monotonic()
+    if now - _last_look < 1.0:
         return False
+    _last_look = now
     from opentelemetry import trace
 
-    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    _provider_set = not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return _provider_set
 
 
 @contextmanager
