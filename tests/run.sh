@@ -3,8 +3,8 @@
 #
 # From a fresh clone it needs only the package registries: it creates .venv for the
 # Python conformance suite, builds the workspace binaries (the Python suite runs the
-# devcluster binary), runs every Rust test, the SDK conformance matrix (whose python-raw
-# column runs in .venv), then the Python suite.
+# devcluster binary), runs every Rust test, the SDK conformance matrix (whose python-raw and
+# python columns run in .venv), then the Python suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +49,11 @@ fi
 echo "installing Python test dependencies into .venv (quiet)..."
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r controllers/python/requirements.txt
 echo "installed: $(.venv/bin/python -c 'import pytest, kubernetes, grpc; print("pytest", pytest.__version__, "/ kubernetes", kubernetes.__version__, "/ grpcio", grpc.__version__)')"
+# The Python SDK (controllers/python-sdk, `import ctrlhub`): pip builds it from source, which
+# generates its gRPC stubs from proto/ with grpcio-tools; the extras add OpenTelemetry and the
+# tools of its own test suite (pytest-asyncio, trustme, mypy, pdoc).
+echo "installing the Python SDK into .venv (quiet)..."
+.venv/bin/python -m pip install --quiet --disable-pip-version-check './controllers/python-sdk[otel,test]'
 
 banner "buf lint (proto/ctrlhub/v1)"
 bash proto/lint.sh
@@ -79,3 +84,10 @@ bash fuzz/smoke.sh
 
 banner "pytest tests/python controllers/python/tests"
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/python controllers/python/tests
+
+banner "pytest controllers/python-sdk/tests (the Python SDK on real managers; mypy --strict), pdoc"
+# Its own pytest configuration (pyproject.toml: asyncio mode, one event loop), hence its own run.
+(cd controllers/python-sdk && ../../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
+# The SDK's API reference as HTML, from its docstrings and type hints.
+.venv/bin/python -m pdoc --docformat google -o target/python-sdk-docs ctrlhub
+echo "API docs: target/python-sdk-docs/ctrlhub.html"

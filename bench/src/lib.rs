@@ -11,6 +11,7 @@
 
 pub mod env;
 pub mod kubert;
+pub mod python_sdk;
 pub mod report;
 pub mod scenarios;
 

@@ -65,3 +65,26 @@ async fn throughput_smoke_kopf_every_object_reconciled() {
         assert!(run.rate() > 0.0);
     }
 }
+
+/// The Python SDK side of the throughput scenario end to end: the harness pip-installs
+/// `controllers/python-sdk` into `<target>/bench/python-sdk-venv` (once per change of its sources),
+/// runs its no-op bench controller against a manager of its own, and every object must be
+/// reported, live and from a backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn throughput_smoke_python_sdk_every_object_reconciled() {
+    ensure_manager();
+    let n = 300;
+    let sdk = ctrlhub_bench::python_sdk::install()
+        .await
+        .expect("the Python SDK installs");
+    let c = ctrlhub_bench::env::Cluster::start()
+        .await
+        .expect("devcluster starts");
+    let f = ctrlhub_bench::python_sdk::measure(&c, &sdk, n)
+        .await
+        .expect("the Python SDK reports every object");
+    for run in [f.live, f.backlog] {
+        assert_eq!(run.objects, n);
+        assert!(run.rate() > 0.0);
+    }
+}

@@ -306,6 +306,12 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
     } else {
         None
     };
+    // The Python SDK runs beside kopf (it needs the same python3 and PyPI); installed untimed.
+    let py = if with_kopf {
+        Some(crate::python_sdk::install().await?)
+    } else {
+        None
+    };
     let c = Cluster::start().await?;
     let f = measure_on(&c, n).await?;
     let mut kopf = Vec::new();
@@ -315,6 +321,13 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
             kopf.push(measure_kopf_on(&c, k, n, mode).await?);
         }
     }
+    let python = match &py {
+        Some(sdk) => {
+            eprintln!("throughput: Python SDK (controllers/python-sdk)");
+            Some(crate::python_sdk::measure(&c, sdk, n).await?)
+        }
+        None => None,
+    };
     let live_ratio = f.ctrlhub_live.rate() / f.kube_live.rate();
     let backlog_ratio = f.ctrlhub_backlog.rate() / f.kube_backlog.rate();
     let event = kopf.iter().find(|k| k.mode == KopfMode::Event);
@@ -376,6 +389,10 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
                 .with_reference(cell(&k.backlog)),
         );
     }
+    let kopf_event = event.map(|e| (&e.live, &e.backlog));
+    if let Some(p) = &python {
+        rows.extend(crate::python_sdk::rows(p, kopf_event));
+    }
     let mut json = serde_json::json!({
         "objects": n,
         "ctrlhub": {"replicas": 3, "concurrencyPerReplica": 16, "live": f.ctrlhub_live.json(), "backlog": f.ctrlhub_backlog.json()},
@@ -392,6 +409,9 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
         json["liveRatioKopfEvent"] = serde_json::json!(f.ctrlhub_live.rate() / e.live.rate());
         json["backlogRatioKopfEvent"] =
             serde_json::json!(f.ctrlhub_backlog.rate() / e.backlog.rate());
+    }
+    if let Some(p) = &python {
+        json["pythonSdk"] = crate::python_sdk::json(p, kopf_event);
     }
     Ok(Outcome {
         scenario: "throughput".into(),

@@ -125,7 +125,7 @@ def test_current_hash_and_patch() -> None:
 
 
 def test_registration_matches_the_brief() -> None:
-    reg = rc.registration()
+    reg = rc.operator.controllers[0].to_register()
     assert reg.controller_name == "config-rollout"
     assert reg.mode == reg.MODE_RECONCILE
     assert (reg.primary.group, reg.primary.version, reg.primary.kind, reg.primary.plural) == (
@@ -139,20 +139,18 @@ def test_registration_matches_the_brief() -> None:
     assert reg.max_in_flight == 2
 
 
-@pytest.mark.parametrize(
-    "address, target",
-    [
-        ("ctrlhub.ctrlhub-system.svc:9090", "ctrlhub.ctrlhub-system.svc:9090"),
-        ("http://ctrlhub.ctrlhub-system.svc:9090", "ctrlhub.ctrlhub-system.svc:9090"),
-        ("http://127.0.0.1:9090/", "127.0.0.1:9090"),
-        ("[::1]:9090", "[::1]:9090"),
-    ],
-)
-def test_the_manager_address_is_host_port_with_or_without_http(address, target):
-    assert rc.grpc_target(address) == target
+def test_json_log_lines_have_the_managers_shape() -> None:
+    import json
+    import logging
+
+    import ctrlhub
+
+    record = logging.LogRecord("ctrlhub.config-rollout", logging.INFO, __file__, 1, "rolled %s", ("ns/web",), None)
+    line = json.loads(ctrlhub.JsonFormatter().format(record))
+    assert line["level"] == "INFO" and line["target"] == "ctrlhub.config-rollout"
+    assert line["fields"] == {"message": "rolled ns/web"} and line["timestamp"][:2] == "20"
 
 
-@pytest.mark.parametrize("address", ["https://ctrlhub:9090", "ctrlhub", "http://ctrlhub", "ctrlhub:port"])
-def test_addresses_it_cannot_dial_are_refused_with_the_form_to_use(address):
-    with pytest.raises(ValueError, match="host:port"):
-        rc.grpc_target(address)
+def test_an_unknown_log_format_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        rc.main(["--log-format", "xml"])
