@@ -12,6 +12,15 @@ import { fileURLToPath } from "node:url";
 
 import * as k8s from "@kubernetes/client-node";
 
+import {
+  type Controller,
+  type LogLevel,
+  type RegisteredInfo,
+  type RunOptions,
+  type SessionEndInfo,
+  consoleLogger,
+} from "../src/index.js";
+
 /** The repository root (this file is dist/test/support.js of controllers/typescript-sdk). */
 export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "../../../..");
 
@@ -195,4 +204,69 @@ export async function configMap(
   labels: Record<string, string> = {},
 ): Promise<k8s.V1ConfigMap> {
   return c.core.createNamespacedConfigMap({ namespace: ns, body: { metadata: { name, labels }, data } });
+}
+
+/** A controller running in this process, with what its sessions reported. */
+export interface Running {
+  readonly registrations: RegisteredInfo[];
+  readonly ends: SessionEndInfo[];
+  /** Settles when `run` does. */
+  readonly done: Promise<void>;
+  /** Resolves once `n` sessions have registered. */
+  registered(n?: number): Promise<RegisteredInfo>;
+  /** Drains and waits for `run` to resolve. */
+  stop(): Promise<void>;
+}
+
+/** Runs `c` against `m` (quiet logs), returning once it has registered. */
+export async function runController<T>(c: Controller<T>, m: Manager | string, options: RunOptions = {}): Promise<Running> {
+  const registrations: RegisteredInfo[] = [];
+  const ends: SessionEndInfo[] = [];
+  let settled = false;
+  const done = c
+    .run({
+      address: typeof m === "string" ? m : m.grpc,
+      handleSignals: false,
+      logger: consoleLogger(c.name, (process.env["CTRLHUB_TEST_LOG"] as LogLevel | undefined) ?? "error"),
+      reconnect: { initialMs: 50, maxMs: 500 },
+      ...options,
+      onRegistered: (r) => registrations.push(r),
+      onSessionEnd: (e) => ends.push(e),
+    })
+    .finally(() => (settled = true));
+  done.catch(() => {}); // observed by the test through `done`
+  const registered = (n = 1): Promise<RegisteredInfo> =>
+    waitFor(`${c.name}: ${n} registration(s)`, () => {
+      if (settled && registrations.length < n) {
+        throw new Error(`${c.name}: run settled after ${registrations.length} registration(s)`);
+      }
+      return registrations[n - 1];
+    });
+  const handle: Running = {
+    registrations,
+    ends,
+    done,
+    registered,
+    stop: async () => {
+      c.stop();
+      await done;
+    },
+  };
+  if (options.tokenFile === undefined || existsSync(options.tokenFile)) {
+    await registered(1).catch(async (err: unknown) => {
+      c.stop();
+      throw err;
+    });
+  }
+  return handle;
+}
+
+/** The manager's `/status` entry of controller `name`. */
+export async function controllerStatus(m: Manager, name: string): Promise<Record<string, unknown> | undefined> {
+  return (await controllers(m)).find((c) => c["name"] === name);
+}
+
+/** Merge-patches a ConfigMap. */
+export async function mergePatch(c: Cluster, ns: string, name: string, body: object): Promise<k8s.V1ConfigMap> {
+  return c.core.patchNamespacedConfigMap({ name, namespace: ns, body }, k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch));
 }
