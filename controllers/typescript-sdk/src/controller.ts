@@ -610,7 +610,9 @@ class Session<T> {
       [metadata, settings] = await Promise.all([authMetadata(this.connection), channelSettings(this.connection)]);
     } catch (err) {
       // A token or certificate file may not be mounted yet, or be mid-rotation: retry.
-      return { kind: "retry", registered: false, reason: describe(err) };
+      const reason = describe(err);
+      this.options.onSessionEnd?.({ sessionId: "", registered: false, code: Status.UNKNOWN, reason });
+      return { kind: "retry", registered: false, reason };
     }
     if (this.owner.internals.stopping || this.cancelled) {
       return { kind: "stopped" };

@@ -154,8 +154,8 @@ export interface Manager {
 }
 
 /** Starts `ctrlhub run` with static token `dev` (plus `extra` flags) and waits until it leads. */
-export async function startManager(cluster: Cluster, identity: string, extra: string[] = []): Promise<Manager> {
-  const [grpcPort, httpPort] = [await freePort(), await freePort()];
+export async function startManager(cluster: Cluster, identity: string, extra: string[] = [], port?: number): Promise<Manager> {
+  const [grpcPort, httpPort] = [port ?? (await freePort()), await freePort()];
   const dir = tempDir("manager");
   const env: NodeJS.ProcessEnv = { ...process.env, RUST_LOG: "info,ctrlhub=debug" };
   delete env["OTEL_EXPORTER_OTLP_ENDPOINT"];
