@@ -1,6 +1,6 @@
 /**
- * Finalizers without a Kubernetes client: what to patch, and the decision of
- * {@link finalize}'s flow. `@ctrlhub/sdk/kubernetes` applies them with `@kubernetes/client-node`.
+ * Finalizers without a Kubernetes client: what to patch, and the steps of the finalizer
+ * flow. `finalize` in `@ctrlhub/sdk/kubernetes` applies them with `@kubernetes/client-node`.
  *
  * @module
  */
@@ -50,7 +50,7 @@ export function removeFinalizerPatch(obj: KubernetesObject, name: string): Retur
 }
 
 /**
- * What {@link finalize}'s flow does with an object:
+ * What the finalizer flow (`finalize` of `@ctrlhub/sdk/kubernetes`) does with an object:
  * - `add`: live, without the finalizer: add it, then apply;
  * - `apply`: live, with it: reconcile;
  * - `cleanup`: being deleted, with it: clean up, then remove it;

@@ -6,9 +6,10 @@ export interface Logger {
   error(message: string, fields?: Record<string, unknown>): void;
 }
 
-const LEVELS = ["debug", "info", "warn", "error", "silent"] as const;
 /** A log level of {@link consoleLogger}. */
-export type LogLevel = (typeof LEVELS)[number];
+export type LogLevel = "debug" | "info" | "warn" | "error" | "silent";
+
+const LEVELS: readonly LogLevel[] = ["debug", "info", "warn", "error", "silent"];
 
 /**
  * The default logger: one line per message on stderr, `LEVEL ctrlhub[name] message k=v ...`,

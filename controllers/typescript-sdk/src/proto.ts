@@ -1,7 +1,7 @@
 /**
  * The generated `ctrlhub.v1` wire types (protoc-gen-es, from `proto/` at build time), for
  * callers that need a field the SDK does not surface, e.g. the `Registered.effective`
- * registration passed to {@link RunOptions.onRegistered}.
+ * registration passed to `RunOptions.onRegistered`.
  *
  * @module
  */
