@@ -551,16 +551,19 @@ export class Controller<T> {
     }
   }
 
-  /** @internal */
+  /** @internal What a session needs of its controller. */
   get internals(): {
-    register: Register;
-    handlers: Handlers<T>;
-    credit: number;
-    limiter: Limiter;
-    stopping: boolean;
+    readonly register: Register;
+    readonly handlers: Handlers<T>;
+    readonly credit: number;
+    readonly limiter: Limiter;
+    readonly stopping: boolean;
   } {
+    const self = this;
     return {
-      register: this.registration(),
+      get register() {
+        return self.registration();
+      },
       handlers: this.handlers,
       credit: this.credit,
       limiter: this.limiter,
@@ -593,6 +596,8 @@ class Session<T> {
   private fallbackDeadlineMs = 60_000;
   private readonly inFlight = new Map<string, InFlight>();
   private finish: (end: SessionEnd) => void = () => {};
+  private readonly handlers: Handlers<T>;
+  private readonly limiter: Limiter;
 
   constructor(
     private readonly owner: Controller<T>,
@@ -601,7 +606,10 @@ class Session<T> {
     private readonly drainGraceMs: number,
     private readonly tracing: boolean,
     private readonly options: RunOptions,
-  ) {}
+  ) {
+    this.handlers = owner.internals.handlers;
+    this.limiter = owner.internals.limiter;
+  }
 
   async run(): Promise<SessionEnd> {
     let metadata;
@@ -883,7 +891,7 @@ class Session<T> {
   }
 
   private async reconcile(msg: RequestMessage, w: { id: string; signal: AbortSignal; deadlineMs: number }): Promise<void> {
-    const { handlers, limiter } = this.owner.internals;
+    const { handlers, limiter } = this;
     if (handlers.mode !== "reconcile") {
       this.log.warn("ignoring a ReconcileRequest on an EVENTS-mode session", { id: w.id });
       return;
@@ -938,7 +946,7 @@ class Session<T> {
   }
 
   private async event(msg: EventMessage, w: { id: string; signal: AbortSignal; deadlineMs: number }): Promise<void> {
-    const { handlers, limiter } = this.owner.internals;
+    const { handlers, limiter } = this;
     if (handlers.mode !== "events") {
       this.log.warn("ignoring an Event on a reconcile-mode session", { id: w.id });
       return;
