@@ -13,5 +13,6 @@ pub mod env;
 pub mod kubert;
 pub mod report;
 pub mod scenarios;
+pub mod typescript;
 
 pub use report::{Outcome, Row, Verdict};
