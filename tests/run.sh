@@ -3,8 +3,9 @@
 #
 # From a fresh clone it needs only the package registries: it creates .venv for the
 # Python conformance suite, builds the workspace binaries (the Python suite runs the
-# devcluster binary), runs every Rust test, the SDK conformance matrix (whose python-raw and
-# python columns run in .venv), then the Python suites.
+# devcluster binary), installs and tests the TypeScript SDK with npm, runs every Rust test,
+# the SDK conformance matrix (whose python-raw and python columns run in .venv and the
+# typescript column on the npm install), then the Python suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +66,12 @@ bash dashboards/schema/check.sh
 
 banner "cargo build --workspace --bins"
 cargo build --workspace --bins
+
+banner "TypeScript SDK (controllers/typescript-sdk): npm ci, build, typedoc check, node:test"
+# Generates the wire types from proto/ with buf (from npm), compiles with tsc, checks the TSDoc
+# API docs, then runs the unit tests and the integration tests, which start the devcluster and
+# ctrlhub binaries built above. The conformance matrix below builds on this install.
+(cd controllers/typescript-sdk && npm ci --no-audit --no-fund --loglevel=error && npm test)
 
 banner "production build: the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
 bash tests/production_build.sh

@@ -751,7 +751,7 @@ fn install_kopf(venv: &Path, python: &Path) -> Result<()> {
 
 /// Run `cmd`, forwarding its stdout and stderr lines to our stderr as `  <tag>: line` (progress
 /// for whoever waits on the install); an error with the last lines when it fails.
-fn run_logged(cmd: &mut std::process::Command, tag: &str) -> Result<()> {
+pub(crate) fn run_logged(cmd: &mut std::process::Command, tag: &str) -> Result<()> {
     use std::io::BufRead;
     let mut child = cmd
         .stdin(Stdio::null())

@@ -14,5 +14,6 @@ pub mod kubert;
 pub mod python_sdk;
 pub mod report;
 pub mod scenarios;
+pub mod typescript;
 
 pub use report::{Outcome, Row, Verdict};

@@ -24,6 +24,10 @@ struct Cli {
     /// PyPI to install kopf into <target>/bench/kopf-venv).
     #[arg(long, global = true)]
     no_kopf: bool,
+    /// Leave out the throughput scenario's TypeScript SDK (it needs node and npm, and on first
+    /// use the npm registry, to build controllers/typescript-sdk).
+    #[arg(long, global = true)]
+    no_typescript: bool,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -74,9 +78,11 @@ impl Cmd {
     }
 }
 
-async fn scenario(cmd: &Cmd, sizes: Sizes, kopf: bool) -> Result<Outcome> {
+async fn scenario(cmd: &Cmd, sizes: Sizes, kopf: bool, typescript: bool) -> Result<Outcome> {
     match cmd {
-        Cmd::Throughput => scenarios::throughput::run(sizes.pick(10_000, 1_000), kopf).await,
+        Cmd::Throughput => {
+            scenarios::throughput::run(sizes.pick(10_000, 1_000), kopf, typescript).await
+        }
         Cmd::Latency => scenarios::latency::run(500, sizes.pick(60, 10)).await,
         Cmd::SharedCaches => scenarios::shared_caches::run(sizes.pick(10_000, 1_000), 10).await,
         Cmd::Memory => {
@@ -113,7 +119,7 @@ async fn main() -> Result<()> {
     for cmd in &cmds {
         let name = cmd.name();
         eprintln!("== {name}");
-        match scenario(cmd, sizes, !cli.no_kopf).await {
+        match scenario(cmd, sizes, !cli.no_kopf, !cli.no_typescript).await {
             Ok(o) => {
                 if cmds.len() > 1 {
                     eprintln!("\n{}", table(&o.rows));

@@ -5,7 +5,9 @@
 //! no-op `@kopf.on.event` handler and with kopf's usual `@kopf.on.create` (which writes an
 //! annotation back per object). "live": the controller runs while the objects are created
 //! (timed from the first create); "backlog": the objects exist before the controller starts
-//! (timed from its start — for kopf, from starting the Python process).
+//! (timed from its start — for kopf, from starting the Python process). (d) The TypeScript SDK
+//! (`bench/typescript/controller.mjs`, see [`crate::typescript`]): 3 Node.js replicas of 16, on
+//! a manager of its own, the same runs.
 
 use super::LOAD_PATIENCE;
 use crate::env::{
@@ -13,6 +15,7 @@ use crate::env::{
 };
 use crate::kubert;
 use crate::report::{Outcome, Row, Verdict};
+use crate::typescript::TypeScript;
 use anyhow::{Context, Result, bail};
 use ctrlhub_tests::{PATIENCE, poll_until};
 use kube::api::PostParams;
@@ -47,9 +50,10 @@ impl Run {
 
 /// Which side runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Side {
+enum Side<'a> {
     Ctrlhub,
     Kube,
+    TypeScript(&'a TypeScript),
 }
 
 /// A running controller of either side; dropping it stops it.
@@ -72,7 +76,7 @@ impl Running {
 }
 
 async fn start_side(
-    side: Side,
+    side: Side<'_>,
     c: &Cluster,
     m: &Manager,
     ns: &str,
@@ -82,6 +86,9 @@ async fn start_side(
         Side::Ctrlhub => Running::Ctrlhub(sdk_controllers(m, ns, ns, 3, 16, col_tx)?),
         // Its own client, as an in-process controller in its own binary would have.
         Side::Kube => Running::Kube(kubert::spawn(c.dc.client().await?, ns, 16, col_tx.clone())),
+        Side::TypeScript(ts) => Running::Ctrlhub(crate::typescript::controllers(
+            ts, m, ns, ns, 3, 16, col_tx,
+        )?),
     })
 }
 
@@ -107,12 +114,12 @@ async fn wait_sessions(m: &Manager, name: &str, sessions: u64) -> Result<()> {
     Ok(())
 }
 
-async fn live(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Result<Run> {
+async fn live(side: Side<'_>, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Result<Run> {
     c.namespace(ns).await?;
     let (col, tx) = Collector::new();
     let running = start_side(side, c, m, ns, &tx).await?;
     match side {
-        Side::Ctrlhub => wait_sessions(m, ns, 3).await?,
+        Side::Ctrlhub | Side::TypeScript(_) => wait_sessions(m, ns, 3).await?,
         // The watch is open once the initial (empty) list is done; give it a moment.
         Side::Kube => tokio::time::sleep(Duration::from_millis(500)).await,
     }
@@ -127,7 +134,7 @@ async fn live(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Resul
     })
 }
 
-async fn backlog(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Result<Run> {
+async fn backlog(side: Side<'_>, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Result<Run> {
     let create = c.create_widgets(ns, n, CREATE_CONCURRENCY).await?;
     let (col, tx) = Collector::new();
     let start = Instant::now();
@@ -139,6 +146,17 @@ async fn backlog(side: Side, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Re
         elapsed: last.duration_since(start),
         create,
     })
+}
+
+/// The TypeScript SDK's live and backlog runs, on a manager of its own.
+async fn measure_typescript_on(c: &Cluster, ts: &TypeScript, n: usize) -> Result<(Run, Run)> {
+    let m = Manager::start(c, "throughput-ts", &[]).await?;
+    m.wait_leading().await?;
+    let live = live(Side::TypeScript(ts), c, &m, "tp-ts-live", n).await?;
+    eprintln!("  typescript live    {:>6.0} obj/s", live.rate());
+    let backlog = backlog(Side::TypeScript(ts), c, &m, "tp-ts-backlog", n).await?;
+    eprintln!("  typescript backlog {:>6.0} obj/s", backlog.rate());
+    Ok((live, backlog))
 }
 
 /// Name of the object the kopf live run creates before the clock starts: its report shows that
@@ -298,9 +316,10 @@ fn cell(run: &Run) -> String {
 }
 
 /// The scenario: measure and tabulate. `with_kopf` adds the kopf reference (both handlers),
-/// installing kopf into `<target>/bench/kopf-venv` on first use.
-pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
-    // Install before anything is timed, so pip's work cannot overlap a measurement.
+/// installing kopf into `<target>/bench/kopf-venv` on first use; `with_typescript` adds the
+/// TypeScript SDK (built with npm first).
+pub async fn run(n: usize, with_kopf: bool, with_typescript: bool) -> Result<Outcome> {
+    // Install before anything is timed, so pip's and npm's work cannot overlap a measurement.
     let k = if with_kopf {
         Some(crate::env::kopf().await?)
     } else {
@@ -309,6 +328,11 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
     // The Python SDK runs beside kopf (it needs the same python3 and PyPI); installed untimed.
     let py = if with_kopf {
         Some(crate::python_sdk::install().await?)
+    } else {
+        None
+    };
+    let ts = if with_typescript {
+        Some(crate::typescript::typescript().await?)
     } else {
         None
     };
@@ -325,6 +349,13 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
         Some(sdk) => {
             eprintln!("throughput: Python SDK (controllers/python-sdk)");
             Some(crate::python_sdk::measure(&c, sdk, n).await?)
+        }
+        None => None,
+    };
+    let typescript = match &ts {
+        Some(ts) => {
+            eprintln!("throughput: TypeScript SDK on Node.js {}", ts.version);
+            Some(measure_typescript_on(&c, ts, n).await?)
         }
         None => None,
     };
@@ -393,6 +424,42 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
     if let Some(p) = &python {
         rows.extend(crate::python_sdk::rows(p, kopf_event));
     }
+    if let Some((ts_live, ts_backlog)) = &typescript {
+        rows.push(Row::info(
+            "throughput",
+            &format!("live, {n} objects, TypeScript SDK: obj/s (s)"),
+            cell(ts_live),
+            "",
+        ));
+        rows.push(Row::info(
+            "throughput",
+            &format!("backlog, {n} objects, TypeScript SDK: obj/s (s)"),
+            cell(ts_backlog),
+            "",
+        ));
+        rows.push(Row::info(
+            "throughput",
+            "live / backlog ratio TypeScript SDK / Rust SDK",
+            format!(
+                "{:.2} / {:.2}",
+                ts_live.rate() / f.ctrlhub_live.rate(),
+                ts_backlog.rate() / f.ctrlhub_backlog.rate()
+            ),
+            "",
+        ));
+        if let Some(e) = event {
+            rows.push(Row::info(
+                "throughput",
+                "live / backlog ratio TypeScript SDK / kopf.on.event",
+                format!(
+                    "{:.2} / {:.2}",
+                    ts_live.rate() / e.live.rate(),
+                    ts_backlog.rate() / e.backlog.rate()
+                ),
+                "",
+            ));
+        }
+    }
     let mut json = serde_json::json!({
         "objects": n,
         "ctrlhub": {"replicas": 3, "concurrencyPerReplica": 16, "live": f.ctrlhub_live.json(), "backlog": f.ctrlhub_backlog.json()},
@@ -412,6 +479,10 @@ pub async fn run(n: usize, with_kopf: bool) -> Result<Outcome> {
     }
     if let Some(p) = &python {
         json["pythonSdk"] = crate::python_sdk::json(p, kopf_event);
+    }
+    if let (Some(ts), Some((ts_live, ts_backlog))) = (&ts, &typescript) {
+        json["typescriptSdk"] = serde_json::json!({"node": ts.version, "replicas": 3,
+            "concurrencyPerReplica": 16, "live": ts_live.json(), "backlog": ts_backlog.json()});
     }
     Ok(Outcome {
         scenario: "throughput".into(),

@@ -1,0 +1,93 @@
+import { status as Status } from "@grpc/grpc-js";
+
+/**
+ * Invalid settings found before connecting: a malformed manager address, an unreadable TLS
+ * file, a missing primary type, a controller name that is not a DNS-1123 label.
+ */
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+}
+
+/**
+ * The manager refused the registration in a way that needs a human (INVALID_ARGUMENT,
+ * PERMISSION_DENIED, UNAUTHENTICATED or ALREADY_EXISTS before `Registered`). Reconnecting
+ * unchanged cannot help, so {@link Controller.run} rejects with this error.
+ */
+export class RegistrationRejectedError extends Error {
+  override readonly name = "RegistrationRejectedError";
+  /** The gRPC status code (`@grpc/grpc-js`'s `status` numbering). */
+  readonly code: number;
+  /** The offending field, e.g. `register.watches[2].field_path`; empty when none. */
+  readonly field: string;
+  /** The manager's explanation. */
+  readonly details: string;
+
+  /** @internal */
+  constructor(code: number, details: string, field: string) {
+    super(
+      `registration rejected with ${Status[code] ?? code}${field ? ` (field ${field})` : ""}: ${details}`,
+    );
+    this.code = code;
+    this.field = field;
+    this.details = details;
+  }
+}
+
+/**
+ * A newer definition of this controller (same name, different registration) replaced this
+ * one: this replica runs outdated code and should be replaced rather than register again, so
+ * {@link Controller.run} rejects with this error.
+ */
+export class SupersededError extends Error {
+  override readonly name = "SupersededError";
+}
+
+/**
+ * Throw from a handler for a transient failure: the manager retries the key after its
+ * backoff, or after `retryAfterMs` when that is later (e.g. a rate limit's Retry-After).
+ * Any other thrown error is treated the same way, without `retryAfterMs`.
+ *
+ * @example
+ * ```ts
+ * throw new RetryError("the bucket is still being created", { retryAfterMs: 5_000 });
+ * ```
+ */
+export class RetryError extends Error {
+  override readonly name = "RetryError";
+  /** Retry no earlier than this many milliseconds from now. */
+  readonly retryAfterMs: number | undefined;
+
+  constructor(message: string, options: { retryAfterMs?: number; cause?: unknown } = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.retryAfterMs = options.retryAfterMs;
+  }
+}
+
+/**
+ * Throw from a handler when retrying cannot help (an invalid spec, say): the manager records
+ * the failure and does not retry the key until it changes.
+ */
+export class TerminalError extends Error {
+  override readonly name = "TerminalError";
+
+  constructor(message: string, options: { cause?: unknown } = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+  }
+}
+
+/**
+ * The reason a handler's {@link ReconcileRequest.signal} aborts when the request's deadline
+ * is near. The manager re-delivers the key (perhaps to another replica); stop acting on it.
+ */
+export class DeadlineExceededError extends Error {
+  override readonly name = "DeadlineExceededError";
+}
+
+/**
+ * The reason a handler's {@link ReconcileRequest.signal} aborts when the session that
+ * delivered the request ended (the stream broke, or the manager revoked it). The manager
+ * re-delivers the key; stop acting on it.
+ */
+export class SessionEndedError extends Error {
+  override readonly name = "SessionEndedError";
+}

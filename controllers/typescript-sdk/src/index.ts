@@ -1,0 +1,97 @@
+/**
+ * # @ctrlhub/sdk
+ *
+ * Write a [ctrlhub](https://github.com/) controller in TypeScript. The manager owns the
+ * caches, leader election, namespace scoping, predicates and the work queue; this package
+ * registers your controller over gRPC, runs your Promise-based handler for each request (up
+ * to its concurrency), aborts it with an `AbortSignal` at its deadline and never sends a late
+ * result, answers, reconnects with backoff, and drains on SIGTERM.
+ *
+ * @example
+ * ```ts
+ * import { Action, controller, kinds } from "@ctrlhub/sdk";
+ *
+ * await controller("stamper")
+ *   .for(kinds.ConfigMap)
+ *   .withLabels({ "example.com/stamp": "true" })
+ *   .includeObject()
+ *   .concurrency(4)
+ *   .reconcile(async (req) => {
+ *     if (req.object === undefined) return Action.done(); // gone
+ *     // ... write through @kubernetes/client-node ...
+ *     return Action.requeueAfter(60_000);
+ *   })
+ *   .run(); // CTRLHUB_ADDR, CTRLHUB_TOKEN_FILE, ... from the environment
+ * ```
+ *
+ * @module
+ */
+export { Action, type OutcomeLabel } from "./action.js";
+export { Backoff } from "./backoff.js";
+export {
+  type Condition,
+  type NewCondition,
+  findCondition,
+  isConditionTrue,
+  removeCondition,
+  setCondition,
+} from "./conditions.js";
+export {
+  type ConnectionOptions,
+  DEFAULT_ADDRESS,
+  DEFAULT_TOKEN,
+  type ParsedAddress,
+  type TlsOptions,
+  parseAddress,
+} from "./config.js";
+export {
+  Controller,
+  ControllerBuilder,
+  type EventHandler,
+  type ReconcileHandler,
+  type RegisteredInfo,
+  type RunOptions,
+  type SessionEndInfo,
+  controller,
+} from "./controller.js";
+export {
+  ConfigError,
+  DeadlineExceededError,
+  RegistrationRejectedError,
+  RetryError,
+  SessionEndedError,
+  SupersededError,
+  TerminalError,
+} from "./errors.js";
+export {
+  type FinalizerStep,
+  addFinalizerPatch,
+  finalizerStep,
+  finalizersPatch,
+  hasFinalizer,
+  isDeleting,
+  removeFinalizerPatch,
+} from "./finalizer.js";
+export { type LogLevel, type Logger, consoleLogger } from "./log.js";
+export { CachedReader, type GetOptions, type ListOptions, ReadError } from "./reader.js";
+export type {
+  EventType,
+  ObjectEvent,
+  ObjectKey,
+  Reason,
+  ReconcileRequest,
+  Tombstone,
+  WorkContext,
+} from "./request.js";
+export {
+  type KubernetesObject,
+  type Mapping,
+  type ObjectMeta,
+  Predicate,
+  type Requirement,
+  type ResourceKind,
+  type Selector,
+  kind,
+  kinds,
+} from "./resources.js";
+export { type TraceParent, childTraceparent, parseTraceparent } from "./traces.js";

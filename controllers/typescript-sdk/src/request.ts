@@ -1,0 +1,112 @@
+import type { Logger } from "./log.js";
+import type { CachedReader } from "./reader.js";
+
+/** A primary object's namespace and name. The namespace is `""` for cluster-scoped types. */
+export interface ObjectKey {
+  readonly namespace: string;
+  readonly name: string;
+}
+
+/**
+ * Why a key was queued (informational: reconcile the current state whatever they say).
+ * `UNSPECIFIED` stands for a reason newer than this SDK.
+ */
+export type Reason =
+  | "CREATED"
+  | "UPDATED"
+  | "DELETED"
+  | "OWNED_CHANGED"
+  | "WATCHED_CHANGED"
+  | "RESYNC"
+  | "REQUEUE"
+  | "RETRY"
+  | "REDELIVERY"
+  | "INITIAL_LIST"
+  | "LEFT_SCOPE"
+  | "UNSPECIFIED";
+
+/** The last known state of an object that is gone (deleted, or out of the label selector). */
+export interface Tombstone<T> {
+  readonly object: T;
+  /** The manager did not see the deletion itself (a relist found the object missing). */
+  readonly finalStateUnknown: boolean;
+}
+
+/** What every unit of work carries: its deadline, cancellation, reads and trace. */
+export interface WorkContext {
+  /** Opaque request id (for logs). */
+  readonly id: string;
+  /** The object's key. */
+  readonly key: ObjectKey;
+  /** `key.namespace`. */
+  readonly namespace: string;
+  /** `key.name`. */
+  readonly name: string;
+  /** 1 on a first attempt; counts consecutive attempts without success. */
+  readonly attempt: number;
+  /**
+   * When the manager stops waiting (its clock). The SDK aborts {@link WorkContext.signal} a
+   * little earlier and drops any result that comes after.
+   */
+  readonly deadline: Date;
+  /**
+   * Aborts when the work must stop: near its deadline ({@link DeadlineExceededError}) or when
+   * the session that delivered it ended ({@link SessionEndedError}). Pass it to everything
+   * that takes one (`fetch`, timers, `@kubernetes/client-node` calls); after it aborts,
+   * nothing the handler returns is sent.
+   */
+  readonly signal: AbortSignal;
+  /** Cached Get/List through the session that delivered this work. */
+  readonly reader: CachedReader;
+  /** The session that delivered this work. */
+  readonly sessionId: string;
+  /**
+   * W3C `traceparent` of this work's span (a child of the manager's dispatch span); send it
+   * onwards to continue the trace. `""` when the manager sent none.
+   */
+  readonly traceparent: string;
+  /** W3C `tracestate` accompanying {@link WorkContext.traceparent}. */
+  readonly tracestate: string;
+  /** The manager's `traceparent`, exactly as received. */
+  readonly parentTraceparent: string;
+  /** The controller's logger. */
+  readonly log: Logger;
+}
+
+/**
+ * One reconcile request (MODE_RECONCILE): make the world match the current state of the
+ * object named by {@link WorkContext.key}.
+ *
+ * @typeParam T the primary type's objects
+ */
+export interface ReconcileRequest<T> extends WorkContext {
+  /** Every reason collapsed into this request, in the order received. */
+  readonly reasons: readonly Reason[];
+  /**
+   * The object as of dispatch, with `includeObject()`; `undefined` when it is gone (see
+   * {@link ReconcileRequest.tombstone}), when the manager knows no state for the key, or
+   * without `includeObject()`.
+   */
+  readonly object: T | undefined;
+  /** The last known state of a deleted or out-of-scope object, with `includeObject()`. */
+  readonly tombstone: Tombstone<T> | undefined;
+}
+
+/** What happened to an object, in MODE_EVENTS. `UNSPECIFIED` stands for a type newer than this SDK. */
+export type EventType = "ADDED" | "MODIFIED" | "DELETED" | "SYNC" | "UNSPECIFIED";
+
+/**
+ * One change to an object (MODE_EVENTS), delivered in order per key and at least once. The
+ * SDK acknowledges it when the handler resolves; a handler that throws leaves it
+ * unacknowledged, so the manager sends it again (`attempt` + 1) after its deadline.
+ *
+ * @typeParam T the primary type's objects
+ */
+export interface ObjectEvent<T> extends WorkContext {
+  /** What happened. `SYNC`: the object exists in this state; changes before it may have been missed. */
+  readonly type: EventType;
+  /** The object; its last known state for `DELETED`. */
+  readonly object: T;
+  /** The event's position in its key's history (comparable within one leader term). */
+  readonly sequence: bigint;
+}

@@ -1,0 +1,153 @@
+// The conformance controller of the `typescript` column, on @ctrlhub/sdk, written from
+// tests/conformance/README.md sections 1-5. Everything the raw controller (python_raw) does by
+// hand -- sessions on fresh connections, credits, deadlines, dropping late results,
+// reconnecting with backoff, re-reading the token file, Drain on SIGTERM, exiting on
+// SUPERSEDED -- is the SDK's; what is left is the README's directives and report lines.
+import { closeSync, openSync, writeSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import {
+  Action,
+  type ReconcileRequest,
+  RegistrationRejectedError,
+  RetryError,
+  SupersededError,
+  TerminalError,
+  controller,
+  kind,
+} from "@ctrlhub/sdk";
+import { trace } from "@opentelemetry/api";
+import { BasicTracerProvider } from "@opentelemetry/sdk-trace-base";
+
+interface ConfigMap {
+  metadata?: { name?: string; resourceVersion?: string };
+  data?: Record<string, string>;
+}
+
+const ConfigMaps = kind<ConfigMap>("v1", "ConfigMap");
+
+function env(name: string): string {
+  const value = process.env[name];
+  if (value === undefined || value === "") {
+    console.error(`missing environment variable ${name}`);
+    process.exit(2);
+  }
+  return value;
+}
+
+function int(name: string): number {
+  const n = Number(env(name));
+  if (!Number.isInteger(n)) {
+    console.error(`${name} must be an integer`);
+    process.exit(2);
+  }
+  return n;
+}
+
+const replica = env("CONFORMANCE_REPLICA");
+const namespace = env("CONFORMANCE_NAMESPACE");
+const report = openSync(env("CONFORMANCE_REPORT"), "a");
+
+/** One JSON line, written with a single write(2) so concurrent lines never interleave. */
+function line(fields: Record<string, unknown>): void {
+  writeSync(report, `${JSON.stringify({ ...fields, ts_us: Date.now() * 1000, replica })}\n`);
+}
+
+/** Entry `attempt` (1-based, clamped to the last) of a comma-separated directive. */
+function entry(data: Record<string, string>, key: string, attempt: number): string | undefined {
+  const items = data[key]?.split(",").map((s) => s.trim());
+  return items === undefined ? undefined : items[Math.min(Math.max(attempt, 1), items.length) - 1];
+}
+
+// Real spans (no exporter needed: the report carries the span's traceparent).
+trace.setGlobalTracerProvider(new BasicTracerProvider());
+
+const conformance = controller(env("CONFORMANCE_CONTROLLER"))
+  .for(ConfigMaps)
+  .inNamespaces(namespace)
+  .withLabels({ "conformance.ctrlhub.io/scope": "in" })
+  .includeObject()
+  .resync(0)
+  .deadline(int("CONFORMANCE_DEADLINE_MS"))
+  .backoff({ baseMs: int("CONFORMANCE_BACKOFF_BASE_MS"), maxMs: int("CONFORMANCE_BACKOFF_MAX_MS") })
+  .concurrency(int("CONFORMANCE_MAX_IN_FLIGHT"))
+  .reconcile(async (req: ReconcileRequest<ConfigMap>) => {
+    const obj = req.object ?? req.tombstone?.object;
+    const data = obj?.data ?? {};
+    const ids = { key: `${req.namespace}/${req.name}`, id: req.id, attempt: req.attempt };
+    line({
+      event: "start",
+      ...ids,
+      reasons: req.reasons,
+      object: req.object ? "object" : req.tombstone ? "tombstone" : "none",
+      rv: obj?.metadata?.resourceVersion ?? "",
+      deadline_us: req.deadline.getTime() * 1000,
+      traceparent: req.parentTraceparent,
+      span_traceparent: req.traceparent,
+    });
+    let reads: unknown;
+    try {
+      await sleep(Number(entry(data, "sleep_ms", req.attempt) ?? 0), undefined, { signal: req.signal });
+      const name = data["read"];
+      if (name !== undefined) {
+        reads = await read(req, name);
+      }
+    } catch (err) {
+      if (req.signal.aborted) {
+        line({ event: "end", ...ids, outcome: "cancelled" });
+      }
+      throw err;
+    }
+    const outcome = entry(data, "outcome", req.attempt) ?? "done";
+    const end = (label: string): void => line({ event: "end", ...ids, outcome: label, ...(reads === undefined ? {} : { reads }) });
+    if (outcome === "error") {
+      end("error");
+      throw new RetryError("error directive");
+    }
+    if (outcome === "terminal") {
+      end("terminal");
+      throw new TerminalError("terminal directive");
+    }
+    if (outcome.startsWith("requeue:")) {
+      end("requeue");
+      return Action.requeueAfter(Number(outcome.slice("requeue:".length)));
+    }
+    end("done");
+    return Action.done();
+  });
+
+/** README 3 `read`: Get and List through the manager's cache, on the delivering session. */
+async function read(req: ReconcileRequest<ConfigMap>, name: string): Promise<unknown> {
+  try {
+    const got = await req.reader.get(ConfigMaps, { namespace: req.namespace, name, signal: req.signal });
+    const all = await req.reader.list(ConfigMaps, { namespace: req.namespace, signal: req.signal });
+    return {
+      get: got === undefined ? { name, found: false } : { name, found: true, data: got.data ?? {} },
+      list: all.map((o) => o.metadata?.name ?? "").sort(),
+    };
+  } catch (err) {
+    if (req.signal.aborted) {
+      throw err;
+    }
+    return { error: err instanceof Error ? err.message : String(err) };
+  }
+}
+
+let code = 0;
+try {
+  await conformance.run({
+    address: env("CTRLHUB_ADDR"),
+    tokenFile: env("CTRLHUB_TOKEN_FILE"),
+    reconnect: { initialMs: 100, maxMs: 5_000 },
+    onRegistered: (r) => line({ event: "registered", session_id: r.sessionId }),
+    onSessionEnd: (e) => line({ event: "session_end", session_id: e.sessionId, code: e.code, reason: e.reason }),
+  });
+} catch (err) {
+  if (!(err instanceof SupersededError || err instanceof RegistrationRejectedError)) {
+    console.error(err);
+  }
+  code = 3;
+}
+line({ event: "exit", ok: code === 0 });
+closeSync(report);
+process.exit(code);
