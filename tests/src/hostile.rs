@@ -51,6 +51,9 @@ pub const LEASE_NAMESPACE: &str = "default";
 pub const TEAM_LABEL: &str = "hostile.ctrlhub.dev/team";
 /// team-b's ConfigMap whose updates are measured.
 pub const LIVE: &str = "live";
+/// A namespace of nobody's: no tenant reconciles it and it carries no [`TEAM_LABEL`], so what is
+/// written there loads only the informers that list every namespace (attack 7's).
+pub const BYSTANDER: &str = "bystander";
 
 /// The Kubernetes username (and ctrlhub tenant) of ServiceAccount `ns/sa`.
 pub fn username(ns: &str, sa: &str) -> String {
@@ -203,6 +206,13 @@ impl Bed {
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]});
         apply(&self.cluster.client, &role).await?;
         apply(&self.cluster.client, &binding).await
+    }
+
+    /// Creates namespace [`BYSTANDER`] and fills it like [`Bed::fill`]: bulk that costs every
+    /// cluster-wide informer its list, with no controller's work queue behind it.
+    pub async fn fill_bystander(&self, prefix: &str, count: usize, bytes: usize) -> Result<()> {
+        apply(&self.cluster.client, &namespace_object(BYSTANDER, &[])).await?;
+        self.fill(BYSTANDER, prefix, count, bytes).await
     }
 
     /// Creates `count` ConfigMaps `<prefix>-00000..` in `ns`, each holding `bytes` bytes of data.

@@ -328,13 +328,13 @@ async fn end_of(mut session: ctrlhub_tests::Replica, since: Instant) -> String {
 }
 
 async fn amplification_case(bed: &Bed, sw: &Switch) -> Result<String> {
-    bed.fill(TEAM_B, "bulk", 250, 20_000).await?;
+    bed.fill_bystander("bulk", 250, 20_000).await?;
     sw.arm();
     let answers = cache_amplification(bed, 63, &sw.breached).await;
     sw.hold().await;
     let accepted = answers.iter().filter(|a| a.is_ok()).count();
     Ok(format!(
-        "{accepted} of {} registrations accepted (5 MB of ConfigMaps in team-b); first refusal: \
+        "{accepted} of {} registrations accepted (5 MB of ConfigMaps in a bystander namespace); first refusal: \
          {}",
         answers.len(),
         answers
