@@ -362,6 +362,76 @@ pub fn parse_report(line: &str) -> Option<Reconciled> {
 pub type Proc = ChildProcess;
 
 /// Spawn `bin args..` with `env`, stderr to `log`, stdout's report lines parsed into `sink`
+/// A bench controller run as `<interpreter> <script> --addr .. --name .. --namespace ..
+/// --concurrency ..` (the Python and TypeScript SDKs' no-op reconcilers), reporting `R` lines.
+#[derive(Debug, Clone)]
+pub struct ScriptController<'a> {
+    /// The interpreter (`python`, `node`).
+    pub interpreter: &'a Path,
+    /// The controller's script.
+    pub script: &'a Path,
+    /// Names its logs: `<out>/logs/<tag>-<name>-<ns>-<replica>.log`.
+    pub tag: &'a str,
+    /// Concurrent handlers (and credit) per replica.
+    pub concurrency: u32,
+    /// Extra environment variables.
+    pub env: &'a [(&'a str, String)],
+}
+
+impl ScriptController<'_> {
+    /// Start `replicas` processes of controller `name` on Widgets in `ns`, reporting to `sink`.
+    pub fn start(
+        &self,
+        m: &Manager,
+        name: &str,
+        ns: &str,
+        replicas: usize,
+        sink: &mpsc::UnboundedSender<Reconciled>,
+    ) -> Result<Vec<Proc>> {
+        (0..replicas)
+            .map(|i| {
+                let log = out_dir()
+                    .join("logs")
+                    .join(format!("{}-{name}-{ns}-{i}.log", self.tag));
+                let args = [
+                    self.script.display().to_string(),
+                    "--addr".into(),
+                    m.grpc.clone(),
+                    "--name".into(),
+                    name.into(),
+                    "--namespace".into(),
+                    ns.into(),
+                    "--concurrency".into(),
+                    self.concurrency.to_string(),
+                ];
+                spawn(self.interpreter, &args, self.env, &log, Some(sink.clone()))
+            })
+            .collect()
+    }
+}
+
+/// Wait until the ctrlhub controller `name` has `sessions` sessions.
+pub async fn wait_sessions(m: &Manager, name: &str, sessions: u64) -> Result<()> {
+    let what = format!("controller {name} to have {sessions} sessions");
+    ctrlhub_tests::poll_until(&what, ctrlhub_tests::PATIENCE, || async {
+        let status = m.status().await;
+        let n: u64 = status["controllers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["name"] == name)
+            .map(|c| c["sessions"].as_u64().unwrap_or(0))
+            .sum();
+        if n >= sessions {
+            Ok(())
+        } else {
+            Err(format!("{n} sessions"))
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 /// (when given).
 pub fn spawn(
     bin: &Path,

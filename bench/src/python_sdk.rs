@@ -7,12 +7,13 @@
 //! sources or the protos change. Timing is kopf's: live from the first create once every replica
 //! registered, backlog from starting the Python processes (imports included).
 
-use crate::env::{Cluster, Collector, Manager, Proc, Reconciled, out_dir, spawn};
+use crate::env::{
+    Cluster, Collector, Manager, Proc, Reconciled, ScriptController, out_dir, wait_sessions,
+};
 use crate::report::Row;
 use crate::scenarios::LOAD_PATIENCE;
 use crate::scenarios::throughput::Run;
 use anyhow::{Context, Result, bail};
-use ctrlhub_tests::{PATIENCE, poll_until};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -162,48 +163,14 @@ pub fn controllers(
     replicas: usize,
     sink: &UnboundedSender<Reconciled>,
 ) -> Result<Vec<Proc>> {
-    (0..replicas)
-        .map(|i| {
-            let log = out_dir()
-                .join("logs")
-                .join(format!("python-sdk-{name}-{ns}-{i}.log"));
-            let args = [
-                sdk.controller.display().to_string(),
-                "--addr".into(),
-                m.grpc.clone(),
-                "--name".into(),
-                name.into(),
-                "--namespace".into(),
-                ns.into(),
-                "--concurrency".into(),
-                concurrency().to_string(),
-            ];
-            spawn(&sdk.python, &args, &[], &log, Some(sink.clone()))
-        })
-        .collect()
-}
-
-async fn wait_sessions(m: &Manager, name: &str, sessions: u64) -> Result<()> {
-    poll_until(
-        &format!("controller {name} to have {sessions} sessions"),
-        PATIENCE,
-        || async {
-            let n: u64 = m.status().await["controllers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|c| c["name"] == name)
-                .map(|c| c["sessions"].as_u64().unwrap_or(0))
-                .sum();
-            if n >= sessions {
-                Ok(())
-            } else {
-                Err(format!("{n} sessions"))
-            }
-        },
-    )
-    .await?;
-    Ok(())
+    let script = ScriptController {
+        interpreter: &sdk.python,
+        script: &sdk.controller,
+        tag: "python-sdk",
+        concurrency: concurrency(),
+        env: &[],
+    };
+    script.start(m, name, ns, replicas, sink)
 }
 
 async fn stop(procs: Vec<Proc>) {

@@ -6,7 +6,7 @@
 //! the first time, then `npm run build`, which regenerates its wire types from `proto/`);
 //! [`controllers`] starts the replicas.
 
-use crate::env::{Manager, Proc, Reconciled, out_dir, run_logged, spawn};
+use crate::env::{Manager, Proc, Reconciled, ScriptController, run_logged};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -90,29 +90,12 @@ pub fn controllers(
     concurrency: u32,
     sink: &mpsc::UnboundedSender<Reconciled>,
 ) -> Result<Vec<Proc>> {
-    (0..replicas)
-        .map(|i| {
-            let log = out_dir()
-                .join("logs")
-                .join(format!("ts-{name}-{ns}-{i}.log"));
-            let args = [
-                ts.script.display().to_string(),
-                "--addr".into(),
-                m.grpc.clone(),
-                "--name".into(),
-                name.into(),
-                "--namespace".into(),
-                ns.into(),
-                "--concurrency".into(),
-                concurrency.to_string(),
-            ];
-            spawn(
-                &ts.node,
-                &args,
-                &[("CTRLHUB_LOG", "warn".to_string())],
-                &log,
-                Some(sink.clone()),
-            )
-        })
-        .collect()
+    let script = ScriptController {
+        interpreter: &ts.node,
+        script: &ts.script,
+        tag: "ts",
+        concurrency,
+        env: &[("CTRLHUB_LOG", "warn".to_string())],
+    };
+    script.start(m, name, ns, replicas, sink)
 }

@@ -11,13 +11,14 @@
 
 use super::LOAD_PATIENCE;
 use crate::env::{
-    Cluster, Collector, Kopf, KopfMode, Manager, Proc, kopf_operator, sdk_controllers, widget,
+    Cluster, Collector, Kopf, KopfMode, Manager, Proc, kopf_operator, sdk_controllers,
+    wait_sessions, widget,
 };
 use crate::kubert;
 use crate::report::{Outcome, Row, Verdict};
 use crate::typescript::TypeScript;
 use anyhow::{Context, Result, bail};
-use ctrlhub_tests::{PATIENCE, poll_until};
+use ctrlhub_tests::PATIENCE;
 use kube::api::PostParams;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -90,28 +91,6 @@ async fn start_side(
             ts, m, ns, ns, 3, 16, col_tx,
         )?),
     })
-}
-
-/// Wait until the ctrlhub controller `name` has `sessions` sessions.
-async fn wait_sessions(m: &Manager, name: &str, sessions: u64) -> Result<()> {
-    let what = format!("controller {name} to have {sessions} sessions");
-    poll_until(&what, PATIENCE, || async {
-        let status = m.status().await;
-        let n: u64 = status["controllers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["name"] == name)
-            .map(|c| c["sessions"].as_u64().unwrap_or(0))
-            .sum();
-        if n >= sessions {
-            Ok(())
-        } else {
-            Err(format!("{n} sessions"))
-        }
-    })
-    .await?;
-    Ok(())
 }
 
 async fn live(side: Side<'_>, c: &Cluster, m: &Manager, ns: &str, n: usize) -> Result<Run> {
