@@ -84,9 +84,9 @@ banner "SDK conformance matrix (tests/conformance/README.md; README.md's table m
 # binaries and .venv above. Prints each column's red rows; logs in target/conformance/<sdk>/.
 cargo test -p ctrlhub-tests --test conformance_sdk -- --nocapture
 
-banner "cargo fuzz smoke run (fuzz/: 4 targets, fixed seed, stable toolchain via RUSTC_BOOTSTRAP)"
+banner "cargo fuzz smoke run (fuzz/: 5 targets, dev profile, fixed seed, stable toolchain via RUSTC_BOOTSTRAP)"
 # Builds the fuzz package in fuzz/target with libFuzzer instrumentation (cargo-fuzz is
-# installed on first use) and runs each target for 200,000 inputs (seconds each); FUZZ_RUNS changes that.
+# installed on first use) and runs each target for 20,000 inputs; FUZZ_RUNS and FUZZ_PROFILE change that.
 bash fuzz/smoke.sh
 
 banner "pytest tests/python controllers/python/tests"

@@ -53,14 +53,19 @@ fn case_name(case: u8) -> &'static str {
     }
 }
 
-/// The flags a case adds to the manager's (the issue's own settings for attacks 6 and 8).
+/// The flags a case adds to the manager's: the issue's own settings for attacks 6 and 8, and
+/// for 5 no registration rate limit, so that the churn reaches the leak it looks for (the same
+/// flags as `tests/tests/hostile.rs`). Tenants are namespaces (the default grouping), so limits
+/// name team-a's group.
 fn case_flags(case: u8) -> Vec<String> {
+    let team_a = format!("system:serviceaccounts:{TEAM_A}");
     match case {
-        6 => vec!["--token-cache-ttl".into(), "2s".into()],
-        8 => vec![
+        5 => vec![
             "--tenant-limit".into(),
-            format!("{}/in-flight=20", username(TEAM_A, SA)),
+            format!("{team_a}/registrations-per-second=0"),
         ],
+        6 => vec!["--token-cache-ttl".into(), "2s".into()],
+        8 => vec!["--tenant-limit".into(), format!("{team_a}/in-flight=20")],
         _ => Vec::new(),
     }
 }
