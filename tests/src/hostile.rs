@@ -83,6 +83,10 @@ pub struct Bed {
     pub b_auth: String,
     /// One HTTP/2 connection to the manager that attacks making many calls share.
     channel: Channel,
+    /// team-b's own HTTP/2 connection: tenants are separate processes, so one tenant's abuse of
+    /// its connection (a flood of refused streams, say) must not be measured as the manager
+    /// ending team-b's session.
+    team_b_channel: Channel,
 }
 
 impl Bed {
@@ -105,17 +109,23 @@ impl Bed {
         ];
         args.extend_from_slice(extra);
         let manager = Manager::launch(&cluster, identity, &args, launch).await?;
-        let channel = tonic::transport::Endpoint::from_shared(manager.grpc.clone())?
-            .tcp_nodelay(true)
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(manager.grpc.clone())?.tcp_nodelay(true);
+        let channel = endpoint
             .connect()
             .await
             .context("connecting to the manager's gRPC port")?;
+        let team_b_channel = endpoint
+            .connect()
+            .await
+            .context("connecting team-b to the manager's gRPC port")?;
         let bed = Bed {
             cluster,
             manager,
             a_auth,
             b_auth,
             channel,
+            team_b_channel,
         };
         bed.wait_leading().await?;
         Ok(bed)
@@ -131,7 +141,7 @@ impl Bed {
         rss_bytes(self.pid()).unwrap_or(0)
     }
 
-    /// The shared connection to the manager.
+    /// The connection to the manager that every session but team-b's measured one shares.
     pub fn channel(&self) -> Channel {
         self.channel.clone()
     }
@@ -174,16 +184,14 @@ impl Bed {
         Replica::connect_over(self.channel(), register, Some(auth), &[]).await
     }
 
-    /// [`Bed::connect`] retried while the manager answers UNAVAILABLE (it has written the Lease
-    /// but not yet started to lead), for up to [`PATIENCE`].
-    pub async fn connect_when_leading(
-        &self,
-        register: pb::Register,
-        auth: &str,
-    ) -> Result<Replica> {
+    /// team-b's [`Bed::connect`], over its own connection, retried while the manager answers
+    /// UNAVAILABLE (it has written the Lease but not yet started to lead), for up to
+    /// [`PATIENCE`].
+    pub async fn connect_team_b(&self, register: pb::Register) -> Result<Replica> {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            match self.connect(register.clone(), auth).await {
+            let channel = self.team_b_channel.clone();
+            match Replica::connect_over(channel, register.clone(), Some(&self.b_auth), &[]).await {
                 Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -320,7 +328,7 @@ impl TeamB {
     pub async fn start(bed: &Bed) -> Result<TeamB> {
         bed.put(TEAM_B, LIVE, &[("v", "u0")]).await?;
         let registration = register("steady", configmaps(), 4, Some(TEAM_B));
-        let replica = bed.connect_when_leading(registration, &bed.b_auth).await?;
+        let replica = bed.connect_team_b(registration).await?;
         let deliveries = Arc::new(Deliveries::default());
         let task = tokio::spawn(serve_team_b(replica, deliveries.clone()));
         let started = Instant::now();
