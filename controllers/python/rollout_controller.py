@@ -11,8 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import ctrlhub
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
+from kubernetes import client as k8s, config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 CONTROLLER_NAME, HASH_ANNOTATION, ROLLOUT_LABEL = "config-rollout", "ctrlhub.io/config-hash", "ctrlhub.io/rollout"
