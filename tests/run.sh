@@ -73,7 +73,7 @@ banner "TypeScript SDK (controllers/typescript-sdk): npm ci, build, typedoc chec
 # ctrlhub binaries built above. The conformance matrix below builds on this install.
 (cd controllers/typescript-sdk && npm ci --no-audit --no-fund --loglevel=error && npm test)
 
-banner "production build: the Dockerfile's cargo command (dev profile); no \`dev\` subcommand, no devcluster or demo controller linked"
+banner "production build: the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
 bash tests/production_build.sh
 
 banner "cargo test --workspace (the SDK conformance matrix runs next, on its own)"
