@@ -3,6 +3,7 @@
 its pod template), on the ctrlhub Python SDK, which owns sessions, retries, deadlines and Drain."""
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -85,10 +86,8 @@ def reconcile(key: ctrlhub.Key, obj: dict[str, Any] | None, reader: ctrlhub.Sync
 
 def read_configmap(reader: ctrlhub.SyncReader, namespace: str, name: str) -> dict[str, Any] | None:
     """From the manager's cache; from the API server when the cache holds metadata only."""
-    try:
+    with contextlib.suppress(ctrlhub.MetadataOnlyError):
         return reader.get(CONFIGMAP, namespace, name)
-    except ctrlhub.MetadataOnlyError:
-        pass
     try:
         return json.loads(k8s.CoreV1Api(api).read_namespaced_config_map(name, namespace, _preload_content=False).data)
     except ApiException as err:
@@ -107,10 +106,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("LOG_FORMAT", "text"), help="json: a JSON object per line")
     args = p.parse_args(argv)
     global api
-    try:
-        api = k8s_config.new_client_from_config(args.kubeconfig) if args.kubeconfig else k8s_config.load_incluster_config() or k8s.ApiClient()
-    except k8s_config.ConfigException:
-        api = k8s_config.new_client_from_config()
+    try:  # --kubeconfig, else the pod's ServiceAccount inside a cluster, else KUBECONFIG or ~/.kube/config
+        in_pod = not args.kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ and k8s_config.load_incluster_config() is None
+        api = k8s.ApiClient() if in_pod else k8s_config.new_client_from_config(args.kubeconfig)
+    except (k8s_config.ConfigException, OSError) as err:
+        raise SystemExit(f"config-rollout: cannot load Kubernetes configuration: {err}") from None
     operator.run(ctrlhub.Config(addr=args.manager, token=args.token, token_file=args.token_file or None),
                  log_level=args.log_level.upper(), log_format=args.log_format)
 

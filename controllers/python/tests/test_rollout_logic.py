@@ -154,3 +154,9 @@ def test_json_log_lines_have_the_managers_shape() -> None:
 def test_an_unknown_log_format_is_refused() -> None:
     with pytest.raises(SystemExit):
         rc.main(["--log-format", "xml"])
+
+
+def test_a_kubeconfig_it_cannot_read_is_a_one_line_error(tmp_path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        rc.main(["--kubeconfig", str(tmp_path / "missing")])
+    assert "cannot load Kubernetes configuration" in str(exit_.value.code)
