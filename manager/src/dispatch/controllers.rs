@@ -5,6 +5,7 @@ use crate::dispatch::dispatcher::{Controller, ControllerId, Outbox, RevokeReason
 use crate::dispatch::queue::Reason;
 use crate::dispatch::seats::SeatPool;
 use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
+use crate::registration::filter::Filter;
 use crate::registration::mapping;
 use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
 use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
@@ -163,11 +164,14 @@ fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
     }
 }
 
-fn passes(predicate: &Option<Predicate>, event: &CacheEvent) -> bool {
+fn passes(filter: &Option<Filter>, event: &CacheEvent) -> bool {
     let (kind, old, new) = event_kind(event);
-    predicate
-        .as_ref()
-        .is_none_or(|p| p.evaluate(kind, old, new))
+    filter.as_ref().is_none_or(|f| f.evaluate(kind, old, new))
+}
+
+/// A registration's predicate, compiled once for the events it will filter.
+fn compiled(predicate: &Option<Predicate>) -> Option<Filter> {
+    predicate.as_ref().map(Filter::compile)
 }
 
 /// EVENTS mode: a list-time Added is a SYNC (it may have changed while nobody watched).
@@ -238,6 +242,7 @@ fn primary_subscriber(
     predicate: Option<Predicate>,
 ) -> Subscriber {
     let c = Arc::downgrade(controller);
+    let predicate = compiled(&predicate);
     Arc::new(move |event: &CacheEvent| {
         let Some(c) = c.upgrade() else { return };
         c.observe_primary(event);
@@ -270,6 +275,7 @@ fn related_subscriber(
     map: impl Fn(&Value) -> Vec<ObjectKey> + Send + Sync + 'static,
 ) -> Subscriber {
     let c = Arc::downgrade(controller);
+    let predicate = compiled(&predicate);
     Arc::new(move |event: &CacheEvent| {
         let Some(c) = c.upgrade() else { return };
         if !passes(&predicate, event) {
@@ -399,6 +405,10 @@ impl ControllerTable {
             .limits
             .check_deadline(registration.deadline)
             .map_err(|e| Invalid::new("register.request_deadline", e.to_string()))?;
+        quota
+            .limits
+            .check_resync(registration.resync)
+            .map_err(|e| Invalid::new("register.resync_period", e.to_string()))?;
         let (controller, credits, created) = {
             let mut controllers = self.controllers();
             let credits = self.check_tenant_limits(&controllers, &id, &quota, credits)?;

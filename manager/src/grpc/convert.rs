@@ -146,6 +146,16 @@ pub(crate) fn backoff_from_pb(b: Option<&pb::Backoff>) -> Result<Backoff, Invali
     let Some(b) = b else { return Ok(backoff) };
     if let Some(base) = b.base.as_ref() {
         backoff.base = positive(base, "register.backoff.base")?;
+        if backoff.base < crate::registration::bounds::MIN_BACKOFF_BASE {
+            return Err(Invalid::new(
+                "register.backoff.base",
+                format!(
+                    "{:?} is below the minimum {:?}: a failing key is retried at most this often",
+                    backoff.base,
+                    crate::registration::bounds::MIN_BACKOFF_BASE
+                ),
+            ));
+        }
     }
     if let Some(max) = b.max.as_ref() {
         backoff.max = positive(max, "register.backoff.max")?;

@@ -7,6 +7,7 @@
 //! without a cluster, and fuzzed.
 
 mod backoff;
+pub mod filter;
 pub mod mapping;
 pub mod predicate;
 
@@ -178,6 +179,13 @@ pub mod bounds {
     pub const NAMESPACE_NAMES: usize = 256;
     /// Encoded size of a Register message, in bytes.
     pub const REGISTER_BYTES: usize = 64 * 1024;
+    /// Shortest per-key backoff base: a key that keeps failing is retried no more often than
+    /// this (then doubling), however small a base the registration asks for.
+    pub const MIN_BACKOFF_BASE: std::time::Duration = std::time::Duration::from_millis(1);
+    /// Nodes of every predicate of one registration together (primary, owns and watches): each
+    /// event of a subscribed kind evaluates them, so this bounds the work per event per
+    /// registration, whatever the shape of the trees.
+    pub const PREDICATE_NODES: usize = 1024;
 }
 
 /// A list field with more entries than its bound.

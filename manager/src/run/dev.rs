@@ -162,6 +162,8 @@ impl DevArgs {
             max_in_flight_per_tenant: limits.in_flight,
             min_request_deadline: limits.min_deadline,
             max_request_deadline: limits.max_deadline,
+            min_resync_period: limits.min_resync,
+            max_queued_bytes_per_tenant: limits.queued_bytes,
             tenant_limits: Vec::new(),
             tenant_grouping: crate::tenancy::TenantGrouping::default(),
             max_dispatch_seats: crate::dispatch::seats::DEFAULT_SEATS,

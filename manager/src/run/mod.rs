@@ -127,9 +127,17 @@ pub struct RunArgs {
     /// controller that never answers keeps what it was handed).
     #[arg(long, env = "CTRLHUB_MAX_REQUEST_DEADLINE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub max_request_deadline: Duration,
+    /// Default bound: the shortest resync period a registration may ask for (each resync
+    /// re-delivers every key of the controller).
+    #[arg(long, env = "CTRLHUB_MIN_RESYNC_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub min_resync_period: Duration,
+    /// Default limit: bytes a tenant's controllers may hold in EVENTS-mode events and tombstones
+    /// waiting for delivery.
+    #[arg(long, env = "CTRLHUB_MAX_QUEUED_BYTES_PER_TENANT", default_value_t = Limits::default().queued_bytes)]
+    pub max_queued_bytes_per_tenant: u64,
     /// Per-tenant override, repeatable: TENANT/LIMIT=N with LIMIT one of sessions, controllers,
-    /// queued-keys, in-flight, informers; or TENANT/LIMIT=DURATION with LIMIT min-deadline or
-    /// max-deadline.
+    /// queued-keys, queued-bytes, in-flight, informers, cached-bytes, registrations-per-second;
+    /// or TENANT/LIMIT=DURATION with LIMIT min-deadline, max-deadline or min-resync.
     #[arg(
         long = "tenant-limit",
         env = "CTRLHUB_TENANT_LIMIT",
@@ -477,6 +485,8 @@ impl RunArgs {
             registrations_per_second: self.max_registrations_per_second,
             min_deadline: self.min_request_deadline,
             max_deadline: self.max_request_deadline,
+            min_resync: self.min_resync_period,
+            queued_bytes: self.max_queued_bytes_per_tenant,
         })
         .with_overrides(self.tenant_limits.iter().map(String::as_str))?;
         let weights = Weights::parse(1, self.tenant_weights.iter().map(String::as_str))?;

@@ -268,6 +268,14 @@ pub struct Limits {
     /// Longest request deadline a registration may ask for: how long a controller that never
     /// answers can keep the seats and keys it was handed.
     pub max_deadline: Duration,
+    /// Shortest resync period a registration may ask for: each resync re-enqueues every cached
+    /// primary key, so the period bounds that work per second (a 1 ns period once kept the
+    /// dispatch loop from ever sleeping).
+    pub min_resync: Duration,
+    /// Bytes the tenant's controllers may hold in what waits for delivery: EVENTS-mode events
+    /// and the tombstones of deleted primaries. Past it an EVENTS controller is revoked
+    /// (RESOURCE_EXHAUSTED) and tombstones keep only the object's identity.
+    pub queued_bytes: u64,
 }
 
 impl Default for Limits {
@@ -282,11 +290,24 @@ impl Default for Limits {
             registrations_per_second: 2,
             min_deadline: Duration::from_secs(1),
             max_deadline: Duration::from_secs(15 * 60),
+            min_resync: Duration::from_secs(10),
+            queued_bytes: 64 * 1024 * 1024,
         }
     }
 }
 
 impl Limits {
+    /// Whether a resync period (None: no resync) is at least this tenant's floor.
+    pub fn check_resync(&self, resync: Option<Duration>) -> Result<(), ResyncTooShort> {
+        match resync {
+            Some(period) if period < self.min_resync => Err(ResyncTooShort {
+                given: period,
+                min: self.min_resync,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether `deadline` is within this tenant's bounds; the error says which and how to fix.
     pub fn check_deadline(&self, deadline: Duration) -> Result<(), DeadlineOutOfBounds> {
         if deadline < self.min_deadline || deadline > self.max_deadline {
@@ -320,10 +341,29 @@ impl fmt::Display for DeadlineOutOfBounds {
     }
 }
 
+/// A resync period below the tenant's floor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ResyncTooShort {
+    given: Duration,
+    min: Duration,
+}
+
+impl fmt::Display for ResyncTooShort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is shorter than this tenant's minimum resync period {}: every resync re-delivers every key, so choose at least {}, or 0 to turn resync off (or ask the operator for another floor: --tenant-limit TENANT/min-resync=)",
+            humantime::format_duration(self.given),
+            humantime::format_duration(self.min),
+            humantime::format_duration(self.min)
+        )
+    }
+}
+
 /// A malformed `--tenant-limit`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, cached-bytes, registrations-per-second, or TENANT/LIMIT=DURATION with LIMIT min-deadline or max-deadline (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
+    "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, cached-bytes, queued-bytes, registrations-per-second, or TENANT/LIMIT=DURATION with LIMIT min-deadline, max-deadline or min-resync (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
 )]
 pub struct LimitSpecError {
     given: String,
@@ -378,6 +418,10 @@ impl TenantLimits {
                     limits.max_deadline = duration()?;
                     continue;
                 }
+                "min-resync" => {
+                    limits.min_resync = duration()?;
+                    continue;
+                }
                 _ => {}
             }
             let value: u64 = value
@@ -392,6 +436,7 @@ impl TenantLimits {
                 "in-flight" => limits.in_flight = value,
                 "informers" => limits.informers = as_usize,
                 "cached-bytes" => limits.cached_bytes = value,
+                "queued-bytes" => limits.queued_bytes = value,
                 "registrations-per-second" => limits.registrations_per_second = value,
                 _ => return Err(err("unknown limit")),
             }
