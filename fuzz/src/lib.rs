@@ -87,10 +87,17 @@ pub fn sample_objects(labels: &BTreeMap<String, String>) -> Vec<Value> {
 /// Evaluate `p` on every pair of `objects` for every event kind, checking the combinators'
 /// laws against the children's results; evaluation must never panic, valid tree or not.
 pub fn evaluate_everywhere(p: &Predicate, objects: &[Value]) {
+    // The compiled filter the manager evaluates on every event answers as the tree does.
+    let filter = ctrlhub::registration::filter::Filter::compile(p);
     for kind in KINDS {
         for new in objects {
             for old in std::iter::once(None).chain(objects.iter().map(Some)) {
                 let got = p.evaluate(kind, old, new);
+                assert_eq!(
+                    filter.evaluate(kind, old, new),
+                    got,
+                    "compiled {kind:?} {p:?} on old={old:?} new={new:?}"
+                );
                 let want = match p {
                     Predicate::AllOf(c) => Some(c.iter().all(|c| c.evaluate(kind, old, new))),
                     Predicate::AnyOf(c) => Some(c.iter().any(|c| c.evaluate(kind, old, new))),

@@ -49,7 +49,7 @@ pub enum EventKind {
 }
 
 /// A filter over watch events, mirroring the wire `Predicate` message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Predicate {
     /// Updates pass only when `metadata.generation` changed, i.e. the spec changed; this is
     /// how controllers ignore their own status writes.
@@ -117,6 +117,17 @@ impl Predicate {
             Predicate::AllOf(children) => children.iter().all(|p| p.evaluate(kind, old, new)),
             Predicate::AnyOf(children) => children.iter().any(|p| p.evaluate(kind, old, new)),
             Predicate::Not(child) => !child.evaluate(kind, old, new),
+        }
+    }
+
+    /// Nodes in the tree (leaves and combinators): what validation bounds.
+    pub fn node_count(&self) -> usize {
+        1 + match self {
+            Predicate::AllOf(children) | Predicate::AnyOf(children) => {
+                children.iter().map(Predicate::node_count).sum()
+            }
+            Predicate::Not(child) => child.node_count(),
+            _ => 0,
         }
     }
 
@@ -189,7 +200,7 @@ impl Predicate {
 ///
 /// Written here rather than borrowed from k8s-openapi so the predicate layer stays free of
 /// Kubernetes crates and can report field-level validation errors.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct LabelSelector {
     /// Exact `key = value` requirements.
     pub match_labels: BTreeMap<String, String>,
@@ -198,7 +209,7 @@ pub struct LabelSelector {
 }
 
 /// One set-based requirement of a [`LabelSelector`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LabelSelectorRequirement {
     /// The label key the requirement is about.
     pub key: String,
@@ -448,11 +459,11 @@ impl PredicateError {
 }
 
 /// The update-filtering rule shared by the `*Changed` predicates.
-fn changed<T: PartialEq>(
+fn changed<'v, T: PartialEq>(
     kind: EventKind,
-    old: Option<&Value>,
-    new: &Value,
-    field: impl Fn(&Value) -> T,
+    old: Option<&'v Value>,
+    new: &'v Value,
+    field: impl Fn(&'v Value) -> T,
 ) -> bool {
     match kind {
         EventKind::Modified => old.is_some_and(|old| field(old) != field(new)),
@@ -470,14 +481,14 @@ fn metadata_i64(object: &Value, field: &str) -> Option<i64> {
         .and_then(Value::as_i64)
 }
 
-/// A string map from metadata, normalized so that absent, `null` and `{}` compare equal and
-/// key order does not matter.
-fn string_map(object: &Value, field: &str) -> BTreeMap<String, Value> {
+/// A string map from metadata, borrowed and normalized so that absent, `null` and `{}` compare
+/// equal (all None); map equality ignores key order. Never copied: an update of an object with
+/// thousands of annotations is compared in place.
+fn string_map<'v>(object: &'v Value, field: &str) -> Option<&'v Map<String, Value>> {
     metadata(object)
         .and_then(|m| m.get(field))
         .and_then(Value::as_object)
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
+        .filter(|m| !m.is_empty())
 }
 
 fn check_key(path: &str, key: &str) -> Result<(), PredicateError> {
