@@ -164,6 +164,8 @@ struct Inner {
     demands: HashMap<u64, (Arc<str>, u64)>,
     /// Σ over tenants of the guaranteed seats they are not using: never lent to a borrower.
     unused_guarantees: usize,
+    /// Tenants seen so far: the next one's `since`.
+    seen: u64,
 }
 
 struct TenantState {
@@ -181,6 +183,9 @@ struct TenantState {
     demand: u64,
     /// Seats guaranteed to it now (see the module docs).
     guaranteed: usize,
+    /// When it first asked for a seat (an order, not a time): ties in the guarantees go to
+    /// the tenant that was there first.
+    since: u64,
 }
 
 impl TenantState {
@@ -211,6 +216,10 @@ impl Inner {
     }
 
     fn tenant(&mut self, tenant: &Arc<str>, weights: &Weights) -> &mut TenantState {
+        let since = self.seen;
+        if !self.tenants.contains_key(tenant) {
+            self.seen += 1;
+        }
         self.tenants
             .entry(tenant.clone())
             .or_insert_with(|| TenantState {
@@ -223,6 +232,7 @@ impl Inner {
                 waited: 0,
                 demand: 0,
                 guaranteed: 0,
+                since,
             })
     }
 
@@ -237,8 +247,9 @@ impl Inner {
         self.unused_guarantees = self.unused_guarantees + after - before;
     }
 
-    /// Whether `tenant` may take one of the free seats now: within its guarantee, or (borrowing)
-    /// only if what stays free covers every other tenant's unused guarantee and the headroom.
+    /// Whether `tenant` may take one of the free seats now: within its guarantee; or, holding
+    /// nothing, if what stays free covers every other tenant's unused guarantee (a turn from the
+    /// headroom); or, borrowing, only if what stays free covers those and the headroom too.
     fn may_take(&self, tenant: &str, capacity: usize) -> bool {
         if capacity == 0 {
             return true;
@@ -247,36 +258,63 @@ impl Inner {
         if free == 0 {
             return false;
         }
+        let headroom = capacity / HEADROOM_DIVISOR;
         let Some(t) = self.tenants.get(tenant) else {
-            return free > capacity / HEADROOM_DIVISOR + self.unused_guarantees;
+            return free > headroom + self.unused_guarantees;
         };
         if t.in_use < t.guaranteed {
             return true;
         }
         let reserved = self.unused_guarantees - t.unused_guarantee();
-        free > reserved.max(capacity / HEADROOM_DIVISOR)
+        if t.in_use == 0 && t.demand > 0 {
+            // The headroom exists for this: a tenant with sessions and no seat (one without a
+            // guarantee because there are more tenants than shared seats) gets a turn.
+            return free > reserved;
+        }
+        free > reserved + headroom
     }
 
     /// Recompute every tenant's guarantee from the weights and demands of the tenants with
     /// sessions. Runs when a demand changes (sessions come, go or change credits), not per
-    /// request; O(tenants).
+    /// request; O(tenants log tenants).
+    ///
+    /// The guarantees never sum to more than the seats less the headroom, however many tenants
+    /// there are: each gets `shared × weight / Σ weights` rounded down, and the seats the
+    /// rounding leaves go one each to the largest remainders, ties to the heavier and then to
+    /// the tenant that asked first. With more tenants than shared seats, the last to arrive
+    /// are guaranteed nothing and get turns from the headroom instead, so a flood of new
+    /// tenants (Sybils: one per namespace an attacker may create) cannot take a seat already
+    /// guaranteed to a tenant that was there before it.
     fn share_out(&mut self, capacity: usize) {
-        let total: f64 = self
+        let shared = (capacity - capacity / HEADROOM_DIVISOR) as u64;
+        let total: u64 = self
             .tenants
             .values()
             .filter(|t| t.demand > 0)
-            .map(|t| t.weight)
+            .map(|t| t.weight as u64)
             .sum();
-        // The headroom is nobody's guarantee, not even a lone tenant's.
-        let shared = capacity - capacity / HEADROOM_DIVISOR;
+        let mut shares: Vec<(u64, u64, u64, Arc<str>)> = self
+            .tenants
+            .iter()
+            .filter(|(_, t)| t.demand > 0 && capacity > 0)
+            .map(|(name, t)| {
+                let exact = shared * t.weight as u64;
+                (exact / total, exact % total, t.since, name.clone())
+            })
+            .collect();
+        let leftover = shared.saturating_sub(shares.iter().map(|s| s.0).sum::<u64>());
+        shares.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
         let mut unused = 0;
         for t in self.tenants.values_mut() {
-            t.guaranteed = if capacity == 0 || t.demand == 0 {
-                0
-            } else {
-                let share = ((shared as f64) * t.weight / total).floor().max(1.0) as usize;
-                share.min(usize::try_from(t.demand).unwrap_or(usize::MAX))
-            };
+            t.guaranteed = 0;
+        }
+        for (i, (base, _, _, name)) in shares.into_iter().enumerate() {
+            let share = base + u64::from((i as u64) < leftover);
+            if let Some(t) = self.tenants.get_mut(&name) {
+                t.guaranteed = usize::try_from(share.min(t.demand)).unwrap_or(usize::MAX);
+            }
+        }
+        for t in self.tenants.values() {
             unused += t.unused_guarantee();
         }
         self.unused_guarantees = unused;
@@ -818,9 +856,10 @@ mod tests {
         let b = s.flow("tenant-b", Arc::new(Notify::new()));
         a.set_demand(100);
         b.set_demand(4);
-        // A's guarantee is 7 of the 14 shared seats; B's 4 are kept free for it.
+        // A's guarantee is 7 of the 14 shared seats; B's 4 and the headroom (2) are kept
+        // free.
         let a_seats = take_all(&a);
-        assert_eq!(a_seats.len(), 12);
+        assert_eq!(a_seats.len(), 10);
         assert_eq!(take_all(&b).len(), 4);
         drop(a_seats);
         // B's sessions go away: nothing is kept for it any more, A borrows up to the headroom.
@@ -849,6 +888,115 @@ mod tests {
         a_seats.pop();
         assert_eq!(b.pending(), 1, "the freed seat goes to B");
         assert_eq!(a.pending(), 0);
+    }
+
+    /// The guarantee of each flow's tenant, in the order given.
+    fn guarantees(s: &Arc<SeatPool>, flows: &[Flow]) -> Vec<usize> {
+        let by_name: HashMap<String, usize> = s
+            .tenants()
+            .into_iter()
+            .map(|t| (t.tenant, t.guaranteed))
+            .collect();
+        flows
+            .iter()
+            .map(|f| by_name.get(&*f.tenant).copied().unwrap_or(0))
+            .collect()
+    }
+
+    #[test]
+    fn guarantees_never_sum_past_the_shared_seats_however_many_tenants() {
+        let s = SeatPool::new(256, Weights::default());
+        let flows: Vec<Flow> = (0..300)
+            .map(|i| {
+                let f = s.flow(&format!("t{i:03}"), Arc::new(Notify::new()));
+                f.set_demand(1);
+                f
+            })
+            .collect();
+        let g = guarantees(&s, &flows);
+        assert_eq!(
+            g.iter().sum::<usize>(),
+            224,
+            "256 seats less the 32 of headroom"
+        );
+        assert!(
+            g[..224].iter().all(|&n| n == 1),
+            "the first 224 keep one each"
+        );
+        assert!(
+            g[224..].iter().all(|&n| n == 0),
+            "later ones get turns, not seats"
+        );
+        // When the crowd leaves, the guarantees grow back for those still there.
+        for f in &flows[10..] {
+            f.set_demand(0);
+        }
+        assert_eq!(
+            guarantees(&s, &flows[..10]),
+            [1; 10],
+            "capped by their demand"
+        );
+    }
+
+    #[test]
+    fn sybil_tenants_cannot_take_a_seat_guaranteed_to_a_tenant_already_there() {
+        let s = SeatPool::new(16, Weights::default());
+        let b = s.flow("team-b", Arc::new(Notify::new()));
+        b.set_demand(4);
+        // Sixteen tenants, one per namespace an attacker could create, each holding what it
+        // can and never answering.
+        let sybils: Vec<Flow> = (0..16)
+            .map(|i| {
+                let f = s.flow(&format!("sybil-{i:02}"), Arc::new(Notify::new()));
+                f.set_demand(1);
+                f
+            })
+            .collect();
+        let held: Vec<Seat> = sybils.iter().flat_map(take_all).collect();
+        assert_eq!(
+            held.len(),
+            15,
+            "13 guaranteed and 2 turns from the headroom; the last seat is team-b's"
+        );
+        let b_seats = take_all(&b);
+        assert_eq!(b_seats.len(), 1, "team-b keeps its guaranteed seat");
+        drop(b_seats);
+        assert!(
+            sybils.iter().all(|f| f.acquire().is_none()),
+            "a seat team-b freed stays team-b's"
+        );
+        assert_eq!(take_all(&b).len(), 1);
+    }
+
+    #[test]
+    fn a_tenant_holding_nothing_gets_a_turn_from_the_headroom() {
+        let s = SeatPool::new(8, Weights::default());
+        let hog = s.flow("hog", Arc::new(Notify::new()));
+        hog.set_demand(100);
+        let first: Vec<Flow> = (0..7)
+            .map(|i| {
+                let f = s.flow(&format!("early-{i}"), Arc::new(Notify::new()));
+                f.set_demand(1);
+                f
+            })
+            .collect();
+        // 7 shared seats for 8 tenants: the hog (first) and six others are guaranteed one.
+        let g = guarantees(&s, &first);
+        assert_eq!(g, [1, 1, 1, 1, 1, 1, 0]);
+        let hog_seats = take_all(&hog);
+        assert_eq!(
+            hog_seats.len(),
+            1,
+            "the hog borrows nothing while others are owed"
+        );
+        let late = &first[6];
+        let turn = take_all(late);
+        assert_eq!(
+            turn.len(),
+            1,
+            "the one without a guarantee gets the headroom seat"
+        );
+        assert!(take_all(late).is_empty(), "one turn at a time");
     }
 
     #[test]

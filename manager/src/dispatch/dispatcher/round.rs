@@ -34,6 +34,20 @@ struct Reserved {
     trace: TraceContext,
 }
 
+/// Why a round stopped handing out work, which decides what may wake the loop next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// Nothing is ready: the next queue timer is worth waking for.
+    NoWork,
+    /// Work is ready but no session can take it (no credit, a full outbox, the controller's
+    /// concurrency reached, or not leading): a result, a credit, a new session or leadership
+    /// wakes the loop, not the clock.
+    Blocked,
+    /// Work and a session are ready but no dispatch seat is free: the seat pool wakes the loop
+    /// when it grants one.
+    WaitingForSeat,
+}
+
 impl Controller {
     /// The dispatch loop: runs until `stop` fires. Only dispatches while `leading` is true.
     pub async fn run(
@@ -44,6 +58,9 @@ impl Controller {
         let resync = self.registration.resync;
         let mut next_resync = resync.map(|r| Instant::now() + r);
         loop {
+            // However much work arrives, each round gives the runtime back its thread: a loop
+            // that never awaits would starve every other task on it (probes, other tenants).
+            tokio::task::consume_budget().await;
             let is_leader = *leading.borrow();
             if let Some(at) = next_resync
                 && Instant::now() >= at
@@ -73,19 +90,19 @@ impl Controller {
     /// at the latest.
     pub(super) fn dispatch_once(&self, leading: bool) -> Option<Instant> {
         let now = Instant::now();
-        let reserved = {
+        let (reserved, stop) = {
             let mut st = self.lock();
             self.expire_deadlines(&mut st, now);
             if leading {
                 self.hand_out(&mut st, now)
             } else {
-                Vec::new()
+                (Vec::new(), Stop::Blocked)
             }
         };
         if !reserved.is_empty() {
             self.send_keys(reserved);
         }
-        self.next_wake()
+        self.next_wake(stop)
     }
 
     /// Re-queue every request whose deadline passed (at-least-once); its result, should it
@@ -135,19 +152,19 @@ impl Controller {
     /// Under the lock, while the controller is below `max_concurrent`: take a session with a
     /// free credit, a dispatch seat and the next piece of work. Events are sent at once; keys
     /// are reserved and returned, to be sent once the lock is released.
-    fn hand_out(&self, st: &mut State, now: Instant) -> Vec<Reserved> {
+    fn hand_out(&self, st: &mut State, now: Instant) -> (Vec<Reserved>, Stop) {
         let max = match self.registration.max_concurrent {
             0 => usize::MAX,
             n => n as usize,
         };
         let events = self.registration.mode == Mode::Events;
         let mut reserved = Vec::new();
-        // Set when the loop stopped for want of a dispatch seat: this controller then waits in
-        // its tenant's queue and is woken when one is granted.
-        let mut waiting_for_seat = false;
-        while st.in_flight.len() < max {
+        let stop = loop {
+            if st.in_flight.len() >= max {
+                break Stop::Blocked;
+            }
             let Some(session) = pick_session(st) else {
-                break;
+                break Stop::Blocked;
             };
             let has_work = if events {
                 !st.events.is_empty()
@@ -155,28 +172,27 @@ impl Controller {
                 st.queue.has_ready(now)
             };
             if !has_work {
-                break;
+                break Stop::NoWork;
             }
             let Some(seat) = self.flow.acquire() else {
-                waiting_for_seat = true;
-                break;
+                break Stop::WaitingForSeat;
             };
             if events {
                 if !self.send_event(st, session, seat, now) {
-                    break;
+                    break Stop::Blocked;
                 }
             } else {
                 let Some(request) = self.reserve_key(st, session, seat, now) else {
-                    break;
+                    break Stop::NoWork;
                 };
                 reserved.push(request);
             }
-        }
-        if !waiting_for_seat {
+        };
+        if stop != Stop::WaitingForSeat {
             // Seats granted while this controller waited but not needed now go to others.
             self.flow.withdraw();
         }
-        reserved
+        (reserved, stop)
     }
 
     /// Dispatch events: pop the next one and send it to `session` now. False when there was
@@ -351,12 +367,17 @@ impl Controller {
         }
     }
 
-    /// The earliest missed deadline or queue timer: when the loop must look again even if
-    /// nothing wakes it.
-    fn next_wake(&self) -> Option<Instant> {
+    /// The earliest missed deadline, and the earliest queue timer when the round ran out of
+    /// work (not of sessions, credits, seats or leadership): when the loop must look again even
+    /// if nothing wakes it. A due timer while every session is full would otherwise wake the
+    /// loop at once, again and again, until a result came: each of those ends with a `wake`.
+    fn next_wake(&self, stop: Stop) -> Option<Instant> {
         let st = self.lock();
         let next_deadline = st.in_flight.values().map(|f| f.deadline).min();
-        let next_ready = st.queue.next_ready_at();
+        let next_ready = match stop {
+            Stop::NoWork => st.queue.next_ready_at(),
+            Stop::Blocked | Stop::WaitingForSeat => None,
+        };
         match (next_deadline, next_ready) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
