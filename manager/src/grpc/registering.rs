@@ -39,6 +39,8 @@ impl ServiceState {
             Some(sel) => Some(translate_selector(sel, "register.label_selector")?),
             None => None,
         };
+        let predicate = translate_predicate_opt(r.predicate.as_ref(), "register.predicate")?;
+        check_predicate_nodes(&predicate, &owns, &watches)?;
         Ok(Registration {
             name: r.controller_name.clone(),
             mode,
@@ -47,7 +49,7 @@ impl ServiceState {
             watches: registration::without_repeats(watches),
             namespaces,
             label_selector,
-            predicate: translate_predicate_opt(r.predicate.as_ref(), "register.predicate")?,
+            predicate,
             // 0 = no controller-wide bound: capacity is the sum of the sessions' credits.
             max_concurrent: r.max_concurrent_reconciles,
             deadline: deadline_from_pb(r.request_deadline.as_ref())?,
@@ -320,6 +322,32 @@ pub(super) fn namespace_phrase(ns: &str) -> String {
     } else {
         format!("namespace {ns}")
     }
+}
+
+/// Every event of a subscribed kind evaluates the registration's predicates for that kind, so
+/// their nodes are bounded together, not only per tree: a registration of 64 trees of 1,000
+/// nodes each would make every event cost 64,000 evaluations.
+fn check_predicate_nodes(
+    predicate: &Option<registration::predicate::Predicate>,
+    owns: &[Owned],
+    watches: &[Watched],
+) -> Result<(), Invalid> {
+    let nodes: usize = predicate
+        .iter()
+        .chain(owns.iter().filter_map(|o| o.predicate.as_ref()))
+        .chain(watches.iter().filter_map(|w| w.predicate.as_ref()))
+        .map(registration::predicate::Predicate::node_count)
+        .sum();
+    if nodes > registration::bounds::PREDICATE_NODES {
+        return Err(Invalid::new(
+            "register",
+            format!(
+                "its predicates (register.predicate and those of owns and watches) have {nodes} nodes together; the limit is {}: combine repeated conditions, or filter in the controller",
+                registration::bounds::PREDICATE_NODES
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The counts and size of a Register, checked before anything in it is resolved or compiled:
