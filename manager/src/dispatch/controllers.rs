@@ -4,6 +4,7 @@
 use crate::dispatch::dispatcher::{Controller, ControllerId, Outbox, RevokeReason};
 use crate::dispatch::queue::Reason;
 use crate::dispatch::seats::SeatPool;
+use crate::dispatch::usage::QueuedBytes;
 use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
 use crate::registration::filter::Filter;
 use crate::registration::mapping;
@@ -150,6 +151,8 @@ pub struct ControllerTable {
     grouping: TenantGrouping,
     /// New registrations per tenant.
     registration_rates: Mutex<HashMap<String, crate::throttle::TokenBucket>>,
+    /// Bytes of events and tombstones each tenant's controllers hold.
+    queued_bytes: Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
 
 /// New registrations a tenant may make at once, at the least: each may start informers whose
@@ -245,23 +248,25 @@ fn primary_subscriber(
     let predicate = compiled(&predicate);
     Arc::new(move |event: &CacheEvent| {
         let Some(c) = c.upgrade() else { return };
-        c.observe_primary(event);
+        let object = match event {
+            CacheEvent::Added { object, .. } | CacheEvent::Deleted { object, .. } => object,
+            CacheEvent::Modified { new, .. } => new,
+        };
+        // Scope, then predicate, before anything is kept for the event: an object this
+        // controller will never hear of costs it nothing.
+        let wanted = in_scope(&scope, object) && passes(&predicate, event);
         if c.registration.mode == crate::registration::Mode::Events {
-            let (_, _, obj) = event_kind(event);
-            if in_scope(&scope, obj) && passes(&predicate, event) {
-                let object = match event {
-                    CacheEvent::Added { object, .. } | CacheEvent::Deleted { object, .. } => object,
-                    CacheEvent::Modified { new, .. } => new,
-                };
-                c.push_event(event_type(event), object.clone());
+            if wanted {
+                c.push_event(event_type(event), object);
             }
             return;
         }
-        let (_, _, obj) = event_kind(event);
-        if !in_scope(&scope, obj) || !passes(&predicate, event) {
-            return;
+        if !matches!(event, CacheEvent::Deleted { .. }) || wanted {
+            c.settle_tombstone(event);
         }
-        c.enqueue([mapping::own_key(obj)], c.primary_reason(event));
+        if wanted {
+            c.enqueue([mapping::own_key(object)], c.primary_reason(event));
+        }
     })
 }
 
@@ -329,6 +334,7 @@ impl ControllerTable {
             seat_pool,
             grouping,
             registration_rates: Mutex::new(HashMap::new()),
+            queued_bytes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -644,12 +650,20 @@ impl ControllerTable {
         quota: &Quota<'_>,
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Arc<Controller> {
+        let queued = QueuedBytes::new(
+            self.queued_bytes
+                .lock()
+                .entry(quota.tenant.to_string())
+                .or_default()
+                .clone(),
+            quota.limits.queued_bytes,
+        );
         let controller = Controller::with_seat_pool(
             id.clone(),
             quota.tenant,
             registration,
             self.metrics.clone(),
-            &self.seat_pool,
+            (&self.seat_pool, queued),
         );
         controller.set_queue_limit(quota.limits.queued_keys);
         if let Some(names) = namespaces {

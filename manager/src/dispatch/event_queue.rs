@@ -1,11 +1,17 @@
 //! The per-controller queue of EVENTS-mode registrations: every change of a key is delivered in
 //! order, one at a time per key (the next only after the previous is acknowledged), and
 //! re-delivered when its worker is lost. Different keys proceed independently.
+//!
+//! What waits is bounded by keys, not by changes: a change that follows a pending
+//! ADDED / MODIFIED / SYNC of the same key is compacted into it (the proto allows it: "several
+//! MODIFIED into the latest"; `sequence` then skips values), so a consumer that never
+//! acknowledges holds at most its in-flight event and one pending state per key, not every
+//! update ever made. Objects are kept as their JSON bytes, and [`EventQueue::bytes`] counts them
+//! for the tenant's queued-bytes limit.
 
 use crate::informer::ObjectKey;
-use serde_json::Value;
+use crate::informer::object::CachedObject;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 
 /// What happened to the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +33,8 @@ pub struct PendingEvent {
     pub sequence: u64,
     /// The change.
     pub kind: EventType,
-    /// The object after the change (last state for deletes).
-    pub object: Arc<Value>,
+    /// The object after the change (last state for deletes), as JSON.
+    pub object: CachedObject,
 }
 
 /// A delivery handed to a worker.
@@ -50,21 +56,47 @@ pub struct EventQueue {
     in_flight: HashSet<ObjectKey>,
     attempts: HashMap<ObjectKey, u32>,
     next_sequence: u64,
+    /// Bytes of every object held (in flight and pending).
+    bytes: usize,
 }
 
 impl EventQueue {
-    /// Append a change of `key`.
-    pub fn push(&mut self, key: ObjectKey, kind: EventType, object: Arc<Value>) {
+    /// Append a change of `key`, or compact it into the key's pending change. Returns the bytes
+    /// held now minus before (negative when a larger pending state was replaced).
+    pub fn push(&mut self, key: ObjectKey, kind: EventType, object: CachedObject) -> isize {
         self.next_sequence += 1;
+        let before = self.bytes;
+        let in_flight = self.in_flight.contains(&key);
         let queue = self.per_key.entry(key.clone()).or_default();
-        queue.push_back(PendingEvent {
-            sequence: self.next_sequence,
-            kind,
-            object,
-        });
-        if queue.len() == 1 && !self.in_flight.contains(&key) {
-            self.ready.push_back(key);
+        // The head of a key with an event in flight is that event: it must be re-delivered as
+        // it was sent, so only a pending tail behind it is compacted.
+        let pending_tail = queue.len() > usize::from(in_flight);
+        let compacted = match queue.back_mut() {
+            Some(tail) if pending_tail => compact(tail, kind, &object, self.next_sequence),
+            _ => None,
+        };
+        match compacted {
+            Some(replaced) => {
+                self.bytes = self.bytes + object.json().len() - replaced;
+            }
+            None => {
+                self.bytes += object.json().len();
+                queue.push_back(PendingEvent {
+                    sequence: self.next_sequence,
+                    kind,
+                    object,
+                });
+                if queue.len() == 1 && !in_flight {
+                    self.ready.push_back(key);
+                }
+            }
         }
+        self.bytes as isize - before as isize
+    }
+
+    /// Bytes of the objects this queue holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The next deliverable event: the head of a key with nothing in flight.
@@ -93,7 +125,9 @@ impl EventQueue {
         self.attempts.remove(key);
         let more = match self.per_key.get_mut(key) {
             Some(q) => {
-                q.pop_front();
+                if let Some(done) = q.pop_front() {
+                    self.bytes -= done.object.json().len();
+                }
                 !q.is_empty()
             }
             None => false,
@@ -124,6 +158,31 @@ impl EventQueue {
     }
 }
 
+/// Fold a new change of a key into its pending `tail` when the later state says everything
+/// the earlier one did: a MODIFIED into a pending ADDED, MODIFIED or SYNC (which keeps its
+/// kind: "created, and now like this"), a SYNC into a pending MODIFIED or SYNC. A DELETED, and
+/// anything after one, is kept apart. Returns the replaced object's size when folded.
+fn compact(
+    tail: &mut PendingEvent,
+    kind: EventType,
+    object: &CachedObject,
+    sequence: u64,
+) -> Option<usize> {
+    use EventType::*;
+    let kind = match (tail.kind, kind) {
+        (Added | Modified | Sync, Modified) => tail.kind,
+        (Modified | Sync, Sync) => Sync,
+        _ => return None,
+    };
+    let replaced = tail.object.json().len();
+    *tail = PendingEvent {
+        sequence,
+        kind,
+        object: object.clone(),
+    };
+    Some(replaced)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,13 +192,17 @@ mod tests {
         ObjectKey::new("ns", n)
     }
 
+    fn o(v: serde_json::Value) -> CachedObject {
+        CachedObject::from_value(&v)
+    }
+
     #[test]
     fn one_key_in_order_one_at_a_time() {
         let mut q = EventQueue::default();
-        q.push(k("a"), EventType::Added, Arc::new(json!({"v": 1})));
-        q.push(k("a"), EventType::Modified, Arc::new(json!({"v": 2})));
-        q.push(k("a"), EventType::Deleted, Arc::new(json!({"v": 2})));
+        q.push(k("a"), EventType::Added, o(json!({"v": 1})));
         let first = q.pop().expect("first");
+        q.push(k("a"), EventType::Modified, o(json!({"v": 2})));
+        q.push(k("a"), EventType::Deleted, o(json!({"v": 2})));
         assert_eq!(first.event.kind, EventType::Added);
         assert!(
             q.pop().is_none(),
@@ -159,8 +222,8 @@ mod tests {
     #[test]
     fn lost_events_are_redelivered_first_with_a_higher_attempt() {
         let mut q = EventQueue::default();
-        q.push(k("a"), EventType::Added, Arc::new(json!({})));
-        q.push(k("b"), EventType::Added, Arc::new(json!({})));
+        q.push(k("a"), EventType::Added, o(json!({})));
+        q.push(k("b"), EventType::Added, o(json!({})));
         let a = q.pop().expect("a");
         assert_eq!(a.key, k("a"));
         q.lost(&k("a"));
@@ -176,9 +239,64 @@ mod tests {
     }
 
     #[test]
+    fn a_consumer_that_never_acks_holds_one_pending_state_per_key() {
+        let mut q = EventQueue::default();
+        let big = |v: usize| o(json!({"v": v, "pad": "x".repeat(1000)}));
+        q.push(k("a"), EventType::Added, big(0));
+        let first = q.pop().expect("in flight, never acked");
+        for v in 1..=600 {
+            q.push(k("a"), EventType::Modified, big(v));
+        }
+        assert_eq!(
+            q.len(),
+            1,
+            "600 updates behind the in-flight ADDED are one MODIFIED"
+        );
+        assert!(q.bytes() < 2 * 1100, "{} bytes held", q.bytes());
+        q.lost(&k("a"));
+        let again = q.pop().expect("the in-flight event again");
+        assert_eq!(
+            again.event.sequence, first.event.sequence,
+            "not compacted away"
+        );
+        q.ack(&k("a"));
+        let latest = q.pop().expect("the latest state");
+        assert_eq!(latest.event.kind, EventType::Modified);
+        assert!(latest.event.object.value()["v"] == 600);
+        q.ack(&k("a"));
+        assert_eq!(q.bytes(), 0, "everything acked, nothing held");
+    }
+
+    #[test]
+    fn deletions_are_never_compacted_away() {
+        let mut q = EventQueue::default();
+        q.push(k("a"), EventType::Added, o(json!({"v": 1})));
+        q.push(k("a"), EventType::Modified, o(json!({"v": 2})));
+        q.push(k("a"), EventType::Deleted, o(json!({"v": 2})));
+        q.push(k("a"), EventType::Added, o(json!({"v": 3})));
+        q.push(k("a"), EventType::Sync, o(json!({"v": 4})));
+        let kinds: Vec<EventType> = std::iter::from_fn(|| {
+            let d = q.pop()?;
+            q.ack(&d.key);
+            Some(d.event.kind)
+        })
+        .collect();
+        assert_eq!(
+            kinds,
+            [
+                EventType::Added,
+                EventType::Deleted,
+                EventType::Added,
+                EventType::Sync
+            ],
+            "ADDED absorbed the MODIFIED; the SYNC after the second ADDED stays apart"
+        );
+    }
+
+    #[test]
     fn stale_acks_change_nothing() {
         let mut q = EventQueue::default();
-        q.push(k("a"), EventType::Added, Arc::new(json!({})));
+        q.push(k("a"), EventType::Added, o(json!({})));
         q.ack(&k("a"));
         assert_eq!(q.pop().expect("still there").event.kind, EventType::Added);
     }

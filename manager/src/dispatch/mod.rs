@@ -10,7 +10,8 @@
 //!   the dispatch loop;
 //! - `controllers`: the table of live controllers, which attaches sessions within tenant limits
 //!   and wires informer subscriptions to their queues;
-//! - `spans`: the dispatch path's OpenTelemetry spans.
+//! - `spans`: the dispatch path's OpenTelemetry spans;
+//! - `usage`: what a tenant's controllers hold waiting for delivery, against its limits.
 //!
 //! May call `informer`, `registration`, `tenancy`, `metrics` and `key`; never `grpc`, `http` or
 //! `run`, which call into it.
@@ -21,3 +22,4 @@ pub(crate) mod event_queue;
 pub mod queue;
 pub(crate) mod seats;
 pub mod spans;
+pub(crate) mod usage;

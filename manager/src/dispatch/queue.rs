@@ -746,6 +746,14 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.timers.len()
     }
 
+    /// Whether `key` is ready, waiting on a timer or handed out: whether anything still to
+    /// come may need what the caller keeps for it (its tombstone).
+    pub fn holds(&self, key: &K) -> bool {
+        self.entries
+            .get(key)
+            .is_some_and(|e| !matches!(e.state, State::Idle))
+    }
+
     /// Keys handed out and not yet finished.
     pub fn in_flight_count(&self) -> usize {
         self.in_flight

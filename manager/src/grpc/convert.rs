@@ -547,13 +547,8 @@ pub(crate) fn request_to_pb(r: &Request) -> pb::ReconcileRequest {
             {
                 reasons.push(gone as i32);
             }
-            let json = if t.last.is_null() {
-                Vec::new()
-            } else {
-                serde_json::to_vec(t.last.as_ref()).unwrap_or_default()
-            };
             Some(pb::reconcile_request::Object::Tombstone(pb::Tombstone {
-                object_json: json,
+                object_json: t.last.json().to_vec(),
                 final_state_unknown: t.final_state_unknown,
             }))
         }
@@ -595,7 +590,7 @@ pub(crate) fn event_to_pb(
             name: d.key.name.clone(),
         }),
         r#type: kind as i32,
-        object_json: serde_json::to_vec(d.event.object.as_ref()).unwrap_or_default(),
+        object_json: d.event.object.json().to_vec(),
         sequence: d.event.sequence,
         attempt: d.attempt,
         deadline: Some(timestamp(deadline)),
@@ -654,7 +649,6 @@ mod tests {
     use super::*;
     use crate::key::ObjectKey;
     use crate::registration::{Owned, Watched};
-    use std::sync::Arc;
 
     fn pb_duration(seconds: i64, nanos: i32) -> prost_types::Duration {
         prost_types::Duration { seconds, nanos }
@@ -969,7 +963,9 @@ mod tests {
             attempt: 2,
             reasons: vec![Reason::Redelivery, Reason::Updated, Reason::Backoff],
             payload: Payload::Tombstone(crate::dispatch::dispatcher::Tombstone {
-                last: Arc::new(serde_json::json!({"metadata": {"name": "a"}})),
+                last: crate::informer::object::CachedObject::from_value(
+                    &serde_json::json!({"metadata": {"name": "a"}}),
+                ),
                 final_state_unknown: true,
                 left_scope: false,
             }),

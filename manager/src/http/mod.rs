@@ -160,6 +160,7 @@ fn set_controller_gauges(m: &Metrics, controllers: &ControllerTable) {
     m.depth.reset();
     m.active_workers.reset();
     m.sessions.reset();
+    m.queued_bytes.reset();
     m.max_concurrent.reset();
     m.unfinished.reset();
     m.longest.reset();
@@ -174,6 +175,9 @@ fn set_controller_gauges(m: &Metrics, controllers: &ControllerTable) {
             .with_label_values(&labels)
             .set(gauge(q.in_flight));
         m.sessions.with_label_values(&labels).set(gauge(q.sessions));
+        m.queued_bytes
+            .with_label_values(&labels)
+            .set(i64::try_from(q.queued_bytes).unwrap_or(i64::MAX));
         m.max_concurrent
             .with_label_values(&labels)
             .set(i64::from(c.registration.max_concurrent));

@@ -80,6 +80,8 @@ pub struct Metrics {
     pub leader: IntGaugeVec,
     /// `ctrlhub_sessions`.
     pub sessions: IntGaugeVec,
+    /// `ctrlhub_queued_bytes`.
+    pub queued_bytes: IntGaugeVec,
     /// `ctrlhub_informer_objects`.
     pub informer_objects: IntGaugeVec,
     /// `ctrlhub_informer_relists`.
@@ -269,6 +271,12 @@ impl Metrics {
                 &r,
                 "ctrlhub_sessions",
                 "Connected controller sessions (replicas) per controller",
+                &cr,
+            ),
+            queued_bytes: gauge(
+                &r,
+                "ctrlhub_queued_bytes",
+                "Bytes of EVENTS-mode events and tombstones a controller holds waiting for delivery (counted against its tenant's queued-bytes limit)",
                 &cr,
             ),
             informer_objects: gauge(

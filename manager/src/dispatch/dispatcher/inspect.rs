@@ -24,6 +24,8 @@ pub struct QueueStats {
     pub unfinished: f64,
     /// Seconds the longest in-flight request has been running.
     pub longest: f64,
+    /// Bytes of events and tombstones held for delivery.
+    pub queued_bytes: u64,
 }
 
 /// A controller's sessions, in-flight requests and queue, read under its lock
@@ -109,6 +111,7 @@ impl Controller {
                 .values()
                 .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
                 .fold(0.0, f64::max),
+            queued_bytes: self.queued.own(),
         }
     }
 

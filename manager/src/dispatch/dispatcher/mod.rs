@@ -29,6 +29,7 @@ use crate::dispatch::event_queue::EventType;
 use crate::dispatch::queue::{Priority, Reason, WorkQueue};
 use crate::dispatch::seats::{Flow, SeatPool};
 use crate::dispatch::spans::{self, LinkKind};
+use crate::dispatch::usage::QueuedBytes;
 use crate::informer::object::CachedObject;
 use crate::informer::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
 use crate::metrics::Metrics;
@@ -103,6 +104,32 @@ pub struct Controller {
     deadline_log: Mutex<crate::throttle::LogEvery>,
     /// Cancelled when the controller goes away: ends its dispatch task, which holds it.
     retired: tokio_util::sync::CancellationToken,
+    /// Bytes of events and tombstones it holds, counted against its tenant's limit.
+    queued: QueuedBytes,
+}
+
+/// What a tombstone keeps of an object when the tenant's queued bytes cannot hold all of it:
+/// enough for a controller to know what is gone and to clean up after it.
+fn identity_of(object: &Value) -> Value {
+    let field = |path: &str| object.pointer(path).cloned().unwrap_or(Value::Null);
+    let mut metadata = serde_json::Map::new();
+    for name in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "deletionTimestamp",
+    ] {
+        let value = field(&format!("/metadata/{name}"));
+        if !value.is_null() {
+            metadata.insert(name.into(), value);
+        }
+    }
+    serde_json::json!({
+        "apiVersion": field("/apiVersion"),
+        "kind": field("/kind"),
+        "metadata": metadata,
+    })
 }
 
 /// How often a controller that keeps missing deadlines gets a log line.
@@ -113,16 +140,23 @@ impl Controller {
     /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
     pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
         let group = id.tenant.clone();
-        Self::with_seat_pool(id, &group, registration, metrics, &SeatPool::unlimited())
+        Self::with_seat_pool(
+            id,
+            &group,
+            registration,
+            metrics,
+            (&SeatPool::unlimited(), QueuedBytes::unlimited()),
+        )
     }
 
-    /// A controller whose requests take seats from `seat_pool`, shared with other tenants.
+    /// A controller whose requests take seats from `seat_pool`, shared with other tenants, and
+    /// whose events and tombstones count in `queued`, its tenant's queued bytes.
     pub fn with_seat_pool(
         id: ControllerId,
         group: &str,
         registration: Registration,
         metrics: Arc<Metrics>,
-        seat_pool: &Arc<SeatPool>,
+        (seat_pool, queued): (&Arc<SeatPool>, QueuedBytes),
     ) -> Arc<Self> {
         let queue = WorkQueue::new(registration.backoff);
         let wake = Arc::new(Notify::new());
@@ -146,6 +180,7 @@ impl Controller {
             overflowed: std::sync::atomic::AtomicBool::new(false),
             deadline_log: Mutex::new(crate::throttle::LogEvery::new(DEADLINE_LOG_PERIOD)),
             retired: tokio_util::sync::CancellationToken::new(),
+            queued,
         })
     }
 
@@ -252,12 +287,17 @@ impl Controller {
         self.wake.notify_one();
     }
 
-    /// EVENTS mode: append a change of a primary.
-    pub fn push_event(&self, kind: EventType, object: Arc<Value>) {
-        let key = crate::registration::mapping::own_key(&object);
+    /// EVENTS mode: append a change of a primary (compacted into its pending change when the
+    /// queue allows), counted against the tenant's queued bytes and the queued-keys limit.
+    pub fn push_event(&self, kind: EventType, object: &Value) {
+        if self.overflowed.load(Ordering::Relaxed) {
+            return;
+        }
+        let key = crate::registration::mapping::own_key(object);
         if !self.admits(&key) {
             return;
         }
+        let object = CachedObject::from_value(object);
         let span = spans::enabled().then(|| {
             spans::enqueue(
                 &self.id,
@@ -269,9 +309,34 @@ impl Controller {
         if let Some(span) = span {
             st.links.add(&key, span, LinkKind::Enqueue);
         }
-        st.events.push(key, kind, object);
+        let grew = st.events.push(key, kind, object);
+        let waiting = st.events.len();
         drop(st);
+        let within = self.queued.add(grew);
+        self.check_queue_limit(waiting);
+        if !within {
+            self.revoke_for_queued_bytes();
+        }
         self.wake.notify_one();
+    }
+
+    /// EVENTS mode: the tenant's queued bytes are spent (a consumer that does not acknowledge,
+    /// a flood of large objects): revoke the controller as for its queued keys, so what it pins
+    /// stays bounded; it goes away with its sessions.
+    fn revoke_for_queued_bytes(&self) {
+        if self.overflowed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let limit = self.queued.limit();
+        tracing::warn!(controller = %self.id, tenant = %self.group, limit, "queued-bytes limit exceeded; revoking the registration");
+        self.metrics.limit_hit(&self.group, "queued_bytes");
+        self.revoke_all(
+            RevokeReason::QuotaExceeded,
+            &format!(
+                "the events waiting for controller {} and the tenant's other controllers hold more than {limit} bytes (the tenant's queued-bytes limit): acknowledge events promptly, narrow the registration, or ask for a higher limit",
+                self.id.name
+            ),
+        );
     }
 
     /// Caps the keys this controller may hold queued (`0` = unlimited); set from the tenant's
@@ -322,27 +387,49 @@ impl Controller {
             .sum()
     }
 
-    /// Remember the last state of a deleted primary so its request can carry a tombstone.
-    pub fn observe_primary(&self, event: &CacheEvent) {
-        let mut st = self.lock();
+    /// Keep a deleted primary's last state for the request its deletion enqueues, or forget a
+    /// recreated one's. Called only for events that enqueue the key (in scope, past the
+    /// predicate): a tombstone is kept only while its key is queued or in flight, never for
+    /// deletions nobody will hear of (another tenant's objects in a shared informer).
+    pub fn settle_tombstone(&self, event: &CacheEvent) {
         match event {
             CacheEvent::Deleted {
                 object,
                 final_state_unknown,
             } => {
-                st.tombstones.insert(
-                    crate::registration::mapping::own_key(object),
-                    Tombstone {
-                        last: object.clone(),
-                        final_state_unknown: *final_state_unknown,
-                        left_scope: self.left_scope(object),
-                    },
-                );
+                let key = crate::registration::mapping::own_key(object);
+                if !self.admits(&key) {
+                    return;
+                }
+                let full = CachedObject::from_value(object);
+                let last = if self.queued.fits(full.json().len()) {
+                    full
+                } else {
+                    // Past the tenant's queued bytes, the request still says what is gone.
+                    self.metrics.limit_hit(&self.group, "queued_bytes");
+                    CachedObject::from_value(&identity_of(object))
+                };
+                let tombstone = Tombstone {
+                    last,
+                    final_state_unknown: *final_state_unknown,
+                    left_scope: self.left_scope(object),
+                };
+                let added = tombstone.last.json().len() as isize;
+                let replaced = self.lock().tombstones.insert(key, tombstone);
+                let freed = replaced.map_or(0, |t| t.last.json().len() as isize);
+                self.queued.add(added - freed);
             }
             CacheEvent::Added { object, .. } | CacheEvent::Modified { new: object, .. } => {
-                st.tombstones
-                    .remove(&crate::registration::mapping::own_key(object));
+                self.forget_tombstone(&crate::registration::mapping::own_key(object));
             }
+        }
+    }
+
+    /// Drop `key`'s tombstone (recreated, or its last request finished), giving its bytes back.
+    fn forget_tombstone(&self, key: &ObjectKey) {
+        let gone = self.lock().tombstones.remove(key);
+        if let Some(t) = gone {
+            self.queued.add(-(t.last.json().len() as isize));
         }
     }
 

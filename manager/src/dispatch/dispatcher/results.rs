@@ -65,10 +65,13 @@ impl Controller {
         let Some(mut f) = st.in_flight.remove(id) else {
             return self.discarded();
         };
+        let held = st.events.bytes();
         st.events.ack(&f.key);
+        let freed = held - st.events.bytes();
         st.end_trace(&mut f, "success", false, None);
         st.release_credit(f.session);
         drop(st);
+        self.queued.add(-(freed as isize));
         self.counters.done.fetch_add(1, Ordering::Relaxed);
         self.metrics.reconciled(
             &self.id.name,
@@ -96,6 +99,12 @@ impl Controller {
             return self.discarded();
         };
         st.queue.done_handout(&f.key, f.handout, outcome, now);
+        // Its tombstone served its last request unless the key is queued again.
+        let tombstone = if st.queue.holds(&f.key) {
+            None
+        } else {
+            st.tombstones.remove(&f.key)
+        };
         // The last key of a backlog: the queue's and the dispatch's transient memory is free now.
         let drained = st.queue.is_empty() && st.queue.in_flight_count() == 0;
         let (label, again) = spans::outcome(outcome);
@@ -105,6 +114,9 @@ impl Controller {
         st.end_trace(&mut f, label, again, failed.then_some(message));
         st.release_credit(f.session);
         drop(st);
+        if let Some(t) = tombstone {
+            self.queued.add(-(t.last.json().len() as isize));
+        }
         if drained {
             crate::informer::heap::release_after_burst();
         }

@@ -13,7 +13,6 @@ use crate::dispatch::seats::Seat;
 use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind};
 use crate::informer::ObjectKey;
 use crate::registration::Mode;
-use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
@@ -352,18 +351,17 @@ impl Controller {
     }
 
     /// What a request carries: nothing unless the registration asked for the object; else the
-    /// cached primary, or the tombstone of a deleted one (an unknown final state if none).
+    /// cached primary, or the tombstone of a deletion the manager saw. A key with neither (a
+    /// watch mapped to a name that does not exist) carries nothing, which the proto says to
+    /// treat as NotFound: a tombstone, and the DELETED it implies, only for a real deletion.
     fn payload(&self, key: &ObjectKey, tombstone: Option<Tombstone>) -> Payload {
         if !self.registration.include_object {
             return Payload::None;
         }
-        match self.primary_object(key) {
-            Some(obj) => Payload::Object(obj),
-            None => Payload::Tombstone(tombstone.unwrap_or(Tombstone {
-                last: Arc::new(Value::Null),
-                final_state_unknown: true,
-                left_scope: false,
-            })),
+        match (self.primary_object(key), tombstone) {
+            (Some(obj), _) => Payload::Object(obj),
+            (None, Some(t)) => Payload::Tombstone(t),
+            (None, None) => Payload::None,
         }
     }
 

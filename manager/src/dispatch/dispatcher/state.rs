@@ -7,9 +7,8 @@ use crate::dispatch::queue::{Outcome, WorkQueue};
 use crate::dispatch::seats::Seat;
 use crate::dispatch::spans::{Attempt, LinkKind, PendingLinks};
 use crate::informer::ObjectKey;
-use serde_json::Value;
+use crate::informer::object::CachedObject;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// An attached session: its credits, what it holds, and its outbound channels (read through
@@ -40,11 +39,13 @@ pub struct InFlight {
     pub(super) _seat: Seat,
 }
 
-/// The last known state of a primary that is gone, or left the registration's scope.
+/// The last known state of a primary that is gone, or left the registration's scope. Kept only
+/// while its key is queued or in flight, and counted against the tenant's queued bytes.
 #[derive(Debug, Clone)]
 pub struct Tombstone {
-    /// Its last state (JSON null when unknown).
-    pub last: Arc<Value>,
+    /// Its last state as JSON; only its identity (apiVersion, kind, name, namespace, uid,
+    /// resourceVersion) when the tenant's queued bytes could not hold the whole object.
+    pub last: CachedObject,
     /// The deletion was inferred from a relist: `last` may be older than the real final state.
     pub final_state_unknown: bool,
     /// It still exists but stopped matching the registration's label selector.

@@ -158,7 +158,7 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
             t,
             registration(100),
             Arc::new(Metrics::new()),
-            &seats,
+            (&seats, crate::dispatch::usage::QueuedBytes::unlimited()),
         )
     };
     let (a, b) = (tenant("tenant-a"), tenant("tenant-b"));
@@ -247,4 +247,114 @@ fn a_key_outside_the_registered_namespaces_is_never_queued_whatever_mapped_it() 
         .map(|r| r.key.to_string())
         .collect();
     assert_eq!(got, ["team-a/mine"]);
+}
+
+/// A controller of tenant "t" that asks for objects, with its tenant's queued-bytes total.
+fn with_objects() -> (Arc<Controller>, Arc<std::sync::atomic::AtomicU64>) {
+    let tenant = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut reg = registration(10);
+    reg.include_object = true;
+    let c = Controller::with_seat_pool(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        "t",
+        reg,
+        Arc::new(Metrics::new()),
+        (
+            &SeatPool::unlimited(),
+            crate::dispatch::usage::QueuedBytes::new(tenant.clone(), 1 << 20),
+        ),
+    );
+    (c, tenant)
+}
+
+fn deleted(name: &str, pad: usize) -> CacheEvent {
+    CacheEvent::Deleted {
+        object: Arc::new(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns", "uid": "u1"},
+            "data": {"pad": "x".repeat(pad)}})),
+        final_state_unknown: false,
+    }
+}
+
+#[test]
+fn a_tombstone_lives_until_the_last_request_of_its_key_and_is_counted_meanwhile() {
+    let (c, tenant) = with_objects();
+    let mut rx = c.add_session(1, 10);
+    let held = |t: &Arc<std::sync::atomic::AtomicU64>| t.load(Ordering::Relaxed);
+    c.settle_tombstone(&deleted("a", 100));
+    c.enqueue([ObjectKey::new("ns", "a")], Reason::Deleted);
+    assert!(
+        held(&tenant) > 100,
+        "the tombstone is charged to its tenant"
+    );
+    c.dispatch_once(true);
+    let first = recv_all(&mut rx);
+    assert!(matches!(&first[0].payload, Payload::Tombstone(t) if !t.final_state_unknown));
+    // An error re-queues the key: the retry still needs the tombstone.
+    let error = Outcome::Error { retry_after: None };
+    assert_eq!(
+        c.complete(1, &first[0].id, error, "boom"),
+        Completion::Accepted
+    );
+    assert!(held(&tenant) > 100);
+    // The retry comes after the key's backoff (5 ms): wait for it, within a generous bound.
+    let retry = (0..5_000)
+        .find_map(|_| {
+            c.dispatch_once(true);
+            let got = recv_all(&mut rx);
+            if got.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+                return None;
+            }
+            Some(got)
+        })
+        .expect("the key is retried after its backoff");
+    assert!(matches!(&retry[0].payload, Payload::Tombstone(_)));
+    assert_eq!(
+        c.complete(1, &retry[0].id, Outcome::Done, ""),
+        Completion::Accepted
+    );
+    assert_eq!(
+        held(&tenant),
+        0,
+        "done: the tombstone and its bytes are gone"
+    );
+}
+
+#[test]
+fn a_key_without_an_object_or_a_seen_deletion_carries_nothing() {
+    let (c, _) = with_objects();
+    let mut rx = c.add_session(1, 10);
+    // An owned child's event mapped to a primary the cache does not hold (not listed yet, or
+    // never existed): NotFound, not a deletion.
+    c.enqueue([ObjectKey::new("ns", "never")], Reason::OwnedChanged);
+    c.dispatch_once(true);
+    let got = recv_all(&mut rx);
+    assert!(
+        matches!(got[0].payload, Payload::None),
+        "{:?}",
+        got[0].payload
+    );
+}
+
+#[test]
+fn past_the_queued_bytes_a_tombstone_keeps_only_what_is_gone() {
+    let (c, tenant) = with_objects();
+    let mut rx = c.add_session(1, 10);
+    c.settle_tombstone(&deleted("big", 2 << 20));
+    c.enqueue([ObjectKey::new("ns", "big")], Reason::Deleted);
+    assert!(tenant.load(Ordering::Relaxed) < 1024, "a stub, not 2 MiB");
+    c.dispatch_once(true);
+    let got = recv_all(&mut rx);
+    let Payload::Tombstone(t) = &got[0].payload else {
+        panic!("expected a tombstone, got {:?}", got[0].payload);
+    };
+    let last = t.last.value();
+    assert_eq!(last["metadata"]["name"], "big");
+    assert_eq!(last["metadata"]["uid"], "u1");
+    assert_eq!(last["kind"], "ConfigMap");
+    assert!(last.get("data").is_none());
 }
