@@ -5,7 +5,7 @@ use crate::dispatch::dispatcher::{Controller, ControllerId, Outbox, RevokeReason
 use crate::dispatch::queue::Reason;
 use crate::dispatch::seats::SeatPool;
 use crate::dispatch::usage::QueuedBytes;
-use crate::informer::{Cache, CacheEvent, InformerKey, ObjectKey, Subscriber};
+use crate::informer::{Cache, CacheEvent, InformerKey, ListBudget, ObjectKey, Subscriber};
 use crate::registration::filter::Filter;
 use crate::registration::mapping;
 use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
@@ -23,10 +23,12 @@ pub struct Sharing {
     pub grouping: TenantGrouping,
 }
 
-/// A tenant being attached to, and its limits.
+/// A tenant being attached to, its limits, and what the first lists of a registration it
+/// starts may still fill.
 struct Quota<'a> {
     tenant: &'a str,
     limits: Limits,
+    budget: Arc<ListBudget>,
 }
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde_json::Value;
@@ -153,6 +155,10 @@ pub struct ControllerTable {
     registration_rates: Mutex<HashMap<String, crate::throttle::TokenBucket>>,
     /// Bytes of events and tombstones each tenant's controllers hold.
     queued_bytes: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// One turn per tenant for registrations that start informers: their first lists run one
+    /// after another, so a tenant's concurrent registrations cannot list at once what its
+    /// budget would refuse one by one.
+    list_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// New registrations a tenant may make at once, at the least: each may start informers whose
@@ -335,6 +341,7 @@ impl ControllerTable {
             grouping,
             registration_rates: Mutex::new(HashMap::new()),
             queued_bytes: Mutex::new(HashMap::new()),
+            list_turns: Mutex::new(HashMap::new()),
         })
     }
 
@@ -403,9 +410,15 @@ impl ControllerTable {
         }
         let namespaces = self.effective_namespaces(&registration)?;
         let group = self.group_of(tenant);
+        let limits = self.limits.for_tenant(&group);
+        let held = self.cached_bytes(&group);
         let quota = Quota {
             tenant: &group,
-            limits: self.limits.for_tenant(&group),
+            limits,
+            budget: ListBudget::new(
+                limits.cached_bytes.saturating_sub(held),
+                limits.cached_bytes,
+            ),
         };
         quota
             .limits
@@ -433,6 +446,31 @@ impl ControllerTable {
         let mut attached = self.open_session(controller, &quota, credits)?;
         attached.created = created;
         Ok(attached)
+    }
+
+    /// The tenant's turn to start informers, when `registration` would start any that do not
+    /// run yet (a replica joining a running controller never waits here). Hold it until the
+    /// registration's first lists are done.
+    pub async fn first_list_turn(
+        &self,
+        identity: &str,
+        registration: &Registration,
+    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let namespaces = self.effective_namespaces(registration).ok()?;
+        let starts = self
+            .needed_informers(registration, &namespaces)
+            .iter()
+            .any(|k| !self.cache.is_running(k));
+        if !starts {
+            return None;
+        }
+        let turn = self
+            .list_turns
+            .lock()
+            .entry(self.group_of(identity))
+            .or_default()
+            .clone();
+        Some(turn.lock_owned().await)
     }
 
     /// Once a new registration's informers have their first lists: refuse it (detaching the
@@ -669,7 +707,7 @@ impl ControllerTable {
         if let Some(names) = namespaces {
             controller.confine_to(names);
         }
-        self.wire(&controller, namespaces, gate);
+        self.wire(&controller, namespaces, gate, &quota.budget);
         tokio::spawn(
             controller
                 .clone()
@@ -854,13 +892,16 @@ impl ControllerTable {
         keys
     }
 
-    /// Subscribe a new controller to everything it needs.
+    /// Subscribe a new controller to everything it needs; the informers it starts list within
+    /// `budget`.
     fn wire(
         &self,
         controller: &Arc<Controller>,
         namespaces: &Option<Vec<String>>,
         gate: Option<Arc<dyn NamespaceGate>>,
+        budget: &Arc<ListBudget>,
     ) {
+        let subscribe = |key, sub| self.cache.subscribe_within(key, sub, Some(budget.clone()));
         let reg = &controller.registration;
         let scope: Option<ScopeSet> = match &reg.namespaces {
             NamespaceScope::Selector(sel) => {
@@ -870,8 +911,7 @@ impl ControllerTable {
         };
         for key in self.informer_keys(&reg.primary, namespaces, primary_labels(reg), false) {
             let sub = primary_subscriber(controller, scope.clone(), reg.predicate.clone());
-            let subscription = self.cache.subscribe(key, sub);
-            controller.hold(subscription, true);
+            controller.hold(subscribe(key, sub), true);
         }
         for owned in &reg.owns {
             let primary = reg.primary.clone();
@@ -885,7 +925,7 @@ impl ControllerTable {
                     Reason::OwnedChanged,
                     map.clone(),
                 );
-                controller.hold(self.cache.subscribe(key, sub), false);
+                controller.hold(subscribe(key, sub), false);
             }
         }
         for watched in &reg.watches {
@@ -905,7 +945,7 @@ impl ControllerTable {
                     Reason::WatchedChanged,
                     map.clone(),
                 );
-                controller.hold(self.cache.subscribe(key, sub), false);
+                controller.hold(subscribe(key, sub), false);
             }
         }
     }

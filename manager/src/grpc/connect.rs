@@ -11,6 +11,7 @@ use super::{ConnectStream, Service, bearer_token};
 use crate::dispatch::controllers::{AdmittedNamespaces, Attached};
 use crate::dispatch::dispatcher::{Completion, Controller, Outbound, Outbox, RevokeReason};
 use crate::dispatch::queue::Outcome;
+use crate::informer::SyncError;
 use crate::registration::{Invalid, Registration};
 use crate::tenancy::{Identity, NamespaceGate};
 use ctrlhub_proto::v1 as pb;
@@ -72,6 +73,11 @@ impl Service {
         let registration = self.registration(&register, &identity).await?;
         let grant = self.authorize(&identity, &registration).await?;
         let credits = credits(register.max_in_flight);
+        // A tenant's registrations that start informers list one after another.
+        let turn = self
+            .controllers
+            .first_list_turn(&identity.tenant, &registration)
+            .await;
         let attached = self.controllers.attach_gated(
             &identity.tenant,
             registration.clone(),
@@ -79,6 +85,7 @@ impl Service {
             self.gate(grant, &identity, &registration),
         )?;
         self.wait_first_lists(&attached).await?;
+        drop(turn);
         let session_id = format!("{}-{}", attached.controller.id.name, uuid::Uuid::new_v4());
         self.sessions.lock().insert(
             session_id.clone(),
@@ -132,10 +139,19 @@ impl Service {
                 self.controllers
                     .detach(&attached.controller, attached.session);
                 tracing::warn!(controller = %attached.controller.id, error = %e, "registration refused: its informer could not start");
-                return Err(Status::unavailable(format!(
-                    "{e}; the registration was not kept. Check the kind, namespaces and label selector, or retry later"
-                ))
-                .into());
+                let status = match e {
+                    SyncError::OverBudget { .. } => {
+                        self.metrics
+                            .limit_hit(&attached.controller.group, "cached_bytes");
+                        Status::resource_exhausted(format!(
+                            "{e}; the registration was not kept: share informers between controllers (same kinds, namespaces and label selectors), narrow namespaces or selectors, or ask for a higher limit"
+                        ))
+                    }
+                    _ => Status::unavailable(format!(
+                        "{e}; the registration was not kept. Check the kind, namespaces and label selector, or retry later"
+                    )),
+                };
+                return Err(status.into());
             }
         }
         Ok(self.controllers.check_cache_budget(attached)?)

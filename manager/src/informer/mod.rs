@@ -155,11 +155,51 @@ pub struct Informer {
     /// waiting for this informer fails with it instead of waiting forever.
     first_list_error: Arc<Mutex<Option<String>>>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// What its first list may fill (None: unbounded, for the manager's own informers).
+    budget: Option<Arc<ListBudget>>,
+    /// Set when the first list overdrew `budget`: the informer stopped and holds nothing.
+    over_budget: std::sync::atomic::AtomicBool,
+}
+
+/// Bytes the first lists of one registration may fill, shared by every informer it starts: a
+/// tenant's cache budget is checked while the lists arrive, before the memory is spent, not
+/// after (ten cluster-wide registrations once each listed the whole cluster, +530 MB, only to
+/// be refused for exceeding a 16 MiB budget).
+#[derive(Debug)]
+pub struct ListBudget {
+    left: std::sync::atomic::AtomicI64,
+    limit: u64,
+}
+
+impl ListBudget {
+    /// `left` bytes may still be listed, out of a tenant limit of `limit`.
+    pub fn new(left: u64, limit: u64) -> Arc<Self> {
+        Arc::new(ListBudget {
+            left: std::sync::atomic::AtomicI64::new(i64::try_from(left).unwrap_or(i64::MAX)),
+            limit,
+        })
+    }
+
+    /// Spend `bytes`; false once the budget is overdrawn.
+    fn spend(&self, bytes: usize) -> bool {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.left.fetch_sub(bytes, Ordering::Relaxed) - bytes >= 0
+    }
 }
 
 /// Why an informer could not complete its first list.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SyncError {
+    /// The first list would have held more than the budget of the registration that started it.
+    #[error(
+        "the informer for {informer} was stopped during its first list: it would hold more than what is left of the tenant's cached-bytes limit of {limit} bytes"
+    )]
+    OverBudget {
+        /// The informer's label.
+        informer: String,
+        /// The tenant's limit.
+        limit: u64,
+    },
     /// A list or watch request failed before the first list completed.
     #[error("the informer for {informer} could not list: {error}")]
     Failed {
@@ -286,6 +326,12 @@ impl Informer {
             if *synced.borrow_and_update() {
                 return Ok(());
             }
+            if self.over_budget.load(Ordering::Relaxed) {
+                return Err(SyncError::OverBudget {
+                    informer: self.key.label(),
+                    limit: self.budget.as_ref().map_or(0, |b| b.limit),
+                });
+            }
             if let Some(error) = self.first_list_error.lock().clone() {
                 return Err(SyncError::Failed {
                     informer: self.key.label(),
@@ -336,15 +382,29 @@ impl Informer {
         self.lock().objects.keys().cloned().collect()
     }
 
-    fn apply(&self, event: Event<Value>) {
+    /// Apply one watcher event; false when the informer must stop (its first list overdrew its
+    /// budget: the partial list is dropped at once).
+    fn apply(&self, event: Event<Value>) -> bool {
         let mut store = self.lock();
         match event {
             Event::Init => {
                 store.relisting = Some(HashMap::new());
             }
             Event::InitApply(obj) => {
+                let object = CachedObject::from_value(&obj);
+                if !self.is_synced()
+                    && let Some(budget) = &self.budget
+                    && !budget.spend(object.json().len())
+                {
+                    store.relisting = None;
+                    drop(store);
+                    self.over_budget.store(true, Ordering::Relaxed);
+                    tracing::warn!(informer = %self.key.label(), limit = budget.limit, "first list stopped: over the cached-bytes budget of the registration that started it");
+                    crate::informer::heap::release_after_burst();
+                    return false;
+                }
                 if let Some(buf) = store.relisting.as_mut() {
-                    buf.insert(ObjectKey::of(&obj), CachedObject::from_value(&obj));
+                    buf.insert(ObjectKey::of(&obj), object);
                 }
             }
             Event::InitDone => {
@@ -396,6 +456,7 @@ impl Informer {
                 });
             }
         }
+        true
     }
 }
 
@@ -498,11 +559,22 @@ impl Cache {
     /// Subscribe to an informer, starting it if this is its first subscriber. The current
     /// snapshot is replayed to `subscriber` as initial `Added` events before any live event.
     pub fn subscribe(self: &Arc<Self>, key: InformerKey, subscriber: Subscriber) -> Subscription {
+        self.subscribe_within(key, subscriber, None)
+    }
+
+    /// [`Cache::subscribe`]; an informer it starts stops during its first list once that list
+    /// overdraws `budget`.
+    pub fn subscribe_within(
+        self: &Arc<Self>,
+        key: InformerKey,
+        subscriber: Subscriber,
+        budget: Option<Arc<ListBudget>>,
+    ) -> Subscription {
         let informer = {
             let mut informers = self.informers();
             let entry = informers
                 .entry(key.clone())
-                .or_insert_with(|| (self.start(key.clone()), 0));
+                .or_insert_with(|| (self.start(key.clone(), budget), 0));
             entry.1 += 1;
             entry.0.clone()
         };
@@ -547,7 +619,12 @@ impl Cache {
         }
     }
 
-    fn start(&self, key: InformerKey) -> Arc<Informer> {
+    /// Whether an informer for `key` runs now.
+    pub fn is_running(&self, key: &InformerKey) -> bool {
+        self.informers().contains_key(key)
+    }
+
+    fn start(&self, key: InformerKey, budget: Option<Arc<ListBudget>>) -> Arc<Informer> {
         let (synced, _) = signal::channel(false);
         let informer = Arc::new(Informer {
             key: key.clone(),
@@ -557,6 +634,8 @@ impl Cache {
             watch_restarts: Arc::new(AtomicU64::new(0)),
             first_list_error: Arc::new(Mutex::new(None)),
             task: Mutex::new(None),
+            budget,
+            over_budget: std::sync::atomic::AtomicBool::new(false),
         });
         let ar = key.api_resource();
         let api: Api<WatchedObject> = match (&key.namespace, key.namespaced) {
@@ -591,7 +670,9 @@ impl Cache {
                 let Some(informer) = weak.upgrade() else {
                     break;
                 };
-                informer.apply(event);
+                if !informer.apply(event) {
+                    break;
+                }
             }
             tracing::debug!(informer = %label, "informer stream ended");
         });
@@ -664,6 +745,70 @@ mod tests {
             label_selector: None,
             metadata_only: false,
         }
+    }
+
+    /// An informer that is not watching anything, fed by hand.
+    fn informer(budget: Option<Arc<ListBudget>>) -> Informer {
+        let (synced, _) = signal::channel(false);
+        Informer {
+            key: key(),
+            store: Mutex::new(Store::default()),
+            synced,
+            relists: AtomicU64::new(0),
+            watch_restarts: Arc::new(AtomicU64::new(0)),
+            first_list_error: Arc::new(Mutex::new(None)),
+            task: Mutex::new(None),
+            budget,
+            over_budget: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn widget(i: usize, pad: usize) -> Value {
+        json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": format!("w{i}"), "namespace": "ns", "resourceVersion": "1"},
+            "spec": {"pad": "x".repeat(pad)}})
+    }
+
+    #[tokio::test]
+    async fn a_first_list_stops_when_it_overdraws_its_budget_and_keeps_nothing() {
+        let budget = ListBudget::new(10_000, 16 << 20);
+        let i = informer(Some(budget));
+        assert!(i.apply(Event::Init));
+        let accepted = (0..100)
+            .take_while(|n| i.apply(Event::InitApply(widget(*n, 1_000))))
+            .count();
+        assert!(
+            (8..=10).contains(&accepted),
+            "about ten 1 KB objects fit 10,000 bytes: {accepted}"
+        );
+        assert!(i.lock().relisting.is_none(), "the partial list is dropped");
+        assert_eq!(i.len(), 0);
+        let e = i
+            .wait_synced(std::time::Duration::from_secs(5))
+            .await
+            .expect_err("over budget");
+        assert!(
+            matches!(e, SyncError::OverBudget { limit, .. } if limit == 16 << 20),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_synced_informer_is_not_stopped_by_the_budget_of_its_first_list() {
+        let i = informer(Some(ListBudget::new(2_000, 2_000)));
+        assert!(i.apply(Event::Init));
+        assert!(i.apply(Event::InitApply(widget(0, 1_000))));
+        assert!(i.apply(Event::InitDone));
+        assert!(i.is_synced());
+        // A relist after a 410 re-lists what the cache already holds and may grow: the
+        // registration that started it was admitted, and later growth is the tenant's to
+        // watch on the status page, not a reason to drop a live cache.
+        assert!(i.apply(Event::Init));
+        for n in 0..10 {
+            assert!(i.apply(Event::InitApply(widget(n, 1_000))));
+        }
+        assert!(i.apply(Event::InitDone));
+        assert_eq!(i.len(), 10);
     }
 
     #[test]
