@@ -6,6 +6,7 @@ use ctrlhub_tests::*;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use std::process::Stdio;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Forward each new connection to whichever manager currently leads.
 async fn leader_proxy(managers: Arc<Vec<(String, String)>>) -> u16 {
@@ -152,4 +153,68 @@ async fn leader_kill_hands_over_and_reconcile_resumes() {
         || all_reconciled(&c.client, &names, 2),
     )
     .await;
+}
+
+/// The Lease holder as the API server has it.
+async fn lease_holder(client: &kube::Client) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    leases
+        .get_opt("ctrlhub-leader")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// A leader whose dispatch runtime stalls (every worker thread blocked, as by a loop that never
+/// yields) gives up its Lease: the election thread, which keeps running, stops renewing once
+/// the runtime's heartbeat is older than half the renew deadline, so the standby takes over
+/// while the old leader is still stalled; once it runs again it is a standby.
+#[tokio::test]
+async fn a_stalled_leader_gives_up_its_lease() {
+    let c = start_cluster().await;
+    let mut args: Vec<&str> = FAST_LEASE.to_vec();
+    args.extend(["--dev-stall-on-sigusr1", "20s"]);
+    let m1 = Manager::start(&c, "stall-a", &args).await;
+    m1.wait_leading().await;
+    let m2 = Manager::start(&c, "stall-b", &FAST_LEASE).await;
+    let stalled_at = std::time::Instant::now();
+    m1.signal("USR1");
+    // Without the watchdog the election thread renews for the stalled leader and stall-b
+    // never leads while the stall lasts (20 s).
+    let holder = poll_until(
+        "stall-b holds the Lease",
+        Duration::from_secs(20),
+        || async {
+            match lease_holder(&c.client).await {
+                Some(h) if h == "stall-b" => Ok(h),
+                other => Err(format!("holder {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(holder, "stall-b");
+    assert!(
+        stalled_at.elapsed() < Duration::from_secs(20),
+        "taken over while stall-a was still stalled"
+    );
+    m2.wait_leading().await;
+    // Once its runtime runs again, stall-a is a standby and healthy.
+    poll_until("stall-a runs again, as a standby", PATIENCE, || async {
+        let status = m1.try_status().await.map_err(|e| e.to_string())?;
+        let healthy = m1
+            .get("/healthz")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .status()
+            .is_success();
+        (status["leading"] == serde_json::json!(false) && healthy)
+            .then_some(())
+            .ok_or(format!("leading {} healthz {healthy}", status["leading"]))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -1,5 +1,5 @@
-//! The manager's HTTP port: `/` (the status page for people), `/healthz`, `/readyz` (leader
-//! election running), `/metrics`, and `/status` (the same facts as JSON). With `--auth
+//! The manager's HTTP port: `/` (the status page for people), `/healthz` (the dispatch runtime
+//! runs), `/readyz` (leader election running), `/metrics`, and `/status` (the same facts as JSON). With `--auth
 //! kubernetes` it is HTTPS and every path but the probes needs a token ([`access`]).
 //!
 //! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
@@ -43,6 +43,8 @@ pub struct HttpState {
     pub gate: Gate,
     /// How the manager was started (static auth, namespace ceiling), shown on the page.
     pub settings: status_page::Settings,
+    /// The dispatch runtime's heartbeat, for `/healthz`.
+    pub liveness: crate::leader::heartbeat::Liveness,
 }
 
 /// The caller's address, when the connection told it (per-peer throttling of bad tokens).
@@ -61,11 +63,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
 pub fn router(state: Arc<HttpState>) -> Router {
     Router::new()
         .route("/", get(page))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state)
+}
+
+/// Live while the dispatch runtime runs: a runtime whose heartbeat is older than the stall
+/// limit has also stopped renewing the Lease, and restarting it is the way out.
+async fn healthz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
+    match s.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(stalled) => (StatusCode::SERVICE_UNAVAILABLE, stalled.to_string()),
+    }
 }
 
 /// Ready while leader election runs. Tenant informers play no part: one tenant's informer

@@ -4,8 +4,15 @@
 //! the old leader stops dispatching before anyone else may take over — and release on shutdown
 //! so a successor starts within about a retry period.
 //!
-//! Owns: the Lease and the leadership state every other part watches. May call: the Kubernetes
-//! client only. It runs on its own task and shares no lock with dispatch.
+//! A leader whose dispatch runtime has stalled ([`heartbeat`]) stops renewing, so a standby
+//! takes over instead of every tenant waiting behind a leader that holds its Lease and does
+//! nothing.
+//!
+//! Owns: the Lease, the leadership state every other part watches, and the runtime heartbeat.
+//! May call: the Kubernetes client only. It runs on its own thread and shares no lock with
+//! dispatch.
+
+pub mod heartbeat;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -46,6 +53,8 @@ enum LeaseError {
     Api(#[from] kube::Error),
     #[error("lease request timed out")]
     Timeout,
+    #[error("{0}: not renewing, so that a standby takes over")]
+    Stalled(#[from] heartbeat::Stalled),
 }
 
 struct Observed {
@@ -61,6 +70,8 @@ pub struct Elector {
     config: LeaderConfig,
     state: watch::Sender<LeaderState>,
     leading: watch::Sender<bool>,
+    /// The dispatch runtime's heartbeat: no Lease is taken or renewed while it is stalled.
+    liveness: Option<heartbeat::Liveness>,
 }
 
 impl Elector {
@@ -74,7 +85,23 @@ impl Elector {
             config,
             state,
             leading,
+            liveness: None,
         }
+    }
+
+    /// Neither take nor renew the Lease while `liveness` says the dispatch runtime is stalled.
+    pub fn with_liveness(mut self, liveness: heartbeat::Liveness) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
+    /// One attempt, unless the dispatch runtime is stalled: leading a runtime that cannot
+    /// dispatch would hold every tenant's work.
+    async fn attempt(&self, observed: &mut Option<Observed>) -> Result<bool, LeaseError> {
+        if let Some(live) = &self.liveness {
+            live.check()?;
+        }
+        self.try_acquire_or_renew(observed).await
     }
 
     /// Leadership as a boolean, for dispatch loops.
@@ -116,7 +143,7 @@ impl Elector {
             };
             let attempt = tokio::time::timeout(
                 budget.max(Duration::from_millis(100)),
-                self.try_acquire_or_renew(&mut observed),
+                self.attempt(&mut observed),
             );
             let result = tokio::select! {
                 r = attempt => r.unwrap_or(Err(LeaseError::Timeout)),

@@ -163,6 +163,7 @@ impl DevArgs {
             min_request_deadline: limits.min_deadline,
             max_request_deadline: limits.max_deadline,
             min_resync_period: limits.min_resync,
+            dev_stall_on_sigusr1: None,
             max_queued_bytes_per_tenant: limits.queued_bytes,
             tenant_limits: Vec::new(),
             tenant_grouping: crate::tenancy::TenantGrouping::default(),
@@ -415,4 +416,26 @@ async fn reqwest_status(url: &str) -> anyhow::Result<String> {
         controllers.join(", "),
         v["informers"].as_array().map(Vec::len).unwrap_or(0)
     ))
+}
+
+/// On every SIGUSR1, block each worker thread of the current runtime for `stall`: the fault
+/// the stall watchdog exists for (a leader whose dispatch runtime cannot run must give up its
+/// Lease), injected from outside by the tests.
+pub(super) fn stall_on_sigusr1(stall: std::time::Duration) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut signals = signal(SignalKind::user_defined1())?;
+    tokio::spawn(async move {
+        while signals.recv().await.is_some() {
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            tracing::warn!(
+                ?stall,
+                workers,
+                "SIGUSR1: stalling every worker of the dispatch runtime (--dev-stall-on-sigusr1)"
+            );
+            for _ in 0..workers {
+                tokio::spawn(async move { std::thread::sleep(stall) });
+            }
+        }
+    });
+    Ok(())
 }

@@ -12,6 +12,7 @@ use crate::http::access::Gate;
 use crate::http::tls::{self, CertSource};
 use crate::http::{self, HttpState};
 use crate::informer::Cache;
+use crate::leader::heartbeat::{self, Heartbeat, Liveness};
 use crate::leader::{Elector, LeaderConfig, LeaderState};
 use crate::metrics::Metrics;
 use crate::tenancy::accessreview::{AccessReviewAuthorizer, DecisionTtl};
@@ -190,6 +191,11 @@ pub struct RunArgs {
     /// Interval between election attempts.
     #[arg(long, env = "CTRLHUB_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub retry_period: Duration,
+    /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
+    /// of the dispatch runtime for this long, as a loop that never yields would.
+    #[cfg(feature = "dev")]
+    #[arg(long, env = "CTRLHUB_DEV_STALL_ON_SIGUSR1", hide = true, value_parser = humantime::parse_duration)]
+    pub dev_stall_on_sigusr1: Option<Duration>,
     /// Label the leader sets to "true" on its own pod (named by --identity, in
     /// --lease-namespace) so a Service selecting it routes controllers to the leader; unset
     /// disables pod labelling (dev, tests).
@@ -314,7 +320,14 @@ impl RunArgs {
             .identity
             .clone()
             .unwrap_or_else(|| format!("ctrlhub-{}", &uuid::Uuid::new_v4().to_string()[..8]));
-        let election = self.start_election(self.kube_config().await?, &identity)?;
+        let liveness = self.liveness();
+        liveness.heartbeat.spawn(stop.child_token());
+        #[cfg(feature = "dev")]
+        if let Some(stall) = self.dev_stall_on_sigusr1 {
+            dev::stall_on_sigusr1(stall)?;
+        }
+        let election =
+            self.start_election(self.kube_config().await?, &identity, liveness.clone())?;
         let pod_label = self.pod_label(&client, &identity);
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
@@ -352,6 +365,7 @@ impl RunArgs {
                 static_auth: self.auth == AuthMode::Static,
                 ceiling: self.ceiling(),
             },
+            liveness,
         };
         let http = serve_http(http_listener, http_state, http_tls, stop.clone());
 
@@ -421,7 +435,22 @@ impl RunArgs {
     /// Starts the Lease election on a thread of its own, with its own runtime and its own
     /// connection to the API server: nothing tenants make the main runtime do (fan-out of a
     /// huge registration, a flood of connections) can delay a renewal until the Lease is lost.
-    fn start_election(&self, config: kube::Config, identity: &str) -> anyhow::Result<Election> {
+    /// The dispatch runtime's heartbeat, stalled past half the renew deadline: a leader whose
+    /// runtime stalls stops renewing well before it would step down, so a standby can take
+    /// over by the lease's expiry.
+    fn liveness(&self) -> Liveness {
+        Liveness {
+            heartbeat: Heartbeat::new(),
+            limit: (self.renew_deadline / 2).max(heartbeat::BEAT_EVERY * 4),
+        }
+    }
+
+    fn start_election(
+        &self,
+        config: kube::Config,
+        identity: &str,
+        liveness: Liveness,
+    ) -> anyhow::Result<Election> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -441,7 +470,8 @@ impl RunArgs {
                 renew_deadline: self.renew_deadline,
                 retry_period: self.retry_period,
             },
-        );
+        )
+        .with_liveness(liveness);
         let stop = CancellationToken::new();
         let (done, finished) = tokio::sync::oneshot::channel();
         let (leading, state) = (elector.leading(), elector.state());
