@@ -159,7 +159,13 @@ pub struct ControllerTable {
     /// after another, so a tenant's concurrent registrations cannot list at once what its
     /// budget would refuse one by one.
     list_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Cached reads (Get, List) each tenant may have served at once; more wait their turn.
+    reads: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
+
+/// Cached reads one tenant may have served at once: a tenant repeating large Lists gets its
+/// own reads queued behind each other, not a share of the manager's threads.
+pub const READS_PER_TENANT: usize = 4;
 
 /// New registrations a tenant may make at once, at the least: each may start informers whose
 /// first lists the manager must decode, so a burst of them is a burst of work for everyone.
@@ -342,6 +348,7 @@ impl ControllerTable {
             registration_rates: Mutex::new(HashMap::new()),
             queued_bytes: Mutex::new(HashMap::new()),
             list_turns: Mutex::new(HashMap::new()),
+            reads: Mutex::new(HashMap::new()),
         })
     }
 
@@ -471,6 +478,18 @@ impl ControllerTable {
             .or_default()
             .clone();
         Some(turn.lock_owned().await)
+    }
+
+    /// A turn to serve one cached read for `identity`'s tenant (at most [`READS_PER_TENANT`]
+    /// at once); hold it while the read is served.
+    pub async fn read_turn(&self, identity: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let turns = self
+            .reads
+            .lock()
+            .entry(self.group_of(identity))
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(READS_PER_TENANT)))
+            .clone();
+        turns.acquire_owned().await.ok()
     }
 
     /// Once a new registration's informers have their first lists: refuse it (detaching the

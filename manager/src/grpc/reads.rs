@@ -83,17 +83,36 @@ impl Readable {
         })
     }
 
-    /// Every object in `namespace` (None: all) within the session's scope, sorted by key.
-    fn list(&self, namespace: Option<&str>) -> Vec<(ObjectKey, CachedObject)> {
-        let mut items: Vec<(ObjectKey, CachedObject)> = self
-            .informers
-            .iter()
-            .flat_map(|i| i.list(namespace))
-            .filter(|(k, _)| self.controller.admits(k))
-            .collect();
+    /// Objects of the session's informers after `after`, in key order, up to [`SCAN`] of them
+    /// per informer; and the key beyond which they may be incomplete (None: nothing follows).
+    /// A page costs what it looks at, never the whole cache.
+    fn candidates(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&ObjectKey>,
+    ) -> (Vec<(ObjectKey, CachedObject)>, Option<ObjectKey>) {
+        let mut items = Vec::new();
+        let mut horizon: Option<ObjectKey> = None;
+        for informer in &self.informers {
+            // An informer of one namespace holds nothing of another.
+            if let (Some(want), Some(holds)) = (namespace, informer.key().namespace.as_deref())
+                && want != holds
+            {
+                continue;
+            }
+            let (found, more) = informer.range(namespace, after, SCAN);
+            if more && let Some((last, _)) = found.last() {
+                horizon = Some(horizon.map_or(last.clone(), |h| h.min(last.clone())));
+            }
+            items.extend(found);
+        }
         items.sort_by(|a, b| a.0.cmp(&b.0));
         items.dedup_by(|a, b| a.0 == b.0);
-        items
+        if let Some(h) = &horizon {
+            // Past the first informer that stopped early, another's objects might be missing.
+            items.retain(|(k, _)| k <= h);
+        }
+        (items, horizon)
     }
 
     /// The newest resourceVersion among the informers read.
@@ -153,6 +172,7 @@ impl Service {
         req: GrpcRequest<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
         let identity = self.authenticate(&req).await?;
+        let _turn = self.controllers.read_turn(&identity.tenant).await;
         let r = req.into_inner();
         let readable = self
             .cached_read(&identity, &r.session_id, r.resource.as_ref(), &r.namespace)
@@ -176,6 +196,7 @@ impl Service {
         req: GrpcRequest<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let identity = self.authenticate(&req).await?;
+        let _turn = self.controllers.read_turn(&identity.tenant).await;
         let r = req.into_inner();
         let readable = self
             .cached_read(&identity, &r.session_id, r.resource.as_ref(), &r.namespace)
@@ -188,15 +209,23 @@ impl Service {
             None => None,
         };
         let namespace = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
+        let after = match r.page_token.as_str() {
+            "" => None,
+            token => Some(PageToken::decode(token, fingerprint(&r))?),
+        };
         // Read the consistency point before the objects: every object is at least that new.
         let resource_version = readable.resource_version();
-        let mut items = readable.list(namespace);
-        items.retain(|(_, o)| {
-            selector
-                .as_ref()
-                .is_none_or(|s| s.matches_object(&o.value()))
-        });
-        let (page, next_page_token) = page(&r, &items)?;
+        let (candidates, horizon) = readable.candidates(namespace, after.as_ref());
+        let wanted = |k: &ObjectKey, o: &CachedObject| {
+            readable.controller.admits(k)
+                && selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches_label_map(o.labels().as_ref()))
+        };
+        let (page, next) = cut_page(page_size(&r), candidates, horizon, wanted);
+        let next_page_token = next
+            .map(|k| PageToken::encode(&k, fingerprint(&r)))
+            .unwrap_or_default();
         Ok(Response::new(pb::ListResponse {
             items: page
                 .iter()
@@ -212,35 +241,45 @@ impl Service {
     }
 }
 
+/// Most objects one List request looks at per informer, matching or not: with a selective
+/// label selector a page may come back short (with a token to go on), but no request costs more
+/// than this, however large the cache.
+const SCAN: usize = 10_000;
+
+/// The page size a List asks for: 500 by default, at most 5000.
+fn page_size(r: &pb::ListRequest) -> usize {
+    match r.page_size {
+        0 => 500,
+        n => n.min(5000) as usize,
+    }
+}
+
+/// The first `size` of `candidates` that are `wanted`, and the key to resume after (None: the
+/// list is complete). `horizon` is where the candidates may stop being complete.
+fn cut_page(
+    size: usize,
+    candidates: Vec<Item>,
+    horizon: Option<ObjectKey>,
+    wanted: impl Fn(&ObjectKey, &CachedObject) -> bool,
+) -> (Vec<Item>, Option<ObjectKey>) {
+    let total = candidates.len();
+    let mut page = Vec::new();
+    for (seen, (k, o)) in candidates.into_iter().enumerate() {
+        if !wanted(&k, &o) {
+            continue;
+        }
+        page.push((k, o));
+        if page.len() == size {
+            let more = seen + 1 < total || horizon.is_some();
+            let next = more.then(|| page[page.len() - 1].0.clone());
+            return (page, next);
+        }
+    }
+    (page, horizon)
+}
+
 /// One cached object with its key.
 type Item = (ObjectKey, CachedObject);
-
-/// The page of sorted `items` a List asks for, and the token of the next page ("" at the end).
-///
-/// The token names the last key returned, so the next page starts after it in the live cache:
-/// an object that exists throughout is neither skipped nor repeated however the cache changes
-/// between pages. It also carries a fingerprint of the request, so a token replayed with other
-/// fields is refused (the proto: INVALID_ARGUMENT).
-fn page<'a>(r: &pb::ListRequest, items: &'a [Item]) -> Result<(&'a [Item], String), Status> {
-    let page_size = match r.page_size {
-        0 => 500,
-        n => n.min(5000),
-    } as usize;
-    let start = match r.page_token.as_str() {
-        "" => 0,
-        token => {
-            let after = PageToken::decode(token, fingerprint(r))?;
-            items.partition_point(|(k, _)| *k <= after)
-        }
-    };
-    let end = start.saturating_add(page_size).min(items.len());
-    let page = &items[start..end];
-    let next = match page.last() {
-        Some((last, _)) if end < items.len() => PageToken::encode(last, fingerprint(r)),
-        _ => String::new(),
-    };
-    Ok((page, next))
-}
 
 /// What a List's pages must agree on: every request field but the page token and size.
 fn fingerprint(r: &pb::ListRequest) -> u64 {
@@ -314,36 +353,69 @@ mod tests {
         }
     }
 
+    /// The keys after `after` in `all`, as one informer's range would give them.
+    fn after(all: &[Item], after: Option<&ObjectKey>) -> Vec<Item> {
+        all.iter()
+            .filter(|(k, _)| after.is_none_or(|a| k > a))
+            .cloned()
+            .collect()
+    }
+
+    fn names(page: &[Item]) -> Vec<&str> {
+        page.iter().map(|(k, _)| k.name.as_str()).collect()
+    }
+
     #[test]
     fn pages_resume_after_the_last_key_even_when_the_cache_changed() {
         let before = items(&["a", "b", "c", "d"]);
-        let (first, token) = page(&request(2, ""), &before).expect("page 1");
-        assert_eq!(first.len(), 2);
+        let (first, next) = cut_page(2, after(&before, None), None, |_, _| true);
+        assert_eq!(names(&first), ["a", "b"]);
         // "a" was deleted and "bb" created between the pages: nothing is skipped or repeated.
-        let after = items(&["b", "bb", "c", "d"]);
-        let (second, token2) = page(&request(2, &token), &after).expect("page 2");
-        let names: Vec<&str> = second.iter().map(|(k, _)| k.name.as_str()).collect();
-        assert_eq!(names, ["bb", "c"]);
-        let (third, end) = page(&request(2, &token2), &after).expect("page 3");
-        assert_eq!(third.len(), 1);
-        assert_eq!(end, "", "the last page has no token");
+        let later = items(&["b", "bb", "c", "d"]);
+        let (second, next) = cut_page(2, after(&later, next.as_ref()), None, |_, _| true);
+        assert_eq!(names(&second), ["bb", "c"]);
+        let (third, end) = cut_page(2, after(&later, next.as_ref()), None, |_, _| true);
+        assert_eq!(names(&third), ["d"]);
+        assert_eq!(end, None, "the last page has no token");
+    }
+
+    #[test]
+    fn a_selective_page_stops_at_the_scan_horizon_with_a_token_to_go_on() {
+        let all = items(&["a", "b", "c", "d", "e"]);
+        // The informer stopped after "c" (its scan bound) and only "e" matches.
+        let (page, next) = cut_page(
+            10,
+            after(&all, None)[..3].to_vec(),
+            Some(ObjectKey::new("ns", "c")),
+            |k, _| k.name == "e",
+        );
+        assert!(page.is_empty(), "nothing matched within the scan");
+        assert_eq!(
+            next,
+            Some(ObjectKey::new("ns", "c")),
+            "resume after what was looked at"
+        );
+        let (page, next) = cut_page(10, after(&all, next.as_ref()), None, |k, _| k.name == "e");
+        assert_eq!(names(&page), ["e"]);
+        assert_eq!(next, None);
     }
 
     #[test]
     fn a_token_is_refused_for_another_request_or_when_forged() {
-        let all = items(&["a", "b", "c"]);
-        let (_, token) = page(&request(1, ""), &all).expect("page 1");
+        let key = ObjectKey::new("ns", "a");
+        let r = request(1, "");
+        let token = PageToken::encode(&key, fingerprint(&r));
+        assert_eq!(
+            PageToken::decode(&token, fingerprint(&request(7, &token))).ok(),
+            Some(key),
+            "the page size may change between pages"
+        );
         let mut other = request(1, &token);
         other.namespace = "elsewhere".into();
-        assert_eq!(
-            page(&other, &all)
-                .map(|_| ())
-                .expect_err("changed field")
-                .code(),
-            tonic::Code::InvalidArgument
-        );
+        let refused = PageToken::decode(&token, fingerprint(&other)).expect_err("changed field");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
         assert!(
-            page(&request(1, "999"), &all).is_err(),
+            PageToken::decode("999", fingerprint(&r)).is_err(),
             "an offset is no token"
         );
     }

@@ -131,7 +131,8 @@ pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 
 #[derive(Default)]
 struct Store {
-    objects: HashMap<ObjectKey, CachedObject>,
+    /// Ordered by key, so a page of a List is a range, not a scan of the whole cache.
+    objects: BTreeMap<ObjectKey, CachedObject>,
     /// By subscription id: removing one is O(log n) however many a registration made.
     subscribers: BTreeMap<u64, Subscriber>,
     /// Bytes of the objects held (their JSON): what the informer costs, for tenants' budgets.
@@ -359,17 +360,36 @@ impl Informer {
             .cloned()
     }
 
-    /// Every cached object (optionally in one namespace), ordered by key.
-    pub fn list(&self, namespace: Option<&str>) -> Vec<(ObjectKey, CachedObject)> {
+    /// At most `limit` cached objects after `after` (from the first when None), in key order,
+    /// within `namespace` (None: all); and whether more follow. The cost is the range read,
+    /// `O(log n + limit)` under the informer's lock, whatever the cache holds: the objects are
+    /// shared, not copied.
+    pub fn range(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&ObjectKey>,
+        limit: usize,
+    ) -> (Vec<(ObjectKey, CachedObject)>, bool) {
+        use std::ops::Bound;
+        let first_of_namespace = namespace.map(|n| ObjectKey::new(n, ""));
+        let start = match (after, &first_of_namespace) {
+            (Some(a), Some(f)) if f > a => Bound::Included(f),
+            (Some(a), _) => Bound::Excluded(a),
+            (None, Some(f)) => Bound::Included(f),
+            (None, None) => Bound::Unbounded,
+        };
         let store = self.lock();
-        let mut out: Vec<(ObjectKey, CachedObject)> = store
+        let mut within = store
             .objects
-            .iter()
-            .filter(|(k, _)| namespace.is_none_or(|n| n == k.namespace))
+            .range((start, Bound::Unbounded))
+            .take_while(|(k, _)| namespace.is_none_or(|n| n == k.namespace));
+        let out: Vec<(ObjectKey, CachedObject)> = within
+            .by_ref()
+            .take(limit)
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+        let more = within.next().is_some();
+        (out, more)
     }
 
     /// The newest resourceVersion this cache applied ("" before anything was).
@@ -581,9 +601,7 @@ impl Cache {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut store = informer.lock();
-            let mut snapshot: Vec<(&ObjectKey, &CachedObject)> = store.objects.iter().collect();
-            snapshot.sort_by(|a, b| a.0.cmp(b.0));
-            for (_, object) in snapshot {
+            for object in store.objects.values() {
                 subscriber(&CacheEvent::Added {
                     object: Arc::new(object.value()),
                     initial: true,
@@ -809,6 +827,35 @@ mod tests {
         }
         assert!(i.apply(Event::InitDone));
         assert_eq!(i.len(), 10);
+    }
+
+    #[test]
+    fn a_range_reads_one_namespace_after_a_key_and_says_whether_more_follow() {
+        let i = informer(None);
+        assert!(i.apply(Event::Init));
+        for (ns, name) in [("a", "1"), ("b", "1"), ("b", "2"), ("b", "3"), ("c", "1")] {
+            let o = json!({"metadata": {"namespace": ns, "name": name, "resourceVersion": "1"}});
+            assert!(i.apply(Event::InitApply(o)));
+        }
+        assert!(i.apply(Event::InitDone));
+        let names = |v: Vec<(ObjectKey, CachedObject)>| -> Vec<String> {
+            v.into_iter().map(|(k, _)| k.to_string()).collect()
+        };
+        let (page, more) = i.range(Some("b"), None, 2);
+        assert_eq!(names(page), ["b/1", "b/2"]);
+        assert!(more);
+        let (page, more) = i.range(Some("b"), Some(&ObjectKey::new("b", "2")), 2);
+        assert_eq!(names(page), ["b/3"]);
+        assert!(!more, "c/1 is another namespace");
+        let (page, _) = i.range(Some("b"), Some(&ObjectKey::new("a", "1")), 10);
+        assert_eq!(
+            names(page).len(),
+            3,
+            "a key before the namespace starts at its first"
+        );
+        let (page, more) = i.range(None, Some(&ObjectKey::new("b", "3")), 10);
+        assert_eq!(names(page), ["c/1"]);
+        assert!(!more);
     }
 
     #[test]

@@ -34,6 +34,19 @@ struct IdentityMeta<'a> {
     resource_version: Option<std::borrow::Cow<'a, str>>,
 }
 
+/// Only `metadata.labels`, for label-selected reads: serde skips the rest of the object.
+#[derive(Deserialize, Default)]
+struct LabelsOnly {
+    #[serde(default)]
+    metadata: LabelsMeta,
+}
+
+#[derive(Deserialize, Default)]
+struct LabelsMeta {
+    #[serde(default)]
+    labels: Option<serde_json::Map<String, Value>>,
+}
+
 impl CachedObject {
     /// Serialize `value` once.
     pub fn from_value(value: &Value) -> Self {
@@ -58,6 +71,14 @@ impl CachedObject {
             .resource_version
             .map(|v| v.into_owned())
             .unwrap_or_default()
+    }
+
+    /// `metadata.labels`, read without building the rest of the object (None when absent or
+    /// not a map).
+    pub fn labels(&self) -> Option<serde_json::Map<String, Value>> {
+        serde_json::from_slice::<LabelsOnly>(&self.json)
+            .ok()
+            .and_then(|o| o.metadata.labels)
     }
 
     /// Parse the object. The bytes were written by [`CachedObject::from_value`], so they always

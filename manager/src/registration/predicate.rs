@@ -255,6 +255,12 @@ impl LabelSelector {
         let labels = metadata(object)
             .and_then(|m| m.get("labels"))
             .and_then(Value::as_object);
+        self.matches_label_map(labels)
+    }
+
+    /// Whether a `metadata.labels` map (None: no labels) satisfies the selector; values that
+    /// are not strings are treated as absent.
+    pub fn matches_label_map(&self, labels: Option<&Map<String, Value>>) -> bool {
         self.matches_with(|k| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
     }
 
