@@ -1073,12 +1073,7 @@ fn namespace_subscriber(
 /// Objects of a namespace that just came into scope: deliver them as initial-list work (the
 /// proto: "the objects in it are delivered as INITIAL_LIST work").
 fn enqueue_namespace(c: &Controller, namespace: &str) {
-    let keys: Vec<ObjectKey> = c
-        .primary_keys()
-        .into_iter()
-        .filter(|k| k.namespace == namespace)
-        .collect();
-    c.enqueue(keys, Reason::InitialList);
+    c.enqueue(c.primary_keys_in(namespace), Reason::InitialList);
 }
 
 /// The namespaces of a gated selector scope: those matching the selector now, and those of

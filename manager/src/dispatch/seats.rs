@@ -276,7 +276,7 @@ impl Inner {
 
     /// Recompute every tenant's guarantee from the weights and demands of the tenants with
     /// sessions. Runs when a demand changes (sessions come, go or change credits), not per
-    /// request; O(tenants log tenants).
+    /// request; O(tenants).
     ///
     /// The guarantees never sum to more than the seats less the headroom, however many tenants
     /// there are: each gets `shared × weight / Σ weights` rounded down, and the seats the
@@ -303,7 +303,12 @@ impl Inner {
             })
             .collect();
         let leftover = shared.saturating_sub(shares.iter().map(|s| s.0).sum::<u64>());
-        shares.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        // The leftover seats go to the first `leftover` by (remainder desc, arrival): a
+        // selection, not a sort, so a session changing its credits costs O(tenants).
+        let first = usize::try_from(leftover).unwrap_or(usize::MAX);
+        if first > 0 && first < shares.len() {
+            shares.select_nth_unstable_by(first, |a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        }
         let mut unused = 0;
         for t in self.tenants.values_mut() {
             t.guaranteed = 0;

@@ -454,6 +454,17 @@ impl Controller {
             .is_some_and(|s| !s.matches_object(object))
     }
 
+    /// The primary keys cached in `namespace`: a range of each primary informer, not a scan
+    /// of every key (a namespace entering a selector scope costs what it holds).
+    pub fn primary_keys_in(&self, namespace: &str) -> Vec<ObjectKey> {
+        let informers = self.primaries.lock().clone();
+        informers
+            .iter()
+            .flat_map(|i| i.range(Some(namespace), None, usize::MAX).0)
+            .map(|(k, _)| k)
+            .collect()
+    }
+
     /// Every primary key currently cached (for resync).
     pub fn primary_keys(&self) -> Vec<ObjectKey> {
         let informers = self.primaries.lock().clone();
