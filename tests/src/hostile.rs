@@ -1571,3 +1571,208 @@ async fn http_flood(
         .await;
     (count, errors)
 }
+
+// ===== round two: what the first twelve did not name =========================================
+
+/// CPU time (user + system) the process `pid` has used, from `/proc/<pid>/stat` (0 if gone).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The command name may hold spaces: fields are counted after its closing parenthesis.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name; 100 ticks a
+    // second on Linux.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+// ----- attack 13: resync storm ---------------------------------------------------------------
+
+/// Attack 13: team-a's registration asking for a resync every `period`.
+pub async fn short_resync(bed: &Bed, name: &str, period: Duration) -> Answer {
+    let mut r = team_a_registration(name, 1);
+    r.resync_period = Some(prost_types::Duration {
+        seconds: period.as_secs() as i64,
+        nanos: period.subsec_nanos() as i32,
+    });
+    bed.connect(r, &bed.a_auth).await
+}
+
+// ----- attack 14: predicate cost -------------------------------------------------------------
+
+/// A predicate of `leaves` identical `annotations_changed` leaves under one `any_of`.
+pub fn annotations_bomb(leaves: usize) -> pb::Predicate {
+    let leaf = pb::Predicate {
+        predicate: Some(pb::predicate::Predicate::AnnotationsChanged(
+            pb::predicate::AnnotationsChanged {},
+        )),
+    };
+    pb::Predicate {
+        predicate: Some(pb::predicate::Predicate::AnyOf(pb::predicate::AnyOf {
+            predicates: vec![leaf; leaves],
+        })),
+    }
+}
+
+/// Attack 14's registration `i`: team-a's ConfigMaps filtered by a `leaves`-leaf bomb, on the
+/// primary and on `owned` owned kinds (ConfigMaps owning ConfigMaps) each.
+pub fn predicate_bomb(i: usize, leaves: usize, owned: usize) -> pb::Register {
+    let owns = (0..owned)
+        .map(|_| pb::OwnedResource {
+            resource: Some(configmaps()),
+            controller_only: true,
+            predicate: Some(annotations_bomb(leaves)),
+        })
+        .collect();
+    pb::Register {
+        predicate: Some(annotations_bomb(leaves)),
+        owns,
+        ..team_a_registration(&format!("bomb-{i}"), 1)
+    }
+}
+
+/// Attack 14's target: ConfigMap `team-a/annotated` with `count` annotations, the `round`-th
+/// version of their values.
+pub async fn annotate(bed: &Bed, count: usize, round: usize) -> Result<()> {
+    let annotations: serde_json::Map<String, serde_json::Value> = (0..count)
+        .map(|i| {
+            (
+                format!("hostile.ctrlhub.dev/a{i}"),
+                json!(format!("r{round}-{i}")),
+            )
+        })
+        .collect();
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "annotated", "namespace": TEAM_A, "annotations": annotations},
+        "data": {"round": round.to_string()}});
+    apply(&bed.cluster.client, &cm).await
+}
+
+// ----- attack 15: Sybil tenants --------------------------------------------------------------
+
+/// Attack 15: tenant `sybil-<i>` (a namespace, ServiceAccount `ctl` allowed ConfigMaps there,
+/// one ConfigMap) registers a controller with one credit and a 600 s deadline that never
+/// answers. Each namespace is a tenant of its own under the default grouping.
+pub async fn sybil(bed: &Bed, i: usize) -> Result<Holder> {
+    let ns = format!("sybil-{i:03}");
+    let auth = tenant(&bed.cluster, &ns).await?;
+    bed.put(&ns, "held", &[("v", "0")]).await?;
+    let mut r = register("sybil", configmaps(), 1, Some(&ns));
+    r.request_deadline = Some(secs(600.0));
+    let replica = bed
+        .connect(r, &auth)
+        .await
+        .map_err(|s| anyhow!("sybil {i}: {s:?}"))?;
+    Ok(Holder::spawn(replica))
+}
+
+// ----- attack 16: events never acknowledged --------------------------------------------------
+
+/// Attack 16: an EVENTS-mode registration over team-a's ConfigMaps whose session reads every
+/// event and acknowledges none.
+pub async fn deaf_events(bed: &Bed, name: &str) -> Result<Holder> {
+    let r = pb::Register {
+        mode: pb::register::Mode::Events as i32,
+        max_concurrent_reconciles: 0,
+        ..team_a_registration(name, 1)
+    };
+    let replica = bed
+        .connect(r, &bed.a_auth)
+        .await
+        .map_err(|s| anyhow!("{s:?}"))?;
+    Ok(Holder::spawn(replica))
+}
+
+// ----- attack 18: tombstones of other tenants ------------------------------------------------
+
+/// Attack 18's churn: `count` ConfigMaps of `bytes` bytes each created and deleted in
+/// [`BYSTANDER`], another tenant's namespace (not team-b's, whose own controller would be
+/// measured working through the churn).
+pub async fn churn_bystander(bed: &Bed, round: usize, count: usize, bytes: usize) -> Result<()> {
+    let prefix = format!("churn-{round}");
+    bed.fill_bystander(&prefix, count, bytes).await?;
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let name = format!("{prefix}-{i:05}");
+            async move { bed.delete_configmap(BYSTANDER, &name).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+// ----- attack 19: credit flood ---------------------------------------------------------------
+
+/// Attack 19: `count` Credit messages on `holder`'s session, alternating between two values so
+/// that every one changes the session's demand.
+pub async fn credit_flood(holder: &Holder, count: usize) -> Result<()> {
+    for i in 0..count {
+        holder.credit(1 + (i % 2) as u32).await?;
+    }
+    Ok(())
+}
+
+// ----- attack 20: List amplification ---------------------------------------------------------
+
+/// Attack 20: Lists of team-a's ConfigMaps through session `session` with a label selector
+/// nothing matches and the largest page, by `workers` loops until `stop`; returns how many
+/// Lists were answered and the most items one answer carried.
+pub async fn list_flood(
+    bed: &Bed,
+    session: &str,
+    workers: usize,
+    stop: Arc<AtomicBool>,
+) -> (usize, usize) {
+    let answered = Arc::new(AtomicUsize::new(0));
+    let largest = Arc::new(AtomicUsize::new(0));
+    let loops = (0..workers).map(|_| {
+        let mut client = ControllerManagerClient::new(bed.channel());
+        let (auth, session) = (bed.a_auth.clone(), session.to_string());
+        let (stop, answered, largest) = (stop.clone(), answered.clone(), largest.clone());
+        async move {
+            let mut token = String::new();
+            while !stop.load(Ordering::Relaxed) {
+                let request = pb::ListRequest {
+                    session_id: session.clone(),
+                    resource: Some(configmaps()),
+                    namespace: TEAM_A.into(),
+                    label_selector: Some(pb::LabelSelector {
+                        match_labels: [("hostile.ctrlhub.dev/none".to_string(), "x".to_string())]
+                            .into(),
+                        match_expressions: vec![],
+                    }),
+                    page_size: 5000,
+                    page_token: token.clone(),
+                };
+                let mut req = tonic::Request::new(request);
+                if let Ok(v) = auth.parse() {
+                    req.metadata_mut().insert("authorization", v);
+                }
+                match client.list(req).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        largest.fetch_max(r.items.len(), Ordering::Relaxed);
+                        token = r.next_page_token;
+                    }
+                    Err(_) => token.clear(),
+                }
+            }
+        }
+    });
+    futures::future::join_all(loops).await;
+    (
+        answered.load(Ordering::Relaxed),
+        largest.load(Ordering::Relaxed),
+    )
+}

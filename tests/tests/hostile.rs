@@ -17,7 +17,7 @@
 //! both cores, and measuring latency beside another test would measure that test.
 
 use ctrlhub_tests::hostile::*;
-use ctrlhub_tests::{Launch, bin, key};
+use ctrlhub_tests::{Launch, bin, key, poll_until};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -772,6 +772,377 @@ async fn attack_12_http_shows_a_tenant_only_its_own() {
             )
         });
         run.finish("attack 12 (HTTP)", None).await;
+    })
+    .await;
+}
+
+// ===== round two: one step beside the first twelve =========================================
+
+/// Waits until process `pid` has used less than 50 ms of CPU over half a second (at most 30 s).
+async fn settle_cpu(pid: u32) {
+    let mut last = cpu_seconds(pid);
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = cpu_seconds(pid);
+        if now - last < 0.05 {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// team-a's tenant under the default grouping, as limits name it.
+const TEAM_A_TENANT: &str = "system:serviceaccounts:team-a";
+
+/// Attack 13, resync storm: a 1 ns (and a 1 s) `resync_period` is refused naming the field, as
+/// the deadline bounds are (two such registrations once held the manager at 1.95 cores with
+/// `/healthz` silent and the Lease kept); at the floor, two never-answering controllers over
+/// 2,000 keys each do not slow team-b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_13_resync_periods_have_a_floor() {
+    serial(async {
+        let mut run = Run::start("hostile-13", &[]).await;
+        for period in [Duration::from_nanos(1), Duration::from_secs(1)] {
+            let answer = short_resync(&run.bed, "resync", period).await;
+            run.check(
+                refused_naming(&answer, Code::InvalidArgument, "register.resync_period"),
+                || format!("a {period:?} resync: {}", describe(&answer)),
+            );
+        }
+        run.bed
+            .fill(TEAM_A, "resync", 2_000, 16)
+            .await
+            .expect("team-a's ConfigMaps are written");
+        let cpu_before = cpu_seconds(run.bed.pid());
+        let mut hogs = Vec::new();
+        for name in ["resync-a", "resync-b"] {
+            match short_resync(&run.bed, name, Duration::from_secs(10)).await {
+                Ok(replica) => hogs.push(Holder::spawn(replica)),
+                Err(s) => run
+                    .findings
+                    .push(format!("a 10 s resync was refused: {s:?}")),
+            }
+        }
+        let started = Instant::now();
+        run.meter
+            .during(tokio::time::sleep(Duration::from_secs(12)))
+            .await;
+        let cores = (cpu_seconds(run.bed.pid()) - cpu_before) / started.elapsed().as_secs_f64();
+        println!(
+            "attack 13: the manager used {cores:.2} cores with two 10 s resyncs over 2,000 keys"
+        );
+        run.check(cores < 1.0, || {
+            format!("the manager used {cores:.2} cores with two resyncs at the floor")
+        });
+        drop(hogs);
+        run.finish("attack 13 (resync storm)", None).await;
+    })
+    .await;
+}
+
+/// Attack 14, predicate cost: a Register whose predicates together have 12,000 nodes (12 trees
+/// of a thousand `annotations_changed`, 48 KB, under the size limit) is refused naming
+/// `register`; at the bound, twelve registrations with 1,024-node predicates and an object with
+/// 2,000 annotations updated 20 times cost the manager little CPU per update (one update once
+/// cost 9.1 CPU-seconds) and do not slow team-b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_14_predicate_cost_is_bounded_by_work() {
+    serial(async {
+        // Twelve registrations at once: past the registration rate's burst, which is not what
+        // this attack is about.
+        let rate = format!("{TEAM_A_TENANT}/registrations-per-second=0");
+        let mut run = Run::start("hostile-14", &["--tenant-limit", &rate]).await;
+        let wide = run
+            .bed
+            .connect(predicate_bomb(99, 1000, 11), &run.bed.a_auth)
+            .await;
+        run.check(refused_naming(&wide, Code::InvalidArgument, "nodes"), || {
+            format!("12 predicates of 1,000 nodes: {}", describe(&wide))
+        });
+        drop(wide);
+        annotate(&run.bed, 2_000, 0)
+            .await
+            .expect("the annotated ConfigMap is written");
+        let mut bombs = Vec::new();
+        for i in 0..12 {
+            match run.bed.connect(predicate_bomb(i, 1023, 0), &run.bed.a_auth).await {
+                Ok(replica) => bombs.push(replica),
+                Err(s) => run.findings.push(format!("a 1,024-node predicate was refused: {s:?}")),
+            }
+        }
+        let pid = run.bed.pid();
+        let bed = &run.bed;
+        let spent = run
+            .meter
+            .during(async {
+                let before = cpu_seconds(pid);
+                for round in 1..=20 {
+                    if let Err(e) = annotate(bed, 2_000, round).await {
+                        return Err(e);
+                    }
+                }
+                // The updates are evaluated as their watch events arrive: measure once the
+                // manager has gone quiet again.
+                settle_cpu(pid).await;
+                Ok(cpu_seconds(pid) - before)
+            })
+            .await;
+        match spent {
+            Ok(cpu) => {
+                println!("attack 14: 20 updates of a 2,000-annotation object under 12 bombs cost {cpu:.2} CPU-s");
+                run.check(cpu < 10.0, || {
+                    format!("20 updates cost the manager {cpu:.2} CPU-seconds")
+                });
+            }
+            Err(e) => run.findings.push(format!("updating the annotated ConfigMap: {e:#}")),
+        }
+        drop(bombs);
+        run.finish("attack 14 (predicate cost)", None).await;
+    })
+    .await;
+}
+
+/// Attack 15, Sybil tenants: with 16 dispatch seats, sixteen tenants (one namespace each, as
+/// self-service namespaces allow) each holding one request with a 600 s deadline and never
+/// answering leave team-b, which was there first, its guaranteed seat (they once took all 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_15_sybil_tenants_cannot_take_a_guaranteed_seat() {
+    serial(async {
+        let mut run = Run::start("hostile-15", &["--max-dispatch-seats", "16"]).await;
+        let mut sybils = Vec::new();
+        for i in 0..16 {
+            match sybil(&run.bed, i).await {
+                Ok(h) => sybils.push(h),
+                Err(e) => run.findings.push(format!("{e:#}")),
+            }
+        }
+        // Each holds what it was given before team-b is measured.
+        for s in &sybils {
+            s.settle(Duration::from_millis(500), Duration::from_secs(10))
+                .await;
+        }
+        let held: usize = sybils.iter().map(Holder::in_flight).sum();
+        println!("attack 15: 16 Sybil tenants hold {held} of 16 seats");
+        run.check(held >= 14, || {
+            format!("the Sybils hold only {held} requests: the attack did not happen")
+        });
+        run.meter
+            .during(tokio::time::sleep(Duration::from_secs(8)))
+            .await;
+        drop(sybils);
+        run.finish("attack 15 (Sybil tenants)", None).await;
+    })
+    .await;
+}
+
+/// How much the manager's memory may grow in the round-two memory attacks: each once grew it by
+/// 163 MB to 530 MB.
+const TIGHT_RSS_BOUND: u64 = 64 * MIB;
+
+/// Attack 16, events never acknowledged: an EVENTS session that reads and never acks, and 400
+/// updates of one 256 KiB ConfigMap, hold at most its in-flight event and one pending state
+/// (600 updates once held +163 MB); with team-a's queued bytes at 8 MiB, 40 such objects
+/// revoke the registration with RESOURCE_EXHAUSTED instead of growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_16_unacknowledged_events_are_compacted_and_bounded() {
+    serial(async {
+        let limit = format!("{TEAM_A_TENANT}/queued-bytes=8388608");
+        let mut run = Run::start("hostile-16", &["--tenant-limit", &limit]).await;
+        let deaf = deaf_events(&run.bed, "deaf")
+            .await
+            .expect("the EVENTS registration is accepted");
+        let payload = "x".repeat(256 * 1024);
+        let bed = &run.bed;
+        let written = run
+            .meter
+            .during(async {
+                for i in 0..400 {
+                    bed.put(TEAM_A, "big", &[("payload", &payload), ("i", &i.to_string())])
+                        .await?;
+                }
+                anyhow::Ok(())
+            })
+            .await;
+        if let Err(e) = written {
+            run.findings.push(format!("updating team-a's ConfigMap: {e:#}"));
+        }
+        run.check(deaf.alive(), || {
+            "one key's updates revoked the registration: they were not compacted".into()
+        });
+        let flood = run
+            .meter
+            .during(run.bed.fill(TEAM_A, "many", 40, 256 * 1024))
+            .await;
+        if let Err(e) = flood {
+            run.findings.push(format!("writing 40 ConfigMaps: {e:#}"));
+        }
+        let revoked = poll_until("the deaf session is revoked", Duration::from_secs(30), || async {
+            (!deaf.alive()).then_some(()).ok_or("still open".to_string())
+        })
+        .await;
+        run.check(revoked.is_ok(), || {
+            "40 unacknowledged 256 KiB events under an 8 MiB queued-bytes limit did not revoke the registration".into()
+        });
+        drop(deaf);
+        run.finish("attack 16 (unacknowledged events)", Some(TIGHT_RSS_BOUND))
+            .await;
+    })
+    .await;
+}
+
+/// Attack 17, first lists: with team-a's cached bytes at 8 MiB and 40 MiB of ConfigMaps in the
+/// cluster, ten concurrent namespace-selector registrations (each its own cluster-wide
+/// informer, no cluster grant needed) are all refused with RESOURCE_EXHAUSTED, and the manager
+/// never holds the lists they would have made (each once listed the whole cluster first:
+/// +530 MB): what a first list holds beyond its budget is one list page (100 objects, 10 MiB
+/// here), and the ten list one after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_17_first_lists_are_charged_as_they_fill() {
+    serial(async {
+        let limit = format!("{TEAM_A_TENANT}/cached-bytes=8388608");
+        let mut run = Run::start("hostile-17", &["--tenant-limit", &limit]).await;
+        run.bed
+            .fill_bystander("bulk", 400, 100 * 1024)
+            .await
+            .expect("the bystander's ConfigMaps are written");
+        let bed = &run.bed;
+        let answers = run
+            .meter
+            .during(futures::future::join_all(
+                (0..10).map(|i| bed.connect(amplifier(i), &bed.a_auth)),
+            ))
+            .await;
+        let exhausted = answers
+            .iter()
+            .filter(|a| matches!(a, Err(s) if s.code() == Code::ResourceExhausted))
+            .count();
+        println!(
+            "attack 17: {exhausted} of 10 RESOURCE_EXHAUSTED; first answer: {}",
+            describe(&answers[0])
+        );
+        run.check(exhausted == 10, || {
+            format!(
+                "{exhausted} of 10 refused; answers: {:?}",
+                answers.iter().map(describe).collect::<Vec<_>>()
+            )
+        });
+        drop(answers);
+        // Ten lists of 40 MiB each would grow it by 400 MiB; each stops a page past 8 MiB.
+        run.finish("attack 17 (first lists)", Some(2 * TIGHT_RSS_BOUND))
+            .await;
+    })
+    .await;
+}
+
+/// Attack 18, other tenants' tombstones: team-a's namespace-selector registration (its primary
+/// informer sees every namespace) keeps nothing of another tenant's deletions: after two rounds
+/// of 200 ConfigMaps of 20 KB created and deleted in a namespace team-a does not select, eight
+/// more leave the manager's memory where it was (each round once kept +25 MB of tombstones,
+/// forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_18_other_tenants_deletions_are_not_kept() {
+    serial(async {
+        let mut run = Run::start("hostile-18", &[]).await;
+        let watcher = run
+            .bed
+            .connect(amplifier(0), &run.bed.a_auth)
+            .await
+            .expect("team-a's selector registration is accepted");
+        let holder = Holder::spawn(watcher);
+        let bed = &run.bed;
+        let churned = run
+            .meter
+            .during(async {
+                for round in 0..2 {
+                    churn_bystander(bed, round, 200, 20_000).await?;
+                }
+                let warm = bed.rss();
+                for round in 2..10 {
+                    churn_bystander(bed, round, 200, 20_000).await?;
+                }
+                anyhow::Ok((warm, bed.rss()))
+            })
+            .await;
+        match churned {
+            Ok((warm, after)) => {
+                let grew = after.saturating_sub(warm);
+                println!(
+                    "attack 18: eight rounds of churn grew the manager by {} KiB",
+                    grew / 1024
+                );
+                run.check(grew < 16 * MIB, || {
+                    format!(
+                        "eight rounds of another tenant's churn grew the manager by {} MiB",
+                        grew / MIB
+                    )
+                });
+            }
+            Err(e) => run.findings.push(format!("the churn: {e:#}")),
+        }
+        drop(holder);
+        run.finish("attack 18 (tombstones)", None).await;
+    })
+    .await;
+}
+
+/// Attack 19, credit flood: 200,000 Credit messages alternating between two values (each
+/// changes the session's demand, so each re-shares the seats) cost the manager what they say,
+/// and do not slow team-b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_19_credit_floods_cost_what_they_say() {
+    serial(async {
+        let mut run = Run::start("hostile-19", &[]).await;
+        let holder = credit_bypass(&run.bed, 10)
+            .await
+            .expect("team-a's session registers");
+        let flooded = run.meter.during(credit_flood(&holder, 200_000)).await;
+        run.check(flooded.is_ok() && holder.alive(), || {
+            format!("the session did not take 200,000 Credits: {flooded:?}")
+        });
+        drop(holder);
+        run.finish("attack 19 (credit flood)", None).await;
+    })
+    .await;
+}
+
+/// Attack 20, List amplification: with 20,000 ConfigMaps in team-a's cache, eight loops listing
+/// them with a selector nothing matches and the largest page (each List once scanned, copied
+/// and parsed the whole cache) do not slow team-b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_20_lists_cost_what_they_read() {
+    serial(async {
+        let mut run = Run::start("hostile-20", &[]).await;
+        run.bed
+            .fill(TEAM_A, "listed", 20_000, 64)
+            .await
+            .expect("team-a's ConfigMaps are written");
+        let reader = run
+            .bed
+            .connect(team_a_registration("reader", 1), &run.bed.a_auth)
+            .await
+            .expect("team-a's reader registers");
+        let session = reader.session_id.clone();
+        let holder = Holder::spawn(reader);
+        let stop = Arc::new(AtomicBool::new(false));
+        let bed = &run.bed;
+        let (answered, largest) = run
+            .meter
+            .during(async {
+                let flood = list_flood(bed, &session, 8, stop.clone());
+                let timer = async {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    stop.store(true, Ordering::Relaxed);
+                };
+                futures::future::join(flood, timer).await.0
+            })
+            .await;
+        println!("attack 20: {answered} Lists answered, the largest with {largest} items");
+        run.check(answered > 0, || "no List was answered".into());
+        run.check(largest == 0, || {
+            format!("a selector matching nothing returned {largest} items")
+        });
+        drop(holder);
+        run.finish("attack 20 (List amplification)", None).await;
     })
     .await;
 }

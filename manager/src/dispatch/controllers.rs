@@ -164,8 +164,8 @@ pub struct ControllerTable {
 }
 
 /// Cached reads one tenant may have served at once: a tenant repeating large Lists gets its
-/// own reads queued behind each other, not a share of the manager's threads.
-pub const READS_PER_TENANT: usize = 4;
+/// own reads queued behind each other, not every thread of the manager.
+pub const READS_PER_TENANT: usize = 2;
 
 /// New registrations a tenant may make at once, at the least: each may start informers whose
 /// first lists the manager must decode, so a burst of them is a burst of work for everyone.

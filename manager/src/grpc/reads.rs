@@ -216,13 +216,24 @@ impl Service {
         // Read the consistency point before the objects: every object is at least that new.
         let resource_version = readable.resource_version();
         let (candidates, horizon) = readable.candidates(namespace, after.as_ref());
-        let wanted = |k: &ObjectKey, o: &CachedObject| {
-            readable.controller.admits(k)
+        let size = page_size(&r);
+        let mut wanted = Vec::with_capacity(candidates.len().min(size + 1));
+        for (k, o) in candidates {
+            // Reading labels costs a partial parse per object: the runtime's budget makes this
+            // task give way to others (other tenants' dispatch) every hundred or so.
+            tokio::task::consume_budget().await;
+            let keep = readable.controller.admits(&k)
                 && selector
                     .as_ref()
-                    .is_none_or(|s| s.matches_label_map(o.labels().as_ref()))
-        };
-        let (page, next) = cut_page(page_size(&r), candidates, horizon, wanted);
+                    .is_none_or(|s| s.matches_label_map(o.labels().as_ref()));
+            if keep {
+                wanted.push((k, o));
+                if wanted.len() > size {
+                    break;
+                }
+            }
+        }
+        let (page, next) = cut_page(size, wanted, horizon, |_, _| true);
         let next_page_token = next
             .map(|k| PageToken::encode(&k, fingerprint(&r)))
             .unwrap_or_default();

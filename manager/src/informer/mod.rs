@@ -660,7 +660,7 @@ impl Cache {
             (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &ar),
             _ => Api::all_with(self.client.clone(), &ar),
         };
-        let mut config = watcher::Config::default();
+        let mut config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         if let Some(sel) = &key.label_selector {
             config = config.labels(sel);
         }
@@ -698,6 +698,12 @@ impl Cache {
         informer
     }
 }
+
+/// Objects per list request. A page is decoded whole before its objects can be charged to a
+/// budget, so it is what a first list may hold beyond its budget: 100 objects (kube's default
+/// is 500), at most 150 MiB at the API server's 1.5 MiB object limit, a few hundred KB for
+/// typical objects; 100,000 objects still list in 1,000 requests.
+pub const LIST_PAGE_SIZE: u32 = 100;
 
 /// Where a watcher's errors are recorded.
 struct Failures {
