@@ -1640,14 +1640,15 @@ pub fn predicate_bomb(i: usize, leaves: usize, owned: usize) -> pb::Register {
     }
 }
 
-/// Attack 14's target: ConfigMap `team-a/annotated` with `count` annotations, the `round`-th
-/// version of their values.
+/// Attack 14's target: ConfigMap `team-a/annotated` with `count` annotations (the same ones
+/// every time) and `data.round` set to `round`: every update leaves the annotations as they
+/// were, so every `annotations_changed` leaf is false and no `any_of` stops early.
 pub async fn annotate(bed: &Bed, count: usize, round: usize) -> Result<()> {
     let annotations: serde_json::Map<String, serde_json::Value> = (0..count)
         .map(|i| {
             (
                 format!("hostile.ctrlhub.dev/a{i}"),
-                json!(format!("r{round}-{i}")),
+                json!(format!("value-{i}")),
             )
         })
         .collect();
