@@ -235,6 +235,15 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
+                // A call that ended since the timer was set moves the deadline (earlier, to
+                // its end plus the idle timeout); an open call leaves it to be looked at again
+                // when it fires.
+                if self.got_bytes
+                    && let Some((at, _)) = self.activity.deadline(&self.port.rules)
+                    && at != self.timer.deadline()
+                {
+                    self.timer.as_mut().reset(at);
+                }
                 if self.expired(cx) {
                     // EOF: the server sees the peer gone and closes the connection.
                     Poll::Ready(Ok(()))
@@ -481,6 +490,26 @@ mod tests {
         drop(call);
         let at = reader.await.expect("reader");
         assert_eq!(at, 130 * TICK, "idle counted from the call's end");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_call_then_silence_closes_one_idle_period_after_the_call() {
+        let state = port(Some(50 * TICK));
+        let (g, mut client, _slots) = guarded(&state);
+        let start = Instant::now();
+        client.write_all(b"GET").await.expect("write");
+        let peer = g.peer();
+        let reader = tokio::spawn(eof_at(g, start));
+        tokio::time::sleep(TICK).await;
+        drop(state.registry.begin(Some(peer)));
+        // The connection task reads again after answering, as hyper does.
+        client.write_all(b"x").await.expect("write");
+        let at = reader.await.expect("reader");
+        assert_eq!(
+            at,
+            31 * TICK,
+            "closed at the call's end plus the idle timeout"
+        );
     }
 
     #[tokio::test]
