@@ -413,3 +413,29 @@ pub async fn junk_http_wave(bed: &Bed, count: usize, concurrency: usize) -> BTre
     }
     out
 }
+
+/// Opens a connection from `from` to the gRPC port `to`, sends the HTTP/2 client preface and an
+/// empty SETTINGS frame (a valid HTTP/2 connection), and then makes no call.
+pub async fn h2_preface_then_silent(from: IpAddr, to: SocketAddr) -> Result<TcpStream> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    let mut stream = socket.connect(to).await?;
+    stream.write_all(PREFACE).await?;
+    stream.write_all(&EMPTY_SETTINGS).await?;
+    Ok(stream)
+}
+
+/// Waits until the other side closes `stream` or `timeout` passes; returns how long it took,
+/// or None if it is still open.
+pub async fn tcp_closed_within(stream: &TcpStream, timeout: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < timeout {
+        if closed(stream) {
+            return Some(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
