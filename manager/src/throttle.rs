@@ -138,11 +138,13 @@ impl std::fmt::Display for PeerKey {
 }
 
 /// Which bound of a [`Slots`] was reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Full {
     /// The key already holds its share.
+    #[error("the per-key bound is reached")]
     Key,
     /// Every slot is taken.
+    #[error("the total bound is reached")]
     Total,
 }
 
@@ -226,14 +228,18 @@ impl<K: Eq + Hash + Clone> Drop for Slot<K> {
     }
 }
 
-/// Why an authentication was refused before its token was looked at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why an authentication was refused before its token was looked at (the caller is told
+/// [`Throttled::message`], which names its address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Throttled {
     /// The peer spent its failed-authentication budget.
+    #[error("too many failed authentications from this address")]
     Failures,
     /// The peer already has as many reviews in flight as it may.
+    #[error("too many authentications in flight from this address")]
     PeerInFlight,
     /// The manager already has as many reviews in flight as it allows.
+    #[error("too many authentications in flight")]
     TotalInFlight,
 }
 

@@ -471,3 +471,45 @@ fn check_shape(r: &pb::Register) -> Result<(), Invalid> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_pays_for_new_kinds_up_to_its_burst_then_one_a_second() {
+        let t0 = Instant::now();
+        let budget = DiscoveryBudget::default();
+        // The largest Register (a primary, 32 owns, 32 watches, all new) fits the burst...
+        assert!(budget.charge("team-a", 65, t0));
+        // ...and what is left of it, then nothing until it refills.
+        assert!(budget.charge("team-a", DISCOVERY_BURST - 65, t0));
+        assert!(!budget.charge("team-a", 1, t0));
+        assert!(
+            budget.charge("team-b", 1, t0),
+            "another tenant has its own budget"
+        );
+        assert!(budget.charge("team-a", 1, t0 + Duration::from_secs(1)));
+        assert!(!budget.charge("team-a", 2, t0 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_kind_not_served_is_remembered_briefly() {
+        let t0 = Instant::now();
+        let budget = DiscoveryBudget::default();
+        let gvk = (
+            "nowhere.example".to_string(),
+            "v1".to_string(),
+            "Missing".to_string(),
+        );
+        budget
+            .unserved
+            .lock()
+            .insert(gvk.clone(), (), UNSERVED_TTL, t0);
+        assert!(budget.is_unserved(&gvk, t0 + UNSERVED_TTL - Duration::from_millis(1)));
+        assert!(
+            !budget.is_unserved(&gvk, t0 + UNSERVED_TTL),
+            "asked again after the TTL"
+        );
+    }
+}
