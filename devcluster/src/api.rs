@@ -794,6 +794,8 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
 }
 
 fn discovery(app: &App, group: &str, version: &str, path: &str) -> Result<Response, ApiError> {
+    // Counted (as `get` of `discovery`) so tests can bound what a tenant's lookups cost.
+    app.faults.count("get", "discovery");
     app.store
         .lock()
         .registry

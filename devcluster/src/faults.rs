@@ -147,6 +147,15 @@ impl Faults {
         }
     }
 
+    /// Count a request that no fault applies to (discovery: `get` on resource `discovery`).
+    pub(crate) fn count(&self, verb: &str, resource: &str) {
+        *self
+            .rules()
+            .requests
+            .entry((verb.to_string(), resource.to_string()))
+            .or_default() += 1;
+    }
+
     /// Count the request and decide its fate: an injected error code, and a delay to sleep first.
     pub(crate) fn on_request(
         &self,

@@ -6,6 +6,8 @@
 //!
 //! - `run`: command-line arguments, wiring and shutdown (and `ctrlhub dev` behind the `dev`
 //!   feature).
+//! - `net`: connections a stranger can open on either port (caps per peer and in all, deadlines
+//!   for the first bytes and idle connections, accept backoff, the open-file limit).
 //! - `grpc`, `http`: the two edges — the `ctrlhub.v1` service, and probes, metrics and the
 //!   status page.
 //! - `dispatch`: per-controller queues, fair dispatch seats, the dispatcher, the controller table.
@@ -23,6 +25,7 @@ pub(crate) mod informer;
 pub mod key;
 pub(crate) mod leader;
 pub(crate) mod metrics;
+pub(crate) mod net;
 // Public for the fuzz targets, which drive registration rules and predicates directly.
 pub mod registration;
 // Public for the binary: `ctrlhub run` and `ctrlhub dev`.

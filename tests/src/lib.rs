@@ -7,6 +7,8 @@
 //! - [`cluster`]: devcluster in process with kube-rs, raw HTTPS and a kubeconfig for children;
 //! - [`manager`]: the real `ctrlhub` binary as a child process, its status, metrics and lease;
 //! - [`replica`]: a controller replica speaking the raw gRPC protocol;
+//! - [`hostile`], [`strangers`]: the hostile-tenant bed and its attacks, and the attacks that
+//!   need no credentials (or only junk ones);
 //! - [`rbac`]: tenants as ServiceAccounts with tokens and RBAC grants;
 //! - [`objects`]: namespaces, ConfigMaps and other objects applied as JSON;
 //! - [`raw`]: raw HTTPS requests and watch streams;
@@ -27,6 +29,7 @@ pub mod process;
 pub mod raw;
 pub mod rbac;
 pub mod replica;
+pub mod strangers;
 pub mod wait;
 pub mod widget;
 

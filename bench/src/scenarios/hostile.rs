@@ -3,7 +3,8 @@
 //! beside a quiet baseline. Each case gets its own devcluster and `ctrlhub run --auth kubernetes`
 //! with default limits (attack 6 shortens the token cache to 2 s, attack 8 sets team-a's
 //! in-flight limit to 20, as the issue does), built from the same bed and attack drivers as the
-//! hostile suite (`ctrlhub_tests::hostile`).
+//! hostile suite (`ctrlhub_tests::hostile`); cases 13–19 are the strangers suite's attacks
+//! (`ctrlhub_tests::strangers`), case 15 with the manager's open-file limit at 256.
 //!
 //! An update that does not arrive within [`BOUND`] counts at the bound (so its real latency is
 //! at least the figure shown) and the case stops measuring after [`WINDOW`]: today an attack can
@@ -15,6 +16,7 @@ use crate::report::{Outcome, Row, Verdict, mib, ms};
 use anyhow::{Context, Result};
 use ctrlhub_tests::Launch;
 use ctrlhub_tests::hostile::*;
+use ctrlhub_tests::strangers;
 use serde_json::json;
 use std::future::Future;
 use std::sync::Arc;
@@ -30,8 +32,12 @@ pub const WINDOW: Duration = Duration::from_secs(20);
 /// The manager's memory cap: the Deployment's limit.
 const CAP: u64 = 1024 * MIB;
 
-/// The cases: 0 is the quiet baseline, 1–12 the attacks of issue 14.
-pub const CASES: [u8; 13] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+/// The cases: 0 is the quiet baseline, 1–12 the attacks of issue 14, 13–19 the attacks that
+/// need no credentials (the isolation issue's "strangers get nothing free"; drivers shared with
+/// `tests/tests/strangers.rs` in `ctrlhub_tests::strangers`).
+pub const CASES: [u8; 20] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+];
 
 /// What a case is called in the table.
 fn case_name(case: u8) -> &'static str {
@@ -49,6 +55,13 @@ fn case_name(case: u8) -> &'static str {
         10 => "10 TokenReview amplification",
         11 => "11 scope",
         12 => "12 HTTP",
+        13 => "13 silent gRPC connections",
+        14 => "14 silent HTTPS connections",
+        15 => "15 connection flood at fd limit 256",
+        16 => "16 concurrent junk-token waves",
+        17 => "17 junk beside a cached token",
+        18 => "18 Connect streams before Register",
+        19 => "19 unknown kinds",
         _ => "unknown",
     }
 }
@@ -70,10 +83,16 @@ fn case_flags(case: u8) -> Vec<String> {
     }
 }
 
-/// The harness' launch of the release manager, logging warnings only.
-fn launch() -> Result<Launch> {
+/// The harness' launch of the release manager, logging warnings only; case 15 starts it with
+/// an open-file limit of 256 (soft and hard), as a container runtime may.
+fn launch(case: u8) -> Result<Launch> {
+    let mut binary = bin("ctrlhub")?;
+    if case == 15 {
+        std::fs::create_dir_all(out_dir())?;
+        binary = ctrlhub_tests::strangers::with_fd_limit(&binary, 256, &out_dir())?;
+    }
     Ok(Launch {
-        binary: bin("ctrlhub")?,
+        binary,
         log_dir: out_dir().join("logs"),
         rust_log: std::env::var("CTRLHUB_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
         token: None,
@@ -169,7 +188,7 @@ async fn measure(case: u8, updates: usize) -> Result<Figures> {
     let started = Instant::now();
     let flags = case_flags(case);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let bed = Bed::start(&launch()?, &format!("hostile-{case}"), &flags).await?;
+    let bed = Bed::start(&launch(case)?, &format!("hostile-{case}"), &flags).await?;
     let mut team_b = TeamB::start(&bed).await?;
     bed.wait_ready().await?;
     let watchdog = Watchdog::start(&bed, CAP).await?;
@@ -234,6 +253,13 @@ async fn attack(case: u8, bed: &Bed, sw: &Switch) -> Result<String> {
         10 => junk_case(bed, sw).await,
         11 => scope_case(bed, sw).await,
         12 => http_case(bed, sw).await,
+        13 => silent_grpc_case(bed, sw).await,
+        14 => silent_https_case(bed, sw).await,
+        15 => fd_flood_case(bed, sw).await,
+        16 => junk_waves_case(bed, sw).await,
+        17 => cached_token_case(bed, sw).await,
+        18 => pending_case(bed, sw).await,
+        19 => unknown_kinds_case(bed, sw).await,
         _ => {
             sw.arm();
             sw.hold().await;
@@ -418,6 +444,159 @@ async fn http_case(bed: &Bed, sw: &Switch) -> Result<String> {
         t0.elapsed(),
         snoop.leaked,
         snoop.anonymous_served
+    ))
+}
+
+async fn silent_grpc_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let grpc = strangers::socket_addr(&bed.manager.grpc)?;
+    sw.arm();
+    let (mut rounds, mut peak_open) = (0, 0);
+    while !sw.stopping() {
+        let silent = strangers::silent_connections(strangers::ATTACKER, grpc, 300).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        peak_open = peak_open.max(silent.still_open());
+        rounds += 1;
+    }
+    Ok(format!(
+        "{rounds} rounds of 300 silent connections from one address: at most {peak_open} open a second later; manager fds {}",
+        strangers::open_fds(bed.pid())
+    ))
+}
+
+async fn silent_https_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let http = strangers::socket_addr(&bed.manager.http)?;
+    let tls = strangers::silent_after_tls(strangers::ATTACKER, http, 20).await?;
+    sw.arm();
+    let mut peak_open = 0;
+    while !sw.stopping() {
+        let silent = strangers::silent_connections(strangers::ATTACKER_2, http, 150).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        peak_open = peak_open.max(silent.still_open());
+    }
+    Ok(format!(
+        "150 silent HTTPS connections a second from one address: at most {peak_open} open; {} connections silent after TLS held",
+        tls.len()
+    ))
+}
+
+async fn fd_flood_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let pid = bed.pid();
+    let grpc = strangers::socket_addr(&bed.manager.grpc)?;
+    let (cpu0, t0) = (strangers::cpu_time(pid), Instant::now());
+    sw.arm();
+    let mut peak_fds = 0;
+    while !sw.stopping() {
+        let (_silent, peak) = strangers::peak_fds_during(pid, async {
+            let silent = strangers::silent_connections(strangers::ATTACKER, grpc, 1_100).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            silent
+        })
+        .await;
+        peak_fds = peak_fds.max(peak);
+    }
+    let cpu =
+        strangers::cpu_time(pid).saturating_sub(cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    Ok(format!(
+        "1,100 silent connections every 2 s under an open-file limit of 256: peak {peak_fds} fds, {cpu:.2} cores"
+    ))
+}
+
+async fn junk_waves_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let before = bed.token_reviews();
+    let t0 = Instant::now();
+    sw.arm();
+    let (mut calls, mut accepted) = (0, 0);
+    while !sw.stopping() {
+        let (a, b, c) = tokio::join!(
+            junk_token_flood(bed, 300, 100),
+            junk_token_flood(bed, 300, 100),
+            junk_token_flood(bed, 300, 100)
+        );
+        calls += a.calls + b.calls + c.calls;
+        accepted += a.accepted + b.accepted + c.accepted;
+    }
+    Ok(format!(
+        "{calls} junk-token Connects in waves of 3 x 300 over {:.1?}: {} TokenReviews, {accepted} accepted",
+        t0.elapsed(),
+        bed.token_reviews().saturating_sub(before)
+    ))
+}
+
+async fn cached_token_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let (stop, relay) = sw.relay();
+    let junk = async {
+        let mut calls = 0;
+        while !stop.load(Ordering::Relaxed) {
+            calls += junk_token_flood(bed, 200, 16).await.calls;
+        }
+        calls
+    };
+    let sessions = async {
+        sw.arm();
+        let (mut opened, mut refused) = (0, 0);
+        while !sw.stopping() {
+            let r = ctrlhub_tests::register(
+                "steady-again",
+                ctrlhub_tests::replica::configmaps(),
+                1,
+                Some(TEAM_B),
+            );
+            match bed.connect(r, &bed.b_auth).await {
+                Ok(_) => opened += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        (opened, refused)
+    };
+    let (calls, (opened, refused), ()) = tokio::join!(junk, sessions, relay);
+    Ok(format!(
+        "{calls} junk-token Connects from team-b's address; team-b opened {opened} sessions with its cached token meanwhile, {refused} refused"
+    ))
+}
+
+async fn pending_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    drop(
+        bed.connect(team_a_registration("prime", 1), &bed.a_auth)
+            .await,
+    );
+    sw.arm();
+    let mut answers = strangers::Answers::default();
+    while !sw.stopping() {
+        let (round, ()) = strangers::silent_connects(
+            bed.channel(),
+            &bed.a_auth,
+            2_000,
+            Duration::from_secs(3),
+            async {},
+        )
+        .await?;
+        for (code, n) in round.codes {
+            *answers.codes.entry(code).or_default() += n;
+        }
+    }
+    Ok(format!(
+        "Connect streams that never Register, 2,000 at a time: {:?}",
+        answers.codes
+    ))
+}
+
+async fn unknown_kinds_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let before = strangers::discovery_calls(bed);
+    sw.arm();
+    let (mut registers, mut round) = (0, 0);
+    while !sw.stopping() {
+        let repeated = strangers::unknown_kinds(bed, 50, |_| strangers::unknown_kind(0)).await;
+        let distinct = strangers::unknown_kinds(bed, 50, |i| {
+            strangers::unknown_kind(1_000 * (round + 1) + i)
+        })
+        .await;
+        registers +=
+            repeated.codes.values().sum::<usize>() + distinct.codes.values().sum::<usize>();
+        round += 1;
+    }
+    Ok(format!(
+        "{registers} Registers naming kinds nobody serves (half one kind, half new ones): {} discovery calls",
+        strangers::discovery_calls(bed).saturating_sub(before)
     ))
 }
 

@@ -20,8 +20,11 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
-/// How long a new stream may take to send its Register.
-const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a new stream may take to send its Register. Every SDK sends it as the first
+/// message right after opening the stream, so 10 s is generous even on a loaded node; a stream
+/// waiting for it holds one of its tenant's pending slots (`PENDING_CONNECTS_PER_TENANT`) until
+/// then, so this bounds how long a silent tenant keeps them.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a registration's informers may take to complete their first list before the
 /// registration is refused (UNAVAILABLE: try again later).
@@ -157,16 +160,35 @@ impl Service {
         Ok(self.controllers.check_cache_budget(attached)?)
     }
 
-    /// The first message, which must be Register, within [`REGISTER_TIMEOUT`].
+    /// The first message, which must be Register, within [`REGISTER_TIMEOUT`]; meanwhile the
+    /// stream holds one of its tenant's pending slots (RESOURCE_EXHAUSTED when none is free),
+    /// and the kinds it names are charged to the tenant's discovery budget.
     async fn read_register(
         &self,
         inbound: &mut Streaming<pb::ControllerMessage>,
         identity: &Identity,
     ) -> Result<pb::Register, Rejection> {
+        let tenant = self.controllers.group_of(&identity.tenant);
+        let _pending = self.pending.take(tenant.clone()).map_err(|full| {
+            self.metrics.limit_hit(&tenant, "pending_connects");
+            Status::resource_exhausted(match full {
+                crate::throttle::Full::Key => format!(
+                    "tenant {tenant} already has {} Connect streams waiting for their Register; send Register as the first message of each stream, and retry with backoff",
+                    self.pending.per_key()
+                ),
+                crate::throttle::Full::Total => format!(
+                    "the manager already has {} Connect streams waiting for their Register; retry with backoff",
+                    self.pending.total()
+                ),
+            })
+        })?;
         let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
             .await
             .map_err(|_| {
-                Status::deadline_exceeded("no Register message within 30s of opening the stream")
+                Status::deadline_exceeded(format!(
+                    "no Register message within {}s of opening the stream: send Register as the first message",
+                    REGISTER_TIMEOUT.as_secs()
+                ))
             })?
             .map_err(|e| {
                 if e.code() == tonic::Code::OutOfRange {
@@ -177,7 +199,10 @@ impl Service {
             })?
             .ok_or_else(|| Status::cancelled("the stream closed before Register"))?;
         match first.message {
-            Some(pb::controller_message::Message::Register(r)) => Ok(*r),
+            Some(pb::controller_message::Message::Register(r)) => {
+                self.charge_discovery(&tenant, &r)?;
+                Ok(*r)
+            }
             _ => Err(Invalid::new(
                 "register",
                 "the first message on a Connect stream must be Register",

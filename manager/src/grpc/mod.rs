@@ -44,17 +44,35 @@ pub struct ServiceState {
     recheck: Option<Duration>,
     /// How often a live session's token is authenticated again (under TokenReview).
     token_recheck: Option<Duration>,
-    /// Failed authentications per peer address.
+    /// Failed authentications and reviews in flight per peer address.
     peers: crate::throttle::PeerThrottle,
+    /// Connect streams waiting for their Register, per tenant and in all.
+    pending: Arc<crate::throttle::Slots<String>>,
+    /// Discovery calls per tenant, and kinds recently found not served.
+    discovery: registering::DiscoveryBudget,
     /// This manager's Lease identity (so a revocation never names it as the new leader).
     identity: String,
 }
 
 /// Failed authentications a peer address may make at once, then per second: a controller with
 /// a stale token retries a few times; a flood of junk tokens is cut off before each one costs a
-/// TokenReview.
-const AUTH_FAILURE_BURST: u32 = 20;
-const AUTH_FAILURES_PER_SECOND: f64 = 1.0;
+/// TokenReview. Each review reserves its token before it is made, so concurrency cannot spend
+/// more: a peer costs at most 20 reviews, then one a second.
+pub const AUTH_FAILURE_BURST: u32 = 20;
+/// Failed authentications per second a peer may make after its burst.
+pub const AUTH_FAILURES_PER_SECOND: f64 = 1.0;
+/// TokenReviews in flight for one peer address: a node's controllers starting together are
+/// reviewed four at a time (a token already reviewed is answered from the cache, not counted).
+pub const REVIEWS_IN_FLIGHT_PER_PEER: usize = 4;
+/// TokenReviews in flight from the gRPC port in all: each is an API request (and, under load,
+/// an API connection), so this bounds both whatever strangers send.
+pub const REVIEWS_IN_FLIGHT: usize = 16;
+/// Connect streams of one tenant waiting for their Register: replicas reconnecting together
+/// after a leader change fit; a tenant opening thousands of silent streams does not.
+pub const PENDING_CONNECTS_PER_TENANT: usize = 64;
+/// Connect streams waiting for their Register in all (each costs a task and its stream's
+/// buffers, about 14 KiB: 512 are about 7 MiB).
+pub const PENDING_CONNECTS: usize = 512;
 
 impl ServiceState {
     /// RBAC mode: live registrations are re-authorized every `recheck` and revoked with
@@ -95,7 +113,14 @@ impl ServiceState {
             conceal_unserved: false,
             recheck: None,
             token_recheck: None,
-            peers: crate::throttle::PeerThrottle::new(AUTH_FAILURE_BURST, AUTH_FAILURES_PER_SECOND),
+            peers: crate::throttle::PeerThrottle::new(
+                AUTH_FAILURE_BURST,
+                AUTH_FAILURES_PER_SECOND,
+                REVIEWS_IN_FLIGHT_PER_PEER,
+                REVIEWS_IN_FLIGHT,
+            ),
+            pending: crate::throttle::Slots::new(PENDING_CONNECTS_PER_TENANT, PENDING_CONNECTS),
+            discovery: registering::DiscoveryBudget::default(),
             identity: String::new(),
         }
     }
@@ -115,28 +140,34 @@ impl ServiceState {
             .filter(|h| !state.leading && !h.is_empty() && *h != self.identity)
     }
 
-    /// The caller's identity. A peer address that keeps failing is refused before its token
-    /// is looked at.
+    /// The caller's identity. A token already decided (cached) is answered at once, whoever
+    /// else sends junk from the same address; any other token reserves a review of its peer's
+    /// budget first (given back when the token is accepted), so a peer address that keeps
+    /// failing, or sends many at once, is refused before its tokens are looked at.
     async fn authenticate<T>(&self, req: &GrpcRequest<T>) -> Result<Identity, Status> {
         let token =
             bearer_token(req.metadata()).map_err(|e| Status::unauthenticated(e.to_string()))?;
-        let peer = req.remote_addr().map(|a| a.ip());
-        if let Some(ip) = peer
-            && !self.peers.may_try(ip, std::time::Instant::now())
-        {
-            return Err(Status::resource_exhausted(format!(
-                "too many failed authentications from {ip}; wait a few seconds, then connect with a valid token"
-            )));
+        if let Some(known) = self.authn.cached(token) {
+            return known.map_err(|e| Status::unauthenticated(e.to_string()));
         }
-        self.authn.authenticate(token).await.map_err(|e| match e {
-            AuthError::Unavailable(_) => Status::unavailable(e.to_string()),
-            _ => {
-                if let Some(ip) = peer {
-                    self.peers.failed(ip, std::time::Instant::now());
-                }
-                Status::unauthenticated(e.to_string())
+        let peer = req.remote_addr().map(|a| a.ip());
+        let reservation = self
+            .peers
+            .reserve(peer, std::time::Instant::now())
+            .map_err(|why| {
+                self.metrics.auth_throttled("grpc", why.label());
+                Status::resource_exhausted(why.message(peer))
+            })?;
+        match self.authn.authenticate(token).await {
+            Ok(identity) => {
+                reservation.succeeded(std::time::Instant::now());
+                Ok(identity)
             }
-        })
+            // An outage keeps the reservation spent too: retries must not hammer an API
+            // server that is already failing.
+            Err(e @ AuthError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
+            Err(e) => Err(Status::unauthenticated(e.to_string())),
+        }
     }
 
     fn require_leader(&self) -> Result<(), Status> {

@@ -10,13 +10,108 @@ use crate::dispatch::controllers::AdmittedNamespaces;
 use crate::registration::{
     self, Invalid, NamespaceScope, Owned, Registration, ResourceRef, Watched,
 };
+use crate::tenancy::decision_cache::TtlCache;
 use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity, NamespaceGate};
+use crate::throttle::TokenBucket;
 use ctrlhub_proto::v1 as pb;
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tonic::Status;
 
+/// Discovery calls one tenant's Registers may cost at once: more than the most kinds one
+/// Register can name (a primary, 32 owns and 32 watches), so any valid Register can be resolved...
+pub const DISCOVERY_BURST: u32 = 80;
+/// ...then this many a second: a tenant naming ever new kinds that do not exist costs the API
+/// server one discovery call a second, whatever it sends.
+pub const DISCOVERY_PER_SECOND: f64 = 1.0;
+/// How long a kind found not served is answered from memory (a CRD installed meanwhile is seen
+/// after this long): repeating a Register that names it costs no API call.
+pub const UNSERVED_TTL: Duration = Duration::from_secs(10);
+/// Kinds remembered as not served at most (the cache evicts the oldest beyond).
+const UNSERVED_ENTRIES: usize = 4096;
+/// Tenants remembered before full (idle) buckets are forgotten.
+const TENANTS_BEFORE_PRUNE: usize = 4096;
+
+type Gvk = (String, String, String);
+
+/// What discovery may cost: a budget per tenant and a short memory of kinds not served.
+pub(super) struct DiscoveryBudget {
+    per_tenant: Mutex<HashMap<String, TokenBucket>>,
+    unserved: Mutex<TtlCache<Gvk, ()>>,
+}
+
+impl Default for DiscoveryBudget {
+    fn default() -> Self {
+        DiscoveryBudget {
+            per_tenant: Mutex::new(HashMap::new()),
+            unserved: Mutex::new(TtlCache::new(UNSERVED_ENTRIES)),
+        }
+    }
+}
+
+impl DiscoveryBudget {
+    /// Takes `n` discovery calls from `tenant`'s budget, or says it is spent.
+    fn charge(&self, tenant: &str, n: u32, now: Instant) -> bool {
+        let mut buckets = self.per_tenant.lock();
+        if buckets.len() >= TENANTS_BEFORE_PRUNE {
+            buckets.retain(|_, b| !b.is_full(now));
+        }
+        buckets
+            .entry(tenant.to_string())
+            .or_insert_with(|| TokenBucket::new(DISCOVERY_BURST, DISCOVERY_PER_SECOND, now))
+            .take_n(n, now)
+    }
+
+    fn is_unserved(&self, gvk: &Gvk, now: Instant) -> bool {
+        self.unserved.lock().get(gvk, now).is_some()
+    }
+}
+
+fn gvk_of(rt: &pb::ResourceType) -> Gvk {
+    (rt.group.clone(), rt.version.clone(), rt.kind.clone())
+}
+
 impl ServiceState {
+    /// Charges `tenant` (a tenant group) one discovery call for each distinct kind `r` names
+    /// that is neither resolved already nor remembered as not served: RESOURCE_EXHAUSTED when
+    /// its budget cannot pay for them all. Checked before anything is resolved, so a tenant's
+    /// Registers cost the API server at most [`DISCOVERY_BURST`], then
+    /// [`DISCOVERY_PER_SECOND`], discovery calls.
+    pub(super) fn charge_discovery(&self, tenant: &str, r: &pb::Register) -> Result<(), Status> {
+        let now = Instant::now();
+        let named = r
+            .primary
+            .iter()
+            .chain(r.owns.iter().filter_map(|o| o.resource.as_ref()))
+            .chain(r.watches.iter().filter_map(|w| w.resource.as_ref()))
+            // A Register naming more is refused by its shape check before any lookup.
+            .take(1 + registration::bounds::OWNS + registration::bounds::WATCHES)
+            .filter(|rt| !rt.version.is_empty() && !rt.kind.is_empty())
+            .map(gvk_of)
+            .collect::<HashSet<Gvk>>();
+        let unknown = {
+            let discovered = self.discovered.lock();
+            named
+                .iter()
+                .filter(|k| !discovered.contains_key(*k) && !self.discovery.is_unserved(k, now))
+                .count()
+        };
+        if unknown == 0 {
+            return Ok(());
+        }
+        let n = u32::try_from(unknown).unwrap_or(u32::MAX);
+        if self.discovery.charge(tenant, n, now) {
+            return Ok(());
+        }
+        self.metrics.limit_hit(tenant, "discovery");
+        Err(Status::resource_exhausted(format!(
+            "this Register names {unknown} kind(s) the manager has not looked up yet, and tenant {tenant} has spent its discovery budget ({DISCOVERY_BURST} lookups at once, then {DISCOVERY_PER_SECOND} a second; kinds found not served are remembered for {}s). Check group, version and kind, and retry with backoff",
+            UNSERVED_TTL.as_secs()
+        )))
+    }
+
     /// The domain registration a `Register` asks for, with every kind resolved.
     pub(super) async fn translate(&self, r: &pb::Register) -> Result<Registration, Invalid> {
         check_shape(r)?;
@@ -114,16 +209,34 @@ impl ServiceState {
                 "is required (e.g. \"ConfigMap\")",
             ));
         }
-        let cache_key = (rt.group.clone(), rt.version.clone(), rt.kind.clone());
+        let cache_key = gvk_of(rt);
         if let Some(found) = self.discovered.lock().get(&cache_key) {
             return Ok(found.clone());
         }
-        let gvk = kube::api::GroupVersionKind::gvk(&rt.group, &rt.version, &rt.kind);
-        let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk).await.map_err(|_| {
-            let gv = if rt.group.is_empty() { rt.version.clone() } else { format!("{}/{}", rt.group, rt.version) };
+        let unserved = || {
+            let gv = if rt.group.is_empty() {
+                rt.version.clone()
+            } else {
+                format!("{}/{}", rt.group, rt.version)
+            };
             Invalid::new(field, format!("kind {} in {gv} is not served by the API server (check group, version and kind, and that its CRD is installed)", rt.kind))
                 .unserved(&rt.group, &rt.kind)
-        })?;
+        };
+        // Asked about recently and not served: answered without another discovery call.
+        if self.discovery.is_unserved(&cache_key, Instant::now()) {
+            return Err(unserved());
+        }
+        let gvk = kube::api::GroupVersionKind::gvk(&rt.group, &rt.version, &rt.kind);
+        let (ar, caps) = match kube::discovery::pinned_kind(&self.client, &gvk).await {
+            Ok(found) => found,
+            Err(_) => {
+                self.discovery
+                    .unserved
+                    .lock()
+                    .insert(cache_key, (), UNSERVED_TTL, Instant::now());
+                return Err(unserved());
+            }
+        };
         if !rt.plural.is_empty() && rt.plural != ar.plural {
             return Err(Invalid::new(
                 format!("{field}.plural"),
@@ -385,4 +498,46 @@ fn check_shape(r: &pb::Register) -> Result<(), Invalid> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_pays_for_new_kinds_up_to_its_burst_then_one_a_second() {
+        let t0 = Instant::now();
+        let budget = DiscoveryBudget::default();
+        // The largest Register (a primary, 32 owns, 32 watches, all new) fits the burst...
+        assert!(budget.charge("team-a", 65, t0));
+        // ...and what is left of it, then nothing until it refills.
+        assert!(budget.charge("team-a", DISCOVERY_BURST - 65, t0));
+        assert!(!budget.charge("team-a", 1, t0));
+        assert!(
+            budget.charge("team-b", 1, t0),
+            "another tenant has its own budget"
+        );
+        assert!(budget.charge("team-a", 1, t0 + Duration::from_secs(1)));
+        assert!(!budget.charge("team-a", 2, t0 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_kind_not_served_is_remembered_briefly() {
+        let t0 = Instant::now();
+        let budget = DiscoveryBudget::default();
+        let gvk = (
+            "nowhere.example".to_string(),
+            "v1".to_string(),
+            "Missing".to_string(),
+        );
+        budget
+            .unserved
+            .lock()
+            .insert(gvk.clone(), (), UNSERVED_TTL, t0);
+        assert!(budget.is_unserved(&gvk, t0 + UNSERVED_TTL - Duration::from_millis(1)));
+        assert!(
+            !budget.is_unserved(&gvk, t0 + UNSERVED_TTL),
+            "asked again after the TTL"
+        );
+    }
 }

@@ -19,10 +19,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Failed authentications a peer may make at once on the HTTP port before it is slowed down.
-const AUTH_FAILURE_BURST: u32 = 20;
+/// Failed authentications a peer may make at once on the HTTP port before it is slowed down
+/// (reserved before each review, so concurrency cannot spend more).
+pub const AUTH_FAILURE_BURST: u32 = 20;
 /// Failed authentications per second a peer may make after its burst.
-const AUTH_FAILURES_PER_SECOND: f64 = 5.0;
+pub const AUTH_FAILURES_PER_SECOND: f64 = 5.0;
+/// TokenReviews in flight for one peer on the HTTP port (a cached token needs none).
+pub const REVIEWS_IN_FLIGHT_PER_PEER: usize = 4;
+/// TokenReviews in flight from the HTTP port in all.
+pub const REVIEWS_IN_FLIGHT: usize = 8;
 
 /// How the HTTP port decides who sees what.
 pub enum Gate {
@@ -38,6 +43,7 @@ pub struct KubernetesGate {
     authz: Arc<dyn PathAuthorizer>,
     grouping: TenantGrouping,
     peers: PeerThrottle,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Gate {
@@ -52,8 +58,25 @@ impl Gate {
             authn,
             authz,
             grouping,
-            peers: PeerThrottle::new(AUTH_FAILURE_BURST, AUTH_FAILURES_PER_SECOND),
+            peers: PeerThrottle::new(
+                AUTH_FAILURE_BURST,
+                AUTH_FAILURES_PER_SECOND,
+                REVIEWS_IN_FLIGHT_PER_PEER,
+                REVIEWS_IN_FLIGHT,
+            ),
+            metrics: None,
         }))
+    }
+
+    /// Counts throttled authentications in `metrics`.
+    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        match self {
+            Gate::Kubernetes(mut gate) => {
+                gate.metrics = Some(metrics);
+                Gate::Kubernetes(gate)
+            }
+            open => open,
+        }
     }
 
     /// Who the caller of `path` is and what it may see. `tenant_view`: whether a caller without
@@ -89,30 +112,38 @@ impl Gate {
 }
 
 impl KubernetesGate {
-    /// The caller's identity from its bearer token; a peer that keeps failing is slowed down
-    /// before its tokens become TokenReviews.
+    /// The caller's identity from its bearer token. A token already decided (cached) is
+    /// answered at once; any other reserves a review of its peer's budget first (given back
+    /// when accepted), so a peer that keeps failing, or sends many at once, is refused before
+    /// its tokens become TokenReviews.
     async fn authenticate(
         &self,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Result<Identity, Refusal> {
         let token = bearer(headers)?;
-        if let Some(ip) = peer
-            && !self.peers.may_try(ip, Instant::now())
-        {
-            return Err(Refusal::TooMany(format!(
-                "too many failed authentications from {ip}; wait a few seconds, then retry with a valid token"
-            )));
+        if let Some(known) = self.authn.cached(token) {
+            return known.map_err(refused);
         }
-        self.authn.authenticate(token).await.map_err(|e| match e {
-            AuthError::Unavailable(why) => Refusal::Unavailable(why),
-            other => {
-                if let Some(ip) = peer {
-                    self.peers.failed(ip, Instant::now());
-                }
-                Refusal::Unauthenticated(other.to_string())
+        let reservation = self.peers.reserve(peer, Instant::now()).map_err(|why| {
+            if let Some(m) = &self.metrics {
+                m.auth_throttled("http", why.label());
             }
-        })
+            Refusal::TooMany(why.message(peer))
+        })?;
+        let decided = self.authn.authenticate(token).await;
+        if decided.is_ok() {
+            reservation.succeeded(Instant::now());
+        }
+        decided.map_err(refused)
+    }
+}
+
+/// The refusal for a token that was not accepted.
+fn refused(e: AuthError) -> Refusal {
+    match e {
+        AuthError::Unavailable(why) => Refusal::Unavailable(why),
+        other => Refusal::Unauthenticated(other.to_string()),
     }
 }
 
@@ -201,12 +232,24 @@ mod tests {
         }
     }
 
+    /// Static tokens that cost a review each (nothing is cached), as uncached TokenReviews do.
+    struct Reviewing(StaticTokens);
+
+    impl Authenticator for Reviewing {
+        fn authenticate<'a>(
+            &'a self,
+            token: &'a str,
+        ) -> BoxFuture<'a, Result<Identity, AuthError>> {
+            self.0.authenticate(token)
+        }
+    }
+
     fn gate(granted: &[&'static str]) -> Gate {
         Gate::kubernetes(
-            Arc::new(StaticTokens::new([(
+            Arc::new(Reviewing(StaticTokens::new([(
                 "good".to_string(),
                 "system:serviceaccount:team-a:ctl".to_string(),
-            )])),
+            )]))),
             Arc::new(Paths(granted.iter().copied().collect())),
             TenantGrouping::Namespace,
         )

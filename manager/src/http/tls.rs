@@ -1,8 +1,11 @@
 //! HTTPS for the HTTP port: the certificate comes from PEM files (a mounted Secret, e.g. from
 //! cert-manager; re-read when they change, so a renewed certificate is served without a
 //! restart) or is generated self-signed at start, as controller-runtime does for its secured
-//! metrics when none is given. Also the port's accept loop, shared by HTTP and HTTPS.
+//! metrics when none is given. Also the port's server, shared by HTTP and HTTPS: connections
+//! from `net`'s accept loop, HTTP/1.1 and HTTP/2 with bounded streams, headers and keepalive.
 
+use crate::net::conn::{Activity, Counted, PortState};
+use crate::throttle::{PeerKey, Slots};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -19,9 +22,12 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
-/// How long a client has for its TLS handshake, and for sending a request's headers: a peer that
-/// opens connections and says nothing holds a task each until then, never longer.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Concurrent HTTP/2 streams per connection on the HTTP port: probes, a scrape and a page's
+/// requests need a handful; a client opening thousands at once is held to this many.
+pub const MAX_STREAMS: u32 = 32;
+
+/// The HTTP/1.1 read buffer, which bounds a request head (line and headers) a client can send.
+const MAX_HTTP1_BUFFER: usize = 64 * 1024;
 
 /// How often the certificate files are looked at for a change.
 const RELOAD_CHECK: Duration = Duration::from_secs(10);
@@ -204,34 +210,60 @@ fn read_pair(
     certified(chain, private, provider)
 }
 
-/// Serves `router` on `listener` until `stop` fires, over TLS when `tls` is given. Each
-/// connection is its own task (a slow handshake holds up no one else) and tells the handlers
-/// its peer address (for per-peer throttling).
+/// Serves `router` on `listener` until `stop` fires, over TLS when `tls` is given. Connections
+/// come through [`crate::net::accept`] (capped per peer and in all, each under its port's
+/// deadlines: first bytes, first request, idle); each is its own task (a slow handshake holds
+/// up no one else), must finish its TLS handshake within the first-bytes deadline, and tells
+/// the handlers its peer address (for per-peer throttling).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    caps: Arc<Slots<PeerKey>>,
+    port: PortState,
     stop: CancellationToken,
 ) {
+    let handshake = port.rules.first_bytes;
+    let mut incoming = crate::net::accept::accept(listener, caps, port.clone(), stop.clone());
     loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(error = %e, "HTTP accept failed");
-                    continue;
-                }
+        let conn = tokio::select! {
+            c = incoming.recv() => match c {
+                Some(Ok(c)) => c,
+                Some(Err(_)) => continue,
+                None => return,
             },
             _ = stop.cancelled() => return,
         };
-        let (router, tls, stop) = (router.clone(), tls.clone(), stop.clone());
+        let (router, tls, stop, metrics) = (
+            router.clone(),
+            tls.clone(),
+            stop.clone(),
+            port.metrics.clone(),
+        );
+        let (peer, activity) = (conn.peer(), conn.activity());
         tokio::spawn(async move {
             let served = match tls {
-                Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
-                    Ok(Ok(stream)) => connection(TokioIo::new(stream), router, peer, &stop).await,
-                    _ => return,
+                Some(tls) => match tokio::time::timeout(handshake, tls.accept(conn)).await {
+                    Ok(Ok(stream)) => {
+                        connection(
+                            TokioIo::new(stream),
+                            router,
+                            peer,
+                            activity,
+                            handshake,
+                            &stop,
+                        )
+                        .await
+                    }
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        metrics.connection_closed("http", "tls_handshake_timeout");
+                        return;
+                    }
                 },
-                None => connection(TokioIo::new(tcp), router, peer, &stop).await,
+                None => {
+                    connection(TokioIo::new(conn), router, peer, activity, handshake, &stop).await
+                }
             };
             if let Err(e) = served {
                 tracing::debug!(error = %e, %peer, "HTTP connection ended with an error");
@@ -240,11 +272,14 @@ pub async fn serve(
     }
 }
 
-/// One connection: HTTP/1.1 or HTTP/2, closed gracefully when `stop` fires.
+/// One connection: HTTP/1.1 or HTTP/2, closed gracefully when `stop` fires. Each request counts
+/// as a call on `activity` until its response body ends (the idle timeout counts from then).
 async fn connection<I>(
     io: I,
     router: Router,
     peer: SocketAddr,
+    activity: Arc<Activity>,
+    header_timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where
@@ -254,13 +289,28 @@ where
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             req.extensions_mut()
                 .insert(axum::extract::ConnectInfo(peer));
-            router.clone().oneshot(req.map(axum::body::Body::new))
+            let call = activity.begin();
+            let answer = router.clone().oneshot(req.map(axum::body::Body::new));
+            async move {
+                let response = answer.await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| axum::body::Body::new(Counted::new(body, call))),
+                )
+            }
         });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT);
+        .header_read_timeout(header_timeout)
+        .max_buf_size(MAX_HTTP1_BUFFER);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .keep_alive_interval(crate::net::KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(crate::net::KEEPALIVE_TIMEOUT)
+        .max_header_list_size(crate::net::MAX_HEADER_BYTES);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {

@@ -105,6 +105,11 @@ pub struct Metrics {
     dispatch_latency: HistogramVec,
     rejected: IntCounterVec,
     limit_hits: IntCounterVec,
+    connections_open: IntGaugeVec,
+    connections_refused: IntCounterVec,
+    connections_closed: IntCounterVec,
+    accept_failures: IntCounterVec,
+    auth_throttled: IntCounterVec,
 }
 
 /// Registers `metric` (built by the static definitions below) under `name`.
@@ -354,6 +359,36 @@ impl Metrics {
                 "Requests refused or registrations revoked because a tenant limit was reached",
                 &["tenant", "limit"],
             ),
+            connections_open: gauge(
+                &r,
+                "ctrlhub_connections_open",
+                "Connections open on a port (grpc or http)",
+                &["port"],
+            ),
+            connections_refused: counter(
+                &r,
+                "ctrlhub_connections_refused_total",
+                "Connections closed as soon as they were accepted because a cap was reached (peer_cap or total_cap)",
+                &["port", "reason"],
+            ),
+            connections_closed: counter(
+                &r,
+                "ctrlhub_connections_timed_out_total",
+                "Connections the manager closed at a deadline: first_bytes_timeout (no preface or ClientHello), first_call_timeout, tls_handshake_timeout, idle (no call in progress)",
+                &["port", "reason"],
+            ),
+            accept_failures: counter(
+                &r,
+                "ctrlhub_accept_failures_total",
+                "Failed accepts on a port: exhausted (EMFILE, ENFILE, out of memory: the loop paused) or connection (one connection failed on its way in)",
+                &["port", "kind"],
+            ),
+            auth_throttled: counter(
+                &r,
+                "ctrlhub_authentications_throttled_total",
+                "Authentications refused before their token was reviewed: failures (the peer's failed-authentication budget is spent), peer_in_flight or total_in_flight (reviews in flight capped)",
+                &["port", "reason"],
+            ),
             registry: r,
         }
     }
@@ -444,6 +479,40 @@ impl Metrics {
     /// A tenant reached `limit` (sessions, controllers, in_flight, queued_keys, message_bytes).
     pub fn limit_hit(&self, tenant: &str, limit: &str) {
         self.limit_hits.with_label_values(&[tenant, limit]).inc();
+    }
+
+    /// A connection was admitted on `port`.
+    pub fn connection_opened(&self, port: &str) {
+        self.connections_open.with_label_values(&[port]).inc();
+    }
+
+    /// A connection of `port` is gone.
+    pub fn connection_dropped(&self, port: &str) {
+        self.connections_open.with_label_values(&[port]).dec();
+    }
+
+    /// A connection was closed at once because `reason` (peer_cap, total_cap) was reached.
+    pub fn connection_refused(&self, port: &str, reason: &str) {
+        self.connections_refused
+            .with_label_values(&[port, reason])
+            .inc();
+    }
+
+    /// The manager closed a connection of `port` at a deadline (`reason`).
+    pub fn connection_closed(&self, port: &str, reason: &str) {
+        self.connections_closed
+            .with_label_values(&[port, reason])
+            .inc();
+    }
+
+    /// An accept failed on `port`.
+    pub fn accept_failed(&self, port: &str, kind: &str) {
+        self.accept_failures.with_label_values(&[port, kind]).inc();
+    }
+
+    /// An authentication on `port` was refused before its review (`reason`).
+    pub fn auth_throttled(&self, port: &str, reason: &str) {
+        self.auth_throttled.with_label_values(&[port, reason]).inc();
     }
 
     /// A registration was refused with `code` (a gRPC status code name).

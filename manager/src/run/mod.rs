@@ -173,6 +173,29 @@ pub struct RunArgs {
     /// also be at most 64 KiB).
     #[arg(long, env = "CTRLHUB_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
     pub max_message_bytes: usize,
+    /// Connections the gRPC and HTTP ports may hold together (the HTTP port keeps a quarter of
+    /// them, at most 256, so the probes always get in). At start the soft open-file limit is
+    /// raised to the hard one, and this is lowered to fit below it with room for the API
+    /// connections; a connection over a cap is closed as soon as it is accepted.
+    #[arg(long, env = "CTRLHUB_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Connections one peer address (IPv4 address or IPv6 /64) may hold on each port; never
+    /// more than a quarter of the port's cap, so one address cannot fill it.
+    #[arg(long, env = "CTRLHUB_MAX_CONNECTIONS_PER_PEER", default_value_t = 128)]
+    pub max_connections_per_peer: usize,
+    /// How long a new connection may stay silent before its first bytes (HTTP/2 preface, TLS
+    /// ClientHello), and how long its TLS handshake and, on the HTTP port, its first request
+    /// and each request's headers may take.
+    #[arg(long, env = "CTRLHUB_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub handshake_timeout: Duration,
+    /// How long a connection may stay open with no call in progress on it (a controller's
+    /// Connect stream keeps its connection; an idle one is closed and reconnects when needed).
+    #[arg(long, env = "CTRLHUB_CONNECTION_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub connection_idle_timeout: Duration,
+    /// Concurrent HTTP/2 streams (calls) per gRPC connection; more wait in the client. Above
+    /// the per-tenant session limit, so one connection can carry all of a tenant's sessions.
+    #[arg(long, env = "CTRLHUB_MAX_CONCURRENT_STREAMS", default_value_t = 512)]
+    pub max_concurrent_streams: u32,
     /// Name of the leader-election Lease.
     #[arg(long, env = "CTRLHUB_LEASE_NAME", default_value = "ctrlhub-leader")]
     pub lease_name: String,
@@ -346,32 +369,103 @@ impl RunArgs {
             pod_label.clone(),
         );
         let service = self.service(&controllers, &client, &election.state, &metrics, &identity);
+        let ports = self.ports(&metrics);
         let grpc_listener = bind("gRPC", self.grpc_addr).await?;
         let http_listener = bind("HTTP", self.http_addr).await?;
         tracing::info!(grpc = %grpc_listener.local_addr()?, http = %http_listener.local_addr()?, identity = %identity, "ctrlhub manager listening");
         let (health, health_service) = tonic_health::server::health_reporter();
         crate::grpc::health::follow_leadership(health, election.leading.clone(), stop.clone());
-        let grpc = self.serve_grpc(grpc_listener, service, health_service)?;
+        let grpc = self.serve_grpc(grpc_listener, service, health_service, &ports)?;
         let http_tls = self.http_tls(&identity)?;
         let http_state = HttpState {
             controllers: controllers.clone(),
             cache: cache.clone(),
             leader: election.state.clone(),
             identity,
-            metrics,
+            metrics: metrics.clone(),
             lease_name: self.lease_name.clone(),
-            gate: self.http_gate(&client),
+            gate: self.http_gate(&client).with_metrics(metrics),
             settings: crate::http::status_page::Settings {
                 static_auth: self.auth == AuthMode::Static,
                 ceiling: self.ceiling(),
             },
             liveness,
         };
-        let http = serve_http(http_listener, http_state, http_tls, stop.clone());
+        let http = serve_http(
+            http_listener,
+            http_state,
+            http_tls,
+            ports.http,
+            stop.clone(),
+        );
 
         stop.cancelled().await;
         shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
         Ok(())
+    }
+
+    /// Raises the open-file limit and sizes both ports' connection caps below it; the rules
+    /// each port's connections live by.
+    fn ports(&self, metrics: &Arc<Metrics>) -> Ports {
+        use crate::net::fd;
+        let soft = match fd::raise() {
+            Ok(limit) => {
+                tracing::info!(
+                    started = limit.started,
+                    soft = limit.soft,
+                    hard = limit.hard,
+                    "open-file limit: soft limit raised to the hard limit"
+                );
+                limit.soft
+            }
+            Err(e) => {
+                let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |l| l.0);
+                tracing::warn!(error = %e, soft, "could not raise the open-file limit; sizing connection caps below the current one");
+                soft
+            }
+        };
+        let budget = fd::connection_budget(soft, self.max_connections);
+        if budget < self.max_connections {
+            tracing::warn!(
+                max_connections = self.max_connections,
+                budget,
+                open_file_limit = soft,
+                "--max-connections lowered to fit below the open-file limit (raise the hard limit to allow more)"
+            );
+        }
+        let (grpc_total, http_total) = fd::split(budget);
+        let port = |name: &'static str, total: usize, first_call: Option<Duration>| PortNet {
+            caps: crate::throttle::Slots::new(
+                fd::per_peer(total, self.max_connections_per_peer),
+                total,
+            ),
+            state: crate::net::conn::PortState {
+                rules: Arc::new(crate::net::PortRules {
+                    port: name,
+                    first_bytes: self.handshake_timeout,
+                    first_call,
+                    idle: self.connection_idle_timeout,
+                }),
+                registry: Arc::default(),
+                metrics: metrics.clone(),
+            },
+        };
+        // gRPC channels connect ahead of their first call, so only the idle timeout applies
+        // to them after the preface; HTTP clients ask at once.
+        let ports = Ports {
+            grpc: port("grpc", grpc_total, None),
+            http: port("http", http_total, Some(self.handshake_timeout)),
+        };
+        tracing::info!(
+            grpc = grpc_total,
+            grpc_per_peer = ports.grpc.caps.per_key(),
+            http = http_total,
+            http_per_peer = ports.http.caps.per_key(),
+            handshake_timeout = ?self.handshake_timeout,
+            idle_timeout = ?self.connection_idle_timeout,
+            "connection caps"
+        );
+        ports
     }
 
     /// Static auth trusts whoever has the token: refused off loopback unless asked for by name,
@@ -628,15 +722,24 @@ impl RunArgs {
         health: tonic_health::pb::health_server::HealthServer<
             impl tonic_health::pb::health_server::Health,
         >,
+        ports: &Ports,
     ) -> anyhow::Result<Server> {
         let mut server = tonic::transport::Server::builder();
         if let Some(tls) = self.grpc_tls()? {
             server = server
-                .tls_config(tls)
+                .tls_config(tls.timeout(self.handshake_timeout))
                 .context("configuring TLS for the gRPC server")?;
         }
         let stop = CancellationToken::new();
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let net = &ports.grpc;
+        let incoming = tokio_stream::wrappers::ReceiverStream::new(crate::net::accept::accept(
+            listener,
+            net.caps.clone(),
+            net.state.clone(),
+            stop.clone(),
+        ));
+        let calls = crate::net::conn::CountCallsLayer(net.state.registry.clone());
+        let streams = self.max_concurrent_streams;
         let shutdown = {
             let stop = stop.clone();
             async move { stop.cancelled().await }
@@ -655,7 +758,11 @@ impl RunArgs {
             .context("building the gRPC reflection service")?;
         let task = tokio::spawn(async move {
             let _ = server
-                .http2_keepalive_interval(Some(Duration::from_secs(20)))
+                .http2_keepalive_interval(Some(crate::net::KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(crate::net::KEEPALIVE_TIMEOUT))
+                .max_concurrent_streams(streams)
+                .http2_max_header_list_size(crate::net::MAX_HEADER_BYTES)
+                .layer(calls)
                 .add_service(service)
                 .add_service(health)
                 .add_service(reflection_v1)
@@ -673,6 +780,18 @@ struct Election {
     state: watch::Receiver<LeaderState>,
     stop: CancellationToken,
     finished: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// Each port's connection caps and rules.
+struct Ports {
+    grpc: PortNet,
+    http: PortNet,
+}
+
+/// One port's connection caps (per peer and in all) and the rules its connections live by.
+struct PortNet {
+    caps: Arc<crate::throttle::Slots<crate::throttle::PeerKey>>,
+    state: crate::net::conn::PortState,
 }
 
 /// A server running on its own task.
@@ -726,12 +845,15 @@ fn serve_http(
     listener: tokio::net::TcpListener,
     state: HttpState,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    net: PortNet,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(tls::serve(
         listener,
         http::router(Arc::new(state)),
         tls,
+        net.caps,
+        net.state,
         stop,
     ))
 }

@@ -77,6 +77,14 @@ pub fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
 pub trait Authenticator: Send + Sync {
     /// Authenticate a token.
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>>;
+
+    /// The decision for `token` if it costs nothing to make (a cached review, a static table):
+    /// asked before any throttle, so a caller whose token is already known is never held back
+    /// by someone else's junk from the same address. `None`: only [`Self::authenticate`] can
+    /// tell, at the cost of a review.
+    fn cached(&self, _token: &str) -> Option<Result<Identity, AuthError>> {
+        None
+    }
 }
 
 /// Static tokens (for `ctrlhub dev` and tests): token → tenant.
@@ -93,10 +101,9 @@ impl StaticTokens {
     }
 }
 
-impl Authenticator for StaticTokens {
-    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
-        let found = self
-            .tokens
+impl StaticTokens {
+    fn lookup(&self, token: &str) -> Result<Identity, AuthError> {
+        self.tokens
             .get(token)
             .map(|tenant| Identity {
                 tenant: tenant.clone(),
@@ -104,8 +111,18 @@ impl Authenticator for StaticTokens {
                 uid: String::new(),
                 groups: Vec::new(),
             })
-            .ok_or(AuthError::NotTheStaticToken);
-        Box::pin(std::future::ready(found))
+            .ok_or(AuthError::NotTheStaticToken)
+    }
+}
+
+impl Authenticator for StaticTokens {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
+        Box::pin(std::future::ready(self.lookup(token)))
+    }
+
+    /// A table lookup costs nothing: static tokens are never throttled.
+    fn cached(&self, token: &str) -> Option<Result<Identity, AuthError>> {
+        Some(self.lookup(token))
     }
 }
 

@@ -100,6 +100,10 @@ impl TokenReviewAuthenticator {
 }
 
 impl Authenticator for TokenReviewAuthenticator {
+    fn cached(&self, token: &str) -> Option<Result<Identity, AuthError>> {
+        self.cache.lock().get(&token.to_string(), Instant::now())
+    }
+
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
         Box::pin(async move {
             let now = Instant::now();
