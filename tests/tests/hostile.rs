@@ -877,14 +877,12 @@ async fn attack_14_predicate_cost_is_bounded_by_work() {
             .during(async {
                 let before = cpu_seconds(pid);
                 for round in 1..=20 {
-                    if let Err(e) = annotate(bed, 2_000, round).await {
-                        return Err(e);
-                    }
+                    annotate(bed, 2_000, round).await?;
                 }
                 // The updates are evaluated as their watch events arrive: measure once the
                 // manager has gone quiet again.
                 settle_cpu(pid).await;
-                Ok(cpu_seconds(pid) - before)
+                anyhow::Ok(cpu_seconds(pid) - before)
             })
             .await;
         match spent {
