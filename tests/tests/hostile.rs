@@ -1153,3 +1153,90 @@ async fn attack_20_lists_cost_what_they_read() {
     })
     .await;
 }
+
+/// Attack 21, counts and rates of registration: every count in a Register and every rate of
+/// registering has its bound, answered with the code and field a user can act on: 257
+/// namespace names (INVALID_ARGUMENT naming `register.namespaces.names.names`), a 1 ns backoff
+/// base (naming `register.backoff.base`), new registrations past the tenant's burst
+/// (RESOURCE_EXHAUSTED naming the registrations limit), and controllers past the tenant's count
+/// (RESOURCE_EXHAUSTED naming it, here 11); team-b is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_21_counts_and_rates_of_registration_are_bounded() {
+    serial(async {
+        let controllers = format!("{TEAM_A_TENANT}/controllers=11");
+        let mut run = Run::start("hostile-21", &["--tenant-limit", &controllers]).await;
+        let mut names = team_a_registration("names", 1);
+        let many: Vec<String> = (0..257).map(|i| format!("ns-{i}")).collect();
+        names.namespaces = Some(ctrlhub_tests::replica::namespace_names(
+            &many.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        let answer = run.bed.connect(names, &run.bed.a_auth).await;
+        run.check(
+            refused_naming(&answer, Code::InvalidArgument, "register.namespaces.names.names"),
+            || format!("257 namespace names: {}", describe(&answer)),
+        );
+        let mut fast = team_a_registration("fast", 1);
+        fast.backoff = Some(ctrlhub_proto::v1::Backoff {
+            base: Some(prost_types::Duration { seconds: 0, nanos: 1 }),
+            max: None,
+        });
+        let answer = run.bed.connect(fast, &run.bed.a_auth).await;
+        run.check(
+            refused_naming(&answer, Code::InvalidArgument, "register.backoff.base"),
+            || format!("a 1 ns backoff base: {}", describe(&answer)),
+        );
+        // Twelve new registrations at once: the burst (10) is accepted, then the rate refuses.
+        let bed = &run.bed;
+        let answers = run
+            .meter
+            .during(async {
+                let mut answers = Vec::new();
+                for i in 0..12 {
+                    let r = team_a_registration(&format!("r{i}"), 1);
+                    answers.push(bed.connect(r, &bed.a_auth).await);
+                }
+                answers
+            })
+            .await;
+        let refused_by = |limit: &str| {
+            answers
+                .iter()
+                .filter(|a| {
+                    matches!(a, Err(s) if s.code() == Code::ResourceExhausted
+                        && s.message().contains(limit))
+                })
+                .count()
+        };
+        let accepted = answers.iter().filter(|a| a.is_ok()).count();
+        println!(
+            "attack 21: {accepted} of 12 accepted, {} refused by the registration rate",
+            refused_by("registrations limit")
+        );
+        run.check(accepted == 10 && refused_by("registrations limit") == 2, || {
+            format!(
+                "12 registrations at once: {:?}",
+                answers.iter().map(describe).collect::<Vec<_>>()
+            )
+        });
+        // The rate refills (2 a second): the eleventh controller is accepted, and the twelfth
+        // is past the tenant's count of 11.
+        let eleventh = poll_until("an eleventh registration", Duration::from_secs(10), || async {
+            let r = team_a_registration("r10", 1);
+            run.bed.connect(r, &run.bed.a_auth).await.map_err(|s| format!("{s:?}"))
+        })
+        .await;
+        run.check(eleventh.is_ok(), || format!("the eleventh: {eleventh:?}", eleventh = eleventh.as_ref().err()));
+        let twelfth = run
+            .bed
+            .connect(team_a_registration("r11", 1), &run.bed.a_auth)
+            .await;
+        run.check(
+            matches!(&twelfth, Err(s) if s.code() == Code::ResourceExhausted
+                && s.message().contains("controllers limit")),
+            || format!("a twelfth controller under a count of 11: {}", describe(&twelfth)),
+        );
+        drop((answers, eleventh, twelfth));
+        run.finish("attack 21 (counts and rates)", None).await;
+    })
+    .await;
+}
