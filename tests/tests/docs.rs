@@ -63,7 +63,8 @@ fn named_tests(cell: &str) -> Vec<&str> {
         .skip(1)
         .step_by(2)
         .filter(|n| {
-            n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            n.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
                 && n.contains('_')
         })
         .collect()
@@ -72,9 +73,17 @@ fn named_tests(cell: &str) -> Vec<&str> {
 #[test]
 fn every_bounds_row_names_a_test_that_exists() {
     let root = repo();
-    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("the architecture doc");
+    let doc =
+        std::fs::read_to_string(root.join("docs/architecture.md")).expect("the architecture doc");
     let mut files = Vec::new();
-    for dir in ["manager", "tests", "otel", "controllers", "devcluster", "bench"] {
+    for dir in [
+        "manager",
+        "tests",
+        "otel",
+        "controllers",
+        "devcluster",
+        "bench",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
     let sources: String = files
@@ -83,10 +92,17 @@ fn every_bounds_row_names_a_test_that_exists() {
         .collect::<Vec<_>>()
         .join("\n");
     let rows = table_rows(&doc, "Bounds:");
-    assert!(rows.len() > 40, "the bounds tables were not found: {} rows", rows.len());
+    assert!(
+        rows.len() > 40,
+        "the bounds tables were not found: {} rows",
+        rows.len()
+    );
     let mut problems = Vec::new();
     for (section, cells) in rows {
-        if cells.first().is_some_and(|c| c == "input" || c == "structure" || c == "input or resource") {
+        if cells
+            .first()
+            .is_some_and(|c| c == "input" || c == "structure" || c == "input or resource")
+        {
             continue;
         }
         let test = cells.last().map(String::as_str).unwrap_or_default();
@@ -96,7 +112,10 @@ fn every_bounds_row_names_a_test_that_exists() {
         }
         for name in names {
             if !sources.contains(&format!("fn {name}(")) {
-                problems.push(format!("{section}: `{}` names `{name}`, which is no test", cells[0]));
+                problems.push(format!(
+                    "{section}: `{}` names `{name}`, which is no test",
+                    cells[0]
+                ));
             }
         }
     }

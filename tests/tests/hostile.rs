@@ -1172,12 +1172,19 @@ async fn attack_21_counts_and_rates_of_registration_are_bounded() {
         ));
         let answer = run.bed.connect(names, &run.bed.a_auth).await;
         run.check(
-            refused_naming(&answer, Code::InvalidArgument, "register.namespaces.names.names"),
+            refused_naming(
+                &answer,
+                Code::InvalidArgument,
+                "register.namespaces.names.names",
+            ),
             || format!("257 namespace names: {}", describe(&answer)),
         );
         let mut fast = team_a_registration("fast", 1);
         fast.backoff = Some(ctrlhub_proto::v1::Backoff {
-            base: Some(prost_types::Duration { seconds: 0, nanos: 1 }),
+            base: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 1,
+            }),
             max: None,
         });
         let answer = run.bed.connect(fast, &run.bed.a_auth).await;
@@ -1212,20 +1219,35 @@ async fn attack_21_counts_and_rates_of_registration_are_bounded() {
             "attack 21: {accepted} of 12 accepted, {} refused by the registration rate",
             refused_by("registrations limit")
         );
-        run.check(accepted == 10 && refused_by("registrations limit") == 2, || {
-            format!(
-                "12 registrations at once: {:?}",
-                answers.iter().map(describe).collect::<Vec<_>>()
-            )
-        });
+        run.check(
+            accepted == 10 && refused_by("registrations limit") == 2,
+            || {
+                format!(
+                    "12 registrations at once: {:?}",
+                    answers.iter().map(describe).collect::<Vec<_>>()
+                )
+            },
+        );
         // The rate refills (2 a second): the eleventh controller is accepted, and the twelfth
         // is past the tenant's count of 11.
-        let eleventh = poll_until("an eleventh registration", Duration::from_secs(10), || async {
-            let r = team_a_registration("r10", 1);
-            run.bed.connect(r, &run.bed.a_auth).await.map_err(|s| format!("{s:?}"))
-        })
+        let eleventh = poll_until(
+            "an eleventh registration",
+            Duration::from_secs(10),
+            || async {
+                let r = team_a_registration("r10", 1);
+                run.bed
+                    .connect(r, &run.bed.a_auth)
+                    .await
+                    .map_err(|s| format!("{s:?}"))
+            },
+        )
         .await;
-        run.check(eleventh.is_ok(), || format!("the eleventh: {eleventh:?}", eleventh = eleventh.as_ref().err()));
+        run.check(eleventh.is_ok(), || {
+            format!(
+                "the eleventh: {eleventh:?}",
+                eleventh = eleventh.as_ref().err()
+            )
+        });
         let twelfth = run
             .bed
             .connect(team_a_registration("r11", 1), &run.bed.a_auth)
@@ -1233,7 +1255,12 @@ async fn attack_21_counts_and_rates_of_registration_are_bounded() {
         run.check(
             matches!(&twelfth, Err(s) if s.code() == Code::ResourceExhausted
                 && s.message().contains("controllers limit")),
-            || format!("a twelfth controller under a count of 11: {}", describe(&twelfth)),
+            || {
+                format!(
+                    "a twelfth controller under a count of 11: {}",
+                    describe(&twelfth)
+                )
+            },
         );
         drop((answers, eleventh, twelfth));
         run.finish("attack 21 (counts and rates)", None).await;

@@ -659,7 +659,11 @@ async fn keys_until(replica: &mut Replica, wanted: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_selector_scope_admits_only_namespaces_the_tenant_may_watch() {
     let c = start_cluster().await;
-    let m = rbac_manager(&c, "sec-selector").await;
+    // Resyncs every second (below the default floor of 10 s): many chances for a leak.
+    let mut args = RBAC_ARGS.to_vec();
+    args.extend(["--min-resync-period", "1s"]);
+    let m = Manager::start(&c, "sec-selector", &args).await;
+    m.wait_leading().await;
     let auth = tenant(&c, "team-a", "ctl").await;
     namespace(&c.client, "sel-one", &[("team", "a")]).await;
     namespace(&c.client, "sel-two", &[("team", "a")]).await;

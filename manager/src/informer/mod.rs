@@ -193,7 +193,7 @@ impl ListBudget {
 pub enum SyncError {
     /// The first list would have held more than the budget of the registration that started it.
     #[error(
-        "the informer for {informer} was stopped during its first list: it would hold more than what is left of the tenant's cached-bytes limit of {limit} bytes"
+        "the informer for {informer} was stopped during its first list: it would hold more than what is left of the tenant's cached_bytes limit of {limit} bytes"
     )]
     OverBudget {
         /// The informer's label.
