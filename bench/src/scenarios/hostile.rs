@@ -4,7 +4,8 @@
 //! with default limits (attack 6 shortens the token cache to 2 s, attack 8 sets team-a's
 //! in-flight limit to 20, as the issue does), built from the same bed and attack drivers as the
 //! hostile suite (`ctrlhub_tests::hostile`); cases 13–19 are the strangers suite's attacks
-//! (`ctrlhub_tests::strangers`), case 15 with the manager's open-file limit at 256.
+//! (`ctrlhub_tests::strangers`), case 15 with the manager's open-file limit at 256; cases 20–28
+//! the tenant attacks of the isolation issue (the hostile suite's attacks 13–21).
 //!
 //! An update that does not arrive within [`BOUND`] counts at the bound (so its real latency is
 //! at least the figure shown) and the case stops measuring after [`WINDOW`]: today an attack can
@@ -35,8 +36,9 @@ const CAP: u64 = 1024 * MIB;
 /// The cases: 0 is the quiet baseline, 1–12 the attacks of issue 14, 13–19 the attacks that
 /// need no credentials (the isolation issue's "strangers get nothing free"; drivers shared with
 /// `tests/tests/strangers.rs` in `ctrlhub_tests::strangers`).
-pub const CASES: [u8; 20] = [
-    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+pub const CASES: [u8; 29] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+    26, 27, 28,
 ];
 
 /// What a case is called in the table.
@@ -62,6 +64,15 @@ fn case_name(case: u8) -> &'static str {
         17 => "17 junk beside a cached token",
         18 => "18 Connect streams before Register",
         19 => "19 unknown kinds",
+        20 => "20 resync storm",
+        21 => "21 predicate cost",
+        22 => "22 Sybil tenants (16 seats)",
+        23 => "23 unacknowledged events",
+        24 => "24 first lists over budget",
+        25 => "25 others' tombstones",
+        26 => "26 credit flood",
+        27 => "27 List amplification",
+        28 => "28 registration counts and rates",
         _ => "unknown",
     }
 }
@@ -79,6 +90,20 @@ fn case_flags(case: u8) -> Vec<String> {
         ],
         6 => vec!["--token-cache-ttl".into(), "2s".into()],
         8 => vec!["--tenant-limit".into(), format!("{team_a}/in-flight=20")],
+        21 => vec![
+            "--tenant-limit".into(),
+            format!("{team_a}/registrations-per-second=0"),
+        ],
+        22 => vec!["--max-dispatch-seats".into(), "16".into()],
+        23 => vec![
+            "--tenant-limit".into(),
+            format!("{team_a}/queued-bytes=8388608"),
+        ],
+        24 => vec![
+            "--tenant-limit".into(),
+            format!("{team_a}/cached-bytes=8388608"),
+        ],
+        28 => vec!["--tenant-limit".into(), format!("{team_a}/controllers=11")],
         _ => Vec::new(),
     }
 }
@@ -260,12 +285,215 @@ async fn attack(case: u8, bed: &Bed, sw: &Switch) -> Result<String> {
         17 => cached_token_case(bed, sw).await,
         18 => pending_case(bed, sw).await,
         19 => unknown_kinds_case(bed, sw).await,
+        20 => resync_case(bed, sw).await,
+        21 => predicate_case(bed, sw).await,
+        22 => sybil_case(bed, sw).await,
+        23 => deaf_events_case(bed, sw).await,
+        24 => first_lists_case(bed, sw).await,
+        25 => tombstones_case(bed, sw).await,
+        26 => credit_flood_case(bed, sw).await,
+        27 => list_case(bed, sw).await,
+        28 => counts_case(bed, sw).await,
         _ => {
             sw.arm();
             sw.hold().await;
             Ok("no attack".into())
         }
     }
+}
+
+async fn resync_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let refused = short(&short_resync(bed, "resync", Duration::from_nanos(1)).await);
+    bed.fill(TEAM_A, "resync", 2_000, 16).await?;
+    let mut hogs = Vec::new();
+    for name in ["resync-a", "resync-b"] {
+        if let Ok(r) = short_resync(bed, name, Duration::from_secs(10)).await {
+            hogs.push(Holder::spawn(r));
+        }
+    }
+    let cpu = cpu_seconds(bed.pid());
+    let t0 = Instant::now();
+    sw.arm();
+    sw.hold().await;
+    let cores = (cpu_seconds(bed.pid()) - cpu) / t0.elapsed().as_secs_f64();
+    Ok(format!(
+        "a 1 ns resync: {refused}; two 10 s resyncs over 2,000 never-answered keys: {cores:.2} cores"
+    ))
+}
+
+async fn predicate_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let wide = short(&bed.connect(predicate_bomb(99, 1000, 11), &bed.a_auth).await);
+    annotate(bed, 2_000, 0).await?;
+    let mut bombs = Vec::new();
+    for i in 0..12 {
+        if let Ok(r) = bed.connect(predicate_bomb(i, 1023, 0), &bed.a_auth).await {
+            bombs.push(r);
+        }
+    }
+    let cpu = cpu_seconds(bed.pid());
+    sw.arm();
+    let mut rounds = 0;
+    while !sw.stopping() {
+        rounds += 1;
+        annotate(bed, 2_000, rounds).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let spent = cpu_seconds(bed.pid()) - cpu;
+    Ok(format!(
+        "12 trees of 1,000 nodes in one Register: {wide}; {} registrations of 1,024 nodes, {rounds} updates of a 2,000-annotation object: {:.1} CPU-ms per update",
+        bombs.len(),
+        spent * 1e3 / rounds.max(1) as f64
+    ))
+}
+
+async fn sybil_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let mut sybils = Vec::new();
+    for i in 0..16 {
+        sybils.push(sybil(bed, i).await?);
+    }
+    for s in &sybils {
+        s.settle(Duration::from_millis(500), Duration::from_secs(10))
+            .await;
+    }
+    let held: usize = sybils.iter().map(Holder::in_flight).sum();
+    sw.arm();
+    sw.hold().await;
+    Ok(format!(
+        "16 tenants with a 600 s deadline hold {held} of 16 seats"
+    ))
+}
+
+async fn deaf_events_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let deaf = deaf_events(bed, "deaf").await?;
+    let payload = "x".repeat(256 * 1024);
+    sw.arm();
+    let mut updates = 0;
+    while !sw.stopping() && updates < 600 {
+        bed.put(
+            TEAM_A,
+            "big",
+            &[("payload", &payload), ("i", &updates.to_string())],
+        )
+        .await?;
+        updates += 1;
+    }
+    let compacted = deaf.alive();
+    bed.fill(TEAM_A, "many", 40, 256 * 1024).await?;
+    let revoked = poll_ok(Duration::from_secs(30), || !deaf.alive()).await;
+    sw.hold().await;
+    Ok(format!(
+        "{updates} updates of a 256 KiB object never acked: session {}; 40 more objects under 8 MiB of queued bytes: {}",
+        if compacted {
+            "kept (compacted)"
+        } else {
+            "revoked"
+        },
+        if revoked { "revoked" } else { "not revoked" }
+    ))
+}
+
+async fn first_lists_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    bed.fill_bystander("bulk", 400, 100 * 1024).await?;
+    sw.arm();
+    let answers =
+        futures::future::join_all((0..10).map(|i| bed.connect(amplifier(i), &bed.a_auth))).await;
+    let exhausted = answers
+        .iter()
+        .filter(|a| matches!(a, Err(s) if s.code() == tonic::Code::ResourceExhausted))
+        .count();
+    sw.hold().await;
+    Ok(format!(
+        "10 concurrent selector registrations over 40 MiB at an 8 MiB budget: {exhausted} RESOURCE_EXHAUSTED"
+    ))
+}
+
+async fn tombstones_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let holder = Holder::spawn(
+        bed.connect(amplifier(0), &bed.a_auth)
+            .await
+            .map_err(|s| anyhow::anyhow!("{s:?}"))?,
+    );
+    sw.arm();
+    let mut rounds = 0;
+    let mut warm = 0;
+    while !sw.stopping() {
+        churn_bystander(bed, rounds, 200, 20_000).await?;
+        rounds += 1;
+        if rounds == 2 {
+            warm = bed.rss();
+        }
+    }
+    let grew = bed.rss().saturating_sub(warm);
+    drop(holder);
+    Ok(format!(
+        "{rounds} rounds of 200 ConfigMaps of 20 KB created and deleted elsewhere: RSS {} after the second round",
+        if rounds > 2 {
+            format!("{:+} KiB", grew / 1024)
+        } else {
+            "not measured".into()
+        }
+    ))
+}
+
+async fn credit_flood_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    let holder = credit_bypass(bed, 10).await?;
+    sw.arm();
+    let mut sent = 0usize;
+    while !sw.stopping() {
+        credit_flood(&holder, 10_000).await?;
+        sent += 10_000;
+    }
+    Ok(format!(
+        "{sent} alternating Credits, session alive: {}",
+        holder.alive()
+    ))
+}
+
+async fn list_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    bed.fill(TEAM_A, "listed", 20_000, 64).await?;
+    let reader = bed
+        .connect(team_a_registration("reader", 1), &bed.a_auth)
+        .await
+        .map_err(|s| anyhow::anyhow!("{s:?}"))?;
+    let session = reader.session_id.clone();
+    let _holder = Holder::spawn(reader);
+    sw.arm();
+    let (stop, relay) = sw.relay();
+    let ((answered, largest), ()) = tokio::join!(list_flood(bed, &session, 8, stop), relay);
+    Ok(format!(
+        "8 loops listing 20,000 objects with a selector matching none: {answered} Lists, largest page {largest}"
+    ))
+}
+
+async fn counts_case(bed: &Bed, sw: &Switch) -> Result<String> {
+    sw.arm();
+    let mut accepted = 0;
+    let mut refused = 0;
+    for i in 0..12 {
+        match bed
+            .connect(team_a_registration(&format!("r{i}"), 1), &bed.a_auth)
+            .await
+        {
+            Ok(_) => accepted += 1,
+            Err(_) => refused += 1,
+        }
+    }
+    sw.hold().await;
+    Ok(format!(
+        "12 registrations at once: {accepted} accepted, {refused} RESOURCE_EXHAUSTED"
+    ))
+}
+
+/// Waits up to `within` for `done`.
+async fn poll_ok(within: Duration, done: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
 }
 
 async fn seat_monopoly_case(bed: &Bed, sw: &Switch) -> Result<String> {
