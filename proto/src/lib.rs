@@ -68,6 +68,7 @@ mod tests {
                 resource: Some(gvk("apps", "v1", "Deployment")),
                 controller_only: true,
                 predicate: None,
+                metadata_only: true,
             }],
             watches: vec![WatchedResource {
                 resource: Some(gvk("", "v1", "Secret")),
@@ -75,6 +76,7 @@ mod tests {
                     "spec.widgetRef".into(),
                 )),
                 predicate: None,
+                metadata_only: false,
             }],
             namespaces: Some(NamespaceScope {
                 scope: Some(namespace_scope::Scope::LabelSelector(LabelSelector {
@@ -116,6 +118,8 @@ mod tests {
             resync_period: Some(Duration::default()),
             backoff: None,
             include_object: true,
+            revision: 3,
+            exclusive_attempts: true,
         };
         let message = ControllerMessage {
             message: Some(controller_message::Message::Register(Box::new(

@@ -934,6 +934,7 @@ pub fn owns_flood(entries: usize) -> pb::Register {
         resource: Some(configmaps()),
         controller_only: true,
         predicate: None,
+        metadata_only: false,
     };
     pb::Register {
         owns: vec![owned; entries],
@@ -1286,6 +1287,7 @@ pub async fn scope_escape(bed: &Bed, rounds: usize) -> Result<Escape> {
             "data.target".into(),
         )),
         predicate: None,
+        metadata_only: false,
     };
     let r = pb::Register {
         watches: vec![watch],
@@ -1631,6 +1633,7 @@ pub fn predicate_bomb(i: usize, leaves: usize, owned: usize) -> pb::Register {
             resource: Some(configmaps()),
             controller_only: true,
             predicate: Some(annotations_bomb(leaves)),
+            metadata_only: false,
         })
         .collect();
     pb::Register {

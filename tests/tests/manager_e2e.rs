@@ -172,6 +172,7 @@ async fn owned_object_change_reaches_owner() {
         }),
         controller_only: true,
         predicate: None,
+        metadata_only: false,
     }];
     let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
     let first = r.expect().await;
@@ -237,6 +238,7 @@ async fn malformed_registration_is_invalid_argument_naming_the_field() {
         }),
         mapping: None,
         predicate: None,
+        metadata_only: false,
     }];
     let err = Replica::connect(&m.grpc, bad_watch)
         .await

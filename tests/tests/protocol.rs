@@ -347,6 +347,7 @@ async fn owned_and_watched_changes_say_so() {
         resource: Some(secrets.clone()),
         controller_only: true,
         predicate: None,
+        metadata_only: false,
     }];
     reg.watches = vec![pb::WatchedResource {
         resource: Some(pb::ResourceType {
@@ -355,6 +356,7 @@ async fn owned_and_watched_changes_say_so() {
         }),
         mapping: Some(pb::watched_resource::Mapping::LabelKey("for".into())),
         predicate: None,
+        metadata_only: false,
     }];
     put_configmap(&c.client, "default", "parent", &[("v", "0")]).await;
     let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");

@@ -47,6 +47,7 @@ async fn one(c: &Cluster, ns: &str, n: usize, metadata_only: bool) -> Result<(u6
             resource: Some(widget_type()),
             controller_only: true,
             predicate: Some(never()),
+            metadata_only: false,
         }];
         r
     } else {

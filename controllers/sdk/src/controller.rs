@@ -204,6 +204,7 @@ impl<K> Controller<K> {
             resource: Some(resource),
             controller_only,
             predicate: predicate.as_ref().map(Predicate::to_proto),
+            metadata_only: false,
         });
         self
     }
@@ -228,6 +229,7 @@ impl<K> Controller<K> {
             resource: Some(resource),
             mapping: Some(mapping.to_proto()),
             predicate: predicate.as_ref().map(Predicate::to_proto),
+            metadata_only: false,
         });
         self
     }
@@ -309,6 +311,8 @@ impl<K> Controller<K> {
                 max: Some(duration_to_proto(max)),
             }),
             include_object: self.include_object,
+            revision: 0,
+            exclusive_attempts: false,
         }
     }
 }

@@ -443,6 +443,7 @@ where
                         manager_message::Message::Event(ev) => {
                             warn!(controller = %name, id = %ev.id, "ignoring an Event on a reconcile-mode session");
                         }
+                        manager_message::Message::Heartbeat(_) => {}
                     }
                 }
                 Ok(Some(pb::ManagerMessage { message: None })) => {

@@ -95,6 +95,7 @@ impl ControllerManager for Fake {
                     code: tonic::Code::InvalidArgument as i32,
                     message: "kind 'Nope' not found".into(),
                     field: "register.primary.kind".into(),
+                    outdated: false,
                 })))
                 .await
                 .unwrap();
@@ -109,6 +110,7 @@ impl ControllerManager for Fake {
                     leader_identity: "mgr-0".into(),
                     effective: None,
                     readable: vec![],
+                    ..Default::default()
                 },
             ))))
             .await

@@ -21,6 +21,19 @@ pub struct Sharing {
     pub seat_pool: Arc<SeatPool>,
     /// Which identities share one tenant's limits and seats.
     pub grouping: TenantGrouping,
+    /// How long an exclusive session's unfinished keys stay with it after its last heartbeat
+    /// answer once it is gone (`--hold-period`): the time its replica has to stop.
+    pub hold: std::time::Duration,
+}
+
+/// What a session brings besides its registration: the revision of its definition and whether
+/// it confirms the end of its attempts (`exclusive_attempts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Terms {
+    /// `Register.revision`.
+    pub revision: u64,
+    /// `Register.exclusive_attempts`.
+    pub exclusive: bool,
 }
 
 /// A tenant being attached to, its limits, and what the first lists of a registration it
@@ -73,6 +86,23 @@ pub enum RegisterError {
         owner: String,
         /// The tenant both belong to.
         tenant: String,
+    },
+    /// Another definition of this controller runs under a higher or equal revision
+    /// (FAILED_PRECONDITION, `Rejected.outdated`): the replica waits instead of superseding it.
+    #[error(
+        "controller {name:?} runs another definition at revision {running} (this replica: revision {asked}; {what}): {hint}"
+    )]
+    Outdated {
+        /// The controller.
+        name: String,
+        /// The running definition's revision.
+        running: u64,
+        /// This replica's revision.
+        asked: u64,
+        /// Which fields differ.
+        what: String,
+        /// What to do.
+        hint: &'static str,
     },
     /// The manager is shutting down (UNAVAILABLE): the controller should reconnect to the next
     /// leader instead of attaching to a manager that is about to close.
@@ -155,6 +185,10 @@ pub struct ControllerTable {
     registration_rates: Mutex<HashMap<String, crate::throttle::TokenBucket>>,
     /// Bytes of events and tombstones each tenant's controllers hold.
     queued_bytes: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// See [`Sharing::hold`].
+    hold: std::time::Duration,
+    /// The latest release of a key fenced by a controller that has gone away since.
+    fenced_until: Mutex<Option<Instant>>,
     /// One turn per tenant for registrations that start informers: their first lists run one
     /// after another, so a tenant's concurrent registrations cannot list at once what its
     /// budget would refuse one by one.
@@ -210,11 +244,6 @@ fn primary_labels(reg: &Registration) -> Option<String> {
         .as_ref()
         .map(selector_query)
         .filter(|s| !s.is_empty())
-}
-
-/// Watched kinds are cached metadata-only unless the mapping reads a field of the object.
-fn watched_metadata_only(mapping: &crate::registration::Mapping) -> bool {
-    !matches!(mapping, crate::registration::Mapping::Field(_))
 }
 
 /// The informer that follows namespaces for label-selector scopes.
@@ -331,6 +360,7 @@ impl ControllerTable {
             limits,
             seat_pool,
             grouping,
+            hold,
         } = sharing;
         Arc::new(ControllerTable {
             cache,
@@ -347,6 +377,8 @@ impl ControllerTable {
             grouping,
             registration_rates: Mutex::new(HashMap::new()),
             queued_bytes: Mutex::new(HashMap::new()),
+            hold,
+            fenced_until: Mutex::new(None),
             list_turns: Mutex::new(HashMap::new()),
             reads: Mutex::new(HashMap::new()),
         })
@@ -405,7 +437,7 @@ impl ControllerTable {
         &self,
         tenant: &str,
         registration: Registration,
-        credits: u32,
+        (credits, terms): (u32, Terms),
         gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Result<Attached, RegisterError> {
         let id = ControllerId {
@@ -442,7 +474,7 @@ impl ControllerTable {
             let controller = self.join_or_register(
                 &mut controllers,
                 &id,
-                registration,
+                (registration, terms.revision),
                 &namespaces,
                 &quota,
                 gate,
@@ -450,7 +482,7 @@ impl ControllerTable {
             let created = before != Some(Arc::as_ptr(&controller));
             (controller, credits, created)
         };
-        let mut attached = self.open_session(controller, &quota, credits)?;
+        let mut attached = self.open_session(controller, &quota, (credits, terms.exclusive))?;
         attached.created = created;
         Ok(attached)
     }
@@ -596,12 +628,14 @@ impl ControllerTable {
     }
 
     /// Attach, step 2: join the controller already registered under this name with the same
-    /// definition, or register a new one in its place (within the tenant's informer limit).
+    /// definition, or register a new one in its place (within the tenant's informer limit)
+    /// when its revision is higher; a lower or equal revision of another definition is refused
+    /// as outdated, so a rolling upgrade never ping-pongs between definitions.
     fn join_or_register(
         &self,
         controllers: &mut BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
-        registration: Registration,
+        (registration, revision): (Registration, u64),
         namespaces: &Option<Vec<String>>,
         quota: &Quota<'_>,
         gate: Option<Arc<dyn NamespaceGate>>,
@@ -611,15 +645,35 @@ impl ControllerTable {
                 && (gate.is_none() || self.scope_of(existing).is_none_or(|s| s.is_gated()))
         };
         let existing = match controllers.get(id) {
-            Some(existing) if joinable(existing) => return Ok(existing.clone()),
+            Some(existing) if joinable(existing) => {
+                existing.raise_revision(revision);
+                return Ok(existing.clone());
+            }
             existing => existing,
         };
+        if let Some(old) = existing
+            && old.registration != registration
+            && old.revision() >= revision
+            && old.session_count() > 0
+        {
+            return Err(RegisterError::Outdated {
+                name: id.name.clone(),
+                running: old.revision(),
+                asked: revision,
+                what: format!(
+                    "differs in {}",
+                    old.registration.differences(&registration).join(", ")
+                ),
+                hint: "a rollout replaces the running replicas and this one is accepted once they are gone; give a new definition a higher revision (CTRLHUB_REVISION) to replace the running one at once",
+            });
+        }
         self.check_informer_limit(controllers, id, &registration, namespaces, quota)?;
         self.check_registration_rate(quota)?;
         if let Some(old) = existing {
             self.supersede(old, &registration);
         }
         let controller = self.start_controller(id, registration, namespaces, quota, gate);
+        controller.raise_revision(revision);
         controllers.insert(id.clone(), controller.clone());
         Ok(controller)
     }
@@ -690,7 +744,7 @@ impl ControllerTable {
             // checked: the old scope was filled on a cluster-wide grant.
             "a replica without a cluster-wide grant registered this controller; its namespaces are now admitted one by one after a permission check: reconnect"
         } else {
-            "a replica registered a different definition under this controller name"
+            "a replica registered a different definition under this controller name with a higher revision: this replica is outdated; wait for the rollout to replace it"
         };
         tracing::info!(controller = %old.id, why, "superseding the previous registration");
         old.revoke_all(RevokeReason::Superseded, why);
@@ -723,6 +777,7 @@ impl ControllerTable {
             (&self.seat_pool, queued),
         );
         controller.set_queue_limit(quota.limits.queued_keys);
+        controller.set_hold(self.hold);
         if let Some(names) = namespaces {
             controller.confine_to(names);
         }
@@ -743,10 +798,10 @@ impl ControllerTable {
         &self,
         controller: Arc<Controller>,
         quota: &Quota<'_>,
-        credits: u32,
+        (credits, exclusive): (u32, bool),
     ) -> Result<Attached, RegisterError> {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let rx = controller.add_session(session, credits.max(1));
+        let rx = controller.add_session(session, credits.max(1), exclusive);
         if self.is_closed() {
             // close() ran between the check above and here and may have missed this session.
             self.detach(&controller, session);
@@ -809,6 +864,10 @@ impl ControllerTable {
                 && controller.session_count() == 0
             {
                 controllers.remove(&controller.id);
+                if let Some(release) = controller.fenced_until() {
+                    let mut fenced = self.fenced_until.lock();
+                    *fenced = Some(fenced.map_or(release, |f| f.max(release)));
+                }
                 controller.retire();
                 self.forget_scope(controller);
                 self.metrics
@@ -827,6 +886,24 @@ impl ControllerTable {
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// When the last key fenced after an exclusive session ended may move (None: none waits).
+    /// A manager handing over waits for it before giving up its Lease, so a successor never
+    /// hands out a key a replica of this manager's sessions may still be working on.
+    pub fn fenced_until(&self) -> Option<Instant> {
+        let gone = *self.fenced_until.lock();
+        self.all()
+            .iter()
+            .filter_map(|c| c.fenced_until())
+            .chain(gone)
+            .max()
+            .filter(|at| *at > Instant::now())
+    }
+
+    /// How long an exclusive session's keys stay fenced after its last heartbeat answer.
+    pub fn hold(&self) -> std::time::Duration {
+        self.hold
     }
 
     /// Revoke every session of every controller (e.g. on losing the lease).
@@ -895,15 +972,12 @@ impl ControllerTable {
             .into_iter()
             .collect();
         for owned in &reg.owns {
-            keys.extend(self.informer_keys(&owned.resource, namespaces, None, true));
+            let form = reg.metadata_only(&owned.resource);
+            keys.extend(self.informer_keys(&owned.resource, namespaces, None, form));
         }
         for watched in &reg.watches {
-            keys.extend(self.informer_keys(
-                &watched.resource,
-                namespaces,
-                None,
-                watched_metadata_only(&watched.mapping),
-            ));
+            let form = reg.metadata_only(&watched.resource);
+            keys.extend(self.informer_keys(&watched.resource, namespaces, None, form));
         }
         if matches!(reg.namespaces, NamespaceScope::Selector(_)) {
             keys.insert(namespaces_informer_key());
@@ -936,7 +1010,8 @@ impl ControllerTable {
             let primary = reg.primary.clone();
             let controller_only = owned.controller_only;
             let map = move |obj: &Value| mapping::owner_keys(obj, &primary, controller_only);
-            for key in self.informer_keys(&owned.resource, namespaces, None, true) {
+            let form = reg.metadata_only(&owned.resource);
+            for key in self.informer_keys(&owned.resource, namespaces, None, form) {
                 let sub = related_subscriber(
                     controller,
                     scope.clone(),
@@ -948,7 +1023,7 @@ impl ControllerTable {
             }
         }
         for watched in &reg.watches {
-            let metadata_only = watched_metadata_only(&watched.mapping);
+            let metadata_only = reg.metadata_only(&watched.resource);
             let mapping = watched.mapping.clone();
             let primary_namespaced = reg.primary.namespaced;
             let map = move |obj: &Value| {

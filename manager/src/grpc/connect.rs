@@ -8,7 +8,7 @@ use super::convert::{
 };
 use super::registering::{Grant, RbacNamespaceGate, denied, watched_resources};
 use super::{ConnectStream, Service, bearer_token};
-use crate::dispatch::controllers::{AdmittedNamespaces, Attached};
+use crate::dispatch::controllers::{AdmittedNamespaces, Attached, Terms};
 use crate::dispatch::dispatcher::{Completion, Controller, Outbound, Outbox, RevokeReason};
 use crate::dispatch::queue::Outcome;
 use crate::informer::SyncError;
@@ -81,10 +81,14 @@ impl Service {
             .controllers
             .first_list_turn(&identity.tenant, &registration)
             .await;
+        let terms = Terms {
+            revision: register.revision,
+            exclusive: register.exclusive_attempts,
+        };
         let attached = self.controllers.attach_gated(
             &identity.tenant,
             registration.clone(),
-            credits,
+            (credits, terms),
             self.gate(grant, &identity, &registration),
         )?;
         self.wait_first_lists(&attached).await?;
@@ -109,6 +113,12 @@ impl Service {
                     .as_deref(),
             )),
             readable: readable_to_pb(&registration),
+            heartbeat_interval: terms
+                .exclusive
+                .then(|| pb_duration(self.heartbeat_interval())),
+            hold: terms
+                .exclusive
+                .then(|| pb_duration(self.controllers.hold())),
         };
         let guards: Vec<AbortOnDrop> = [
             self.spawn_recheck(&identity, &registration, &attached),
@@ -125,6 +135,7 @@ impl Service {
             session_id,
             scope: attached.scope,
             tx,
+            silence: terms.exclusive.then(|| self.controllers.hold()),
         };
         tokio::spawn(pump.run(attached.outbound, inbound, registered, guards));
         Ok(Response::new(Box::pin(
@@ -157,7 +168,16 @@ impl Service {
                 return Err(status.into());
             }
         }
-        Ok(self.controllers.check_cache_budget(attached)?)
+        self.controllers.check_cache_budget(attached)?;
+        // Every cache the controller reads knows its objects: its keys may go out now.
+        attached.controller.mark_synced();
+        Ok(())
+    }
+
+    /// How often an exclusive session sends a heartbeat: a fifth of the hold, so a replica
+    /// notices a lost manager after a few missed answers, well within the hold.
+    fn heartbeat_interval(&self) -> Duration {
+        self.controllers.hold() / 5
     }
 
     /// The first message, which must be Register, within [`REGISTER_TIMEOUT`]; meanwhile the
@@ -359,6 +379,21 @@ enum Next {
     Control(Option<Outbound>),
     Work(Option<Outbound>),
     Inbound(Result<Option<pb::ControllerMessage>, Status>),
+    /// An exclusive session has been silent for the hold.
+    Silent,
+}
+
+/// Sleeps until `at`, or for ever when there is none.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A duration as protobuf.
+fn pb_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration::try_from(d).unwrap_or_default()
 }
 
 /// What one turn of the pump decided.
@@ -377,6 +412,9 @@ struct Pump {
     session_id: String,
     scope: Option<AdmittedNamespaces>,
     tx: Replies,
+    /// An exclusive session that sends nothing (its heartbeats included) for this long is
+    /// ended: its replica is gone or cut off, and stops on its own within the same hold.
+    silence: Option<Duration>,
 }
 
 impl Pump {
@@ -389,18 +427,31 @@ impl Pump {
     ) {
         let registered = pb::manager_message::Message::Registered(Box::new(registered));
         let _ = self.tx.send(Ok(msg(registered))).await;
+        let mut heard = tokio::time::Instant::now();
         let end = loop {
+            let silent_until = self.silence.map(|hold| heard + hold);
             let next = tokio::select! {
                 // An ending session ends at once, whatever work is waiting.
                 biased;
                 control = outbox.control.recv() => Next::Control(control),
                 out = outbox.work.next() => Next::Work(out),
                 incoming = inbound.message() => Next::Inbound(incoming),
+                _ = sleep_until_some(silent_until) => Next::Silent,
             };
             let step = match next {
                 Next::Control(control) => self.control(control),
                 Next::Work(out) => self.outbound(out, &mut outbox.control).await,
-                Next::Inbound(incoming) => self.inbound(incoming),
+                Next::Inbound(incoming) => {
+                    heard = tokio::time::Instant::now();
+                    self.inbound(incoming)
+                }
+                Next::Silent => {
+                    tracing::info!(controller = %self.controller.id, session = %self.session_id, "an exclusive session sent nothing for the hold period; ending it");
+                    Step::End(Some(Status::unavailable(format!(
+                        "no message from this replica for {}: the session is ended, and its unfinished keys move to other replicas once the hold is over; reconnect",
+                        humantime::format_duration(self.silence.unwrap_or_default())
+                    ))))
+                }
             };
             if let Step::End(status) = step {
                 break status;
@@ -536,6 +587,14 @@ impl Pump {
                     .set_credits(c, self.session, credit.max_in_flight);
             }
             Some(M::Drain(_)) => c.drain(self.session),
+            Some(M::Heartbeat(beat)) => {
+                // Answered at once, beside any work waiting; a replica that does not read its
+                // stream gets no answer, and stops on its own within the hold.
+                let echo = pb::manager_message::Message::Heartbeat(beat);
+                if self.tx.try_send(Ok(msg(echo))).is_ok() {
+                    c.heartbeat_answered(self.session);
+                }
+            }
             Some(M::EventAck(ack)) if c.ack(self.session, &ack.id) == Completion::Discarded => {
                 tracing::debug!(controller = %c.id, id = %ack.id, "late or unknown ack discarded");
             }
@@ -549,7 +608,7 @@ impl Pump {
             // ignoring it could stall a key until its deadline, so the proto makes it an error.
             None => {
                 return Step::End(Some(Status::invalid_argument(
-                    "message: empty or unknown ControllerMessage variant; this manager understands register, result, event_ack, credit and drain",
+                    "message: empty or unknown ControllerMessage variant; this manager understands register, result, event_ack, credit, drain and heartbeat",
                 )));
             }
         }

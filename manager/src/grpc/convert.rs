@@ -249,27 +249,17 @@ fn fill_plural(rt: Option<&mut pb::ResourceType>, resolved: &[&ResourceRef]) {
     }
 }
 
-/// `Registered.readable`: what the session may read from the cache, and whether only metadata
-/// is cached for it (owned kinds, and watches mapped by label or annotation).
+/// `Registered.readable`: every kind the session may read from the cache, once, with the form
+/// it is cached and served in.
 pub(crate) fn readable_to_pb(registration: &Registration) -> Vec<pb::ReadableResource> {
-    let readable = |r: &ResourceRef, metadata_only: bool| pb::ReadableResource {
-        resource: Some(resource_to_pb(r)),
-        metadata_only,
-    };
-    let mut out = vec![readable(&registration.primary, false)];
-    out.extend(
-        registration
-            .owns
-            .iter()
-            .map(|o| readable(&o.resource, true)),
-    );
-    out.extend(
-        registration
-            .watches
-            .iter()
-            .map(|w| readable(&w.resource, !matches!(w.mapping, Mapping::Field(_)))),
-    );
-    out
+    registration
+        .kinds()
+        .into_iter()
+        .map(|r| pb::ReadableResource {
+            resource: Some(resource_to_pb(r)),
+            metadata_only: registration.metadata_only(r),
+        })
+        .collect()
 }
 
 /// A Connect refused after its Register was read: answered with a `Rejected` message carrying
@@ -280,6 +270,8 @@ pub(crate) struct Rejection {
     pub(crate) status: Status,
     /// The offending field's path, empty when no single field is at fault.
     pub(crate) field: String,
+    /// Another definition runs under a higher or equal revision (`Rejected.outdated`).
+    pub(crate) outdated: bool,
 }
 
 impl From<Status> for Rejection {
@@ -287,6 +279,7 @@ impl From<Status> for Rejection {
         Rejection {
             status,
             field: String::new(),
+            outdated: false,
         }
     }
 }
@@ -296,6 +289,7 @@ impl From<Invalid> for Rejection {
         Rejection {
             status: Status::invalid_argument(i.to_string()),
             field: i.field,
+            outdated: false,
         }
     }
 }
@@ -307,6 +301,13 @@ impl From<RegisterError> for Rejection {
             RegisterError::OutsideCeiling(m) => Status::permission_denied(m),
             limit @ RegisterError::Limit { .. } => Status::resource_exhausted(limit.to_string()),
             taken @ RegisterError::NameTaken { .. } => Status::already_exists(taken.to_string()),
+            outdated @ RegisterError::Outdated { .. } => {
+                return Rejection {
+                    status: Status::failed_precondition(outdated.to_string()),
+                    field: String::new(),
+                    outdated: true,
+                };
+            }
             closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
         };
         status.into()
@@ -320,6 +321,7 @@ impl Rejection {
             code: self.status.code() as i32,
             message: self.status.message().to_string(),
             field: self.field,
+            outdated: self.outdated,
         };
         [
             Ok(msg(pb::manager_message::Message::Rejected(rejected))),
@@ -673,17 +675,20 @@ mod tests {
                 resource: configmaps(),
                 controller_only: true,
                 predicate: None,
+                metadata_only: true,
             }],
             watches: vec![
                 Watched {
                     resource: configmaps(),
                     mapping: Mapping::Label("app".into()),
                     predicate: None,
+                    metadata_only: false,
                 },
                 Watched {
                     resource: configmaps(),
                     mapping: Mapping::Field("spec.ref".into()),
                     predicate: None,
+                    metadata_only: true,
                 },
             ],
             namespaces: NamespaceScope::All,
@@ -893,8 +898,75 @@ mod tests {
             .iter()
             .map(|r| r.metadata_only)
             .collect();
-        // Primary in full, owned kinds and label-mapped watches as metadata, field-mapped in full.
-        assert_eq!(readable, vec![false, true, true, false]);
+        // One kind, named once, in the form its primary needs.
+        assert_eq!(readable, vec![false]);
+    }
+
+    fn kind(kind: &str) -> ResourceRef {
+        ResourceRef {
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+            ..configmaps()
+        }
+    }
+
+    fn owned(resource: ResourceRef, metadata_only: bool) -> Owned {
+        Owned {
+            resource,
+            controller_only: true,
+            predicate: None,
+            metadata_only,
+        }
+    }
+
+    fn watched(resource: ResourceRef, mapping: Mapping, metadata_only: bool) -> Watched {
+        Watched {
+            resource,
+            mapping,
+            predicate: None,
+            metadata_only,
+        }
+    }
+
+    #[test]
+    fn each_kind_is_readable_once_in_full_unless_every_entry_asks_for_metadata() {
+        let label = || Mapping::Label("app".into());
+        let r = Registration {
+            owns: vec![
+                owned(kind("Deployment"), false),
+                owned(kind("Service"), true),
+                owned(kind("Secret"), true),
+            ],
+            watches: vec![
+                watched(kind("Secret"), label(), false),
+                watched(kind("Pod"), label(), true),
+                watched(kind("Pod"), label(), true),
+                watched(kind("Job"), Mapping::Field("spec.ref".into()), true),
+            ],
+            ..registration()
+        };
+        let readable: Vec<(String, bool)> = readable_to_pb(&r)
+            .into_iter()
+            .map(|x| {
+                (
+                    x.resource.map(|r| r.kind).unwrap_or_default(),
+                    x.metadata_only,
+                )
+            })
+            .collect();
+        let expect = |k: &str, m: bool| (k.to_string(), m);
+        assert_eq!(
+            readable,
+            vec![
+                expect("ConfigMap", false),
+                expect("Deployment", false),
+                expect("Service", true),
+                expect("Secret", false),
+                expect("Pod", true),
+                expect("Job", false),
+            ],
+            "children in full by default; metadata only when every entry asks; a field mapping reads the object"
+        );
     }
 
     #[test]

@@ -166,6 +166,7 @@ impl ServiceState {
                     .await?,
                 controller_only: o.controller_only,
                 predicate,
+                metadata_only: o.metadata_only,
             });
         }
         Ok(owns)
@@ -184,6 +185,7 @@ impl ServiceState {
                     .await?,
                 mapping,
                 predicate,
+                metadata_only: w.metadata_only,
             });
         }
         Ok(watches)

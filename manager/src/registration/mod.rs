@@ -61,6 +61,8 @@ pub struct Owned {
     pub controller_only: bool,
     /// Extra filter on the owned objects' events.
     pub predicate: Option<Predicate>,
+    /// Asked to cache only metadata of this kind.
+    pub metadata_only: bool,
 }
 
 /// Another kind the controller watches, mapped to primaries.
@@ -72,6 +74,8 @@ pub struct Watched {
     pub mapping: Mapping,
     /// Extra filter on the watched objects' events.
     pub predicate: Option<Predicate>,
+    /// Asked to cache only metadata of this kind (ignored for a field mapping).
+    pub metadata_only: bool,
 }
 
 /// Which namespaces a registration covers.
@@ -123,6 +127,78 @@ pub struct Registration {
     pub backoff: Backoff,
     /// Whether requests carry the object.
     pub include_object: bool,
+}
+
+impl Registration {
+    /// Whether `resource` is cached metadata-only for this registration: one form per kind,
+    /// full unless every entry of the kind asks for metadata only (the primary, and a watch
+    /// mapped by a field, always need the full object).
+    pub fn metadata_only(&self, resource: &ResourceRef) -> bool {
+        let same = |r: &ResourceRef| r.group == resource.group && r.kind == resource.kind;
+        let mut entries = 0;
+        let primary = same(&self.primary);
+        let owned_full = self
+            .owns
+            .iter()
+            .filter(|o| same(&o.resource))
+            .inspect(|_| entries += 1)
+            .any(|o| !o.metadata_only);
+        let watched_full = self
+            .watches
+            .iter()
+            .filter(|w| same(&w.resource))
+            .inspect(|_| entries += 1)
+            .any(|w| !w.metadata_only || matches!(w.mapping, Mapping::Field(_)));
+        entries > 0 && !primary && !owned_full && !watched_full
+    }
+
+    /// Every kind the registration reads, each once: the primary, then owned and watched kinds
+    /// in the order registered.
+    pub fn kinds(&self) -> Vec<&ResourceRef> {
+        let mut out: Vec<&ResourceRef> = Vec::new();
+        let all = std::iter::once(&self.primary)
+            .chain(self.owns.iter().map(|o| &o.resource))
+            .chain(self.watches.iter().map(|w| &w.resource));
+        for r in all {
+            if !out.iter().any(|o| o.group == r.group && o.kind == r.kind) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// The fields in which `other` differs from this registration's definition, by their proto
+    /// names, for the message that refuses a conflicting definition.
+    pub fn differences(&self, other: &Registration) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let mut differ = |same: bool, name: &'static str| {
+            if !same {
+                out.push(name);
+            }
+        };
+        differ(self.mode == other.mode, "mode");
+        differ(self.primary == other.primary, "primary");
+        differ(self.owns == other.owns, "owns");
+        differ(self.watches == other.watches, "watches");
+        differ(self.namespaces == other.namespaces, "namespaces");
+        differ(
+            self.label_selector == other.label_selector,
+            "label_selector",
+        );
+        differ(self.predicate == other.predicate, "predicate");
+        differ(
+            self.max_concurrent == other.max_concurrent,
+            "max_concurrent_reconciles",
+        );
+        differ(self.deadline == other.deadline, "request_deadline");
+        differ(self.resync == other.resync, "resync_period");
+        differ(self.backoff == other.backoff, "backoff");
+        differ(
+            self.include_object == other.include_object,
+            "include_object",
+        );
+        out
+    }
 }
 
 /// A registration field that is wrong, and how.

@@ -164,6 +164,7 @@ impl DevArgs {
             max_request_deadline: limits.max_deadline,
             min_resync_period: limits.min_resync,
             dev_stall_on_sigusr1: None,
+            hold_period: None,
             max_queued_bytes_per_tenant: limits.queued_bytes,
             tenant_limits: Vec::new(),
             tenant_grouping: crate::tenancy::TenantGrouping::default(),

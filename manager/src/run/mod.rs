@@ -214,6 +214,13 @@ pub struct RunArgs {
     /// Interval between election attempts.
     #[arg(long, env = "CTRLHUB_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub retry_period: Duration,
+    /// How long a key whose attempt may still run on a replica stays with it after that
+    /// replica's exclusive session is gone (counted from the manager's last heartbeat answer);
+    /// the replica stops every handler within it. Default: the lease duration less the renew
+    /// deadline, so a replica of a leader that lost its Lease has stopped before a successor can
+    /// take over; it may not be longer.
+    #[arg(long, env = "CTRLHUB_HOLD_PERIOD", value_parser = humantime::parse_duration)]
+    pub hold_period: Option<Duration>,
     /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
     /// of the dispatch runtime for this long, as a loop that never yields would.
     #[cfg(feature = "dev")]
@@ -523,12 +530,28 @@ impl RunArgs {
                 self.lease_duration
             );
         }
+        let most = self.lease_duration - self.renew_deadline;
+        if self.hold() > most {
+            anyhow::bail!(
+                "--hold-period ({:?}) may be at most --lease-duration less --renew-deadline ({most:?}): a replica of a leader that lost its Lease must have stopped before a successor can take over",
+                self.hold()
+            );
+        }
+        if self.hold() < Duration::from_millis(500) {
+            anyhow::bail!(
+                "--hold-period ({:?}) must be at least 500ms: replicas answer heartbeats every fifth of it",
+                self.hold()
+            );
+        }
         Ok(())
     }
 
-    /// Starts the Lease election on a thread of its own, with its own runtime and its own
-    /// connection to the API server: nothing tenants make the main runtime do (fan-out of a
-    /// huge registration, a flood of connections) can delay a renewal until the Lease is lost.
+    /// `--hold-period`, or the lease duration less the renew deadline.
+    fn hold(&self) -> Duration {
+        self.hold_period
+            .unwrap_or(self.lease_duration.saturating_sub(self.renew_deadline))
+    }
+
     /// The dispatch runtime's heartbeat, stalled past half the renew deadline: a leader whose
     /// runtime stalls stops renewing well before it would step down, so a standby can take
     /// over by the lease's expiry.
@@ -539,6 +562,10 @@ impl RunArgs {
         }
     }
 
+    /// Starts the Lease election on a thread of its own, with its own runtime and its own
+    /// connection to the API server: nothing tenants make the main runtime do (fan-out of a
+    /// huge registration, a flood of connections) can delay a renewal until the Lease is lost,
+    /// but it gives the Lease up when that runtime stalls (`liveness`).
     fn start_election(
         &self,
         config: kube::Config,
@@ -627,6 +654,7 @@ impl RunArgs {
             limits,
             seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
             grouping: self.tenant_grouping,
+            hold: self.hold(),
         })
     }
 
@@ -878,6 +906,13 @@ async fn shut_down(
     if let Some(p) = pod_label {
         // Stop attracting controllers before the lease is released to a successor.
         p.set(false).await;
+    }
+    // Keys whose attempts may still run on a replica of an exclusive session stay fenced for
+    // the hold: releasing the Lease earlier would let a successor hand them out beside them.
+    if let Some(until) = controllers.fenced_until() {
+        let wait = until.saturating_duration_since(std::time::Instant::now());
+        tracing::info!(?wait, "waiting for fenced keys before releasing the lease");
+        tokio::time::sleep(wait).await;
     }
     election.stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;

@@ -106,6 +106,14 @@ pub struct Controller {
     retired: tokio_util::sync::CancellationToken,
     /// Bytes of events and tombstones it holds, counted against its tenant's limit.
     queued: QueuedBytes,
+    /// Set once every informer it uses has its first list: nothing is dispatched before.
+    synced: std::sync::atomic::AtomicBool,
+    /// The highest `Register.revision` among its sessions: a different definition needs a
+    /// higher one to supersede it.
+    revision: AtomicU64,
+    /// How long after an exclusive session's last heartbeat answer its unfinished keys stay
+    /// fenced once it is gone (the manager's `--hold-period`).
+    hold: std::sync::atomic::AtomicU64,
 }
 
 /// What a tombstone keeps of an object when the tenant's queued bytes cannot hold all of it:
@@ -137,16 +145,20 @@ const DEADLINE_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(
 
 impl Controller {
     #[cfg(test)]
-    /// A controller with an empty queue and no sessions, and no limit on dispatch seats.
+    /// A controller with an empty queue and no sessions, no limit on dispatch seats, and
+    /// nothing to wait for before dispatching.
     pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
         let group = id.tenant.clone();
-        Self::with_seat_pool(
+        let c = Self::with_seat_pool(
             id,
             &group,
             registration,
             metrics,
             (&SeatPool::unlimited(), QueuedBytes::unlimited()),
-        )
+        );
+        // Unit tests have no informers to wait for.
+        c.mark_synced();
+        c
     }
 
     /// A controller whose requests take seats from `seat_pool`, shared with other tenants, and
@@ -181,6 +193,9 @@ impl Controller {
             deadline_log: Mutex::new(crate::throttle::LogEvery::new(DEADLINE_LOG_PERIOD)),
             retired: tokio_util::sync::CancellationToken::new(),
             queued,
+            synced: std::sync::atomic::AtomicBool::new(false),
+            revision: AtomicU64::new(0),
+            hold: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -493,8 +508,9 @@ impl Controller {
             .find_map(|i| i.get(&key.namespace, &key.name))
     }
 
-    /// Attach a replica's session; returns what it receives.
-    pub fn add_session(&self, session: u64, credits: u32) -> Outbox {
+    /// Attach a replica's session; returns what it receives. An `exclusive` session's
+    /// attempts stay in flight until it confirms they ended (see [`Phase`]).
+    pub fn add_session(&self, session: u64, credits: u32, exclusive: bool) -> Outbox {
         let (tx, outbox) = messages::mailbox(self.wake.clone());
         let mut st = self.lock();
         st.sessions.insert(
@@ -504,12 +520,69 @@ impl Controller {
                 in_flight: 0,
                 draining: false,
                 tx,
+                exclusive,
+                last_echo: Instant::now(),
             },
         );
         self.update_demand(&st);
         drop(st);
         self.wake.notify_one();
         outbox
+    }
+
+    /// The manager answered `session`'s heartbeat now.
+    pub fn heartbeat_answered(&self, session: u64) {
+        if let Some(slot) = self.lock().sessions.get_mut(&session) {
+            slot.last_echo = Instant::now();
+        }
+    }
+
+    /// The revision of its definition (the highest its sessions registered with).
+    pub fn revision(&self) -> u64 {
+        self.revision.load(Ordering::Relaxed)
+    }
+
+    /// A session registered this definition with `revision`.
+    pub fn raise_revision(&self, revision: u64) {
+        self.revision.fetch_max(revision, Ordering::Relaxed);
+    }
+
+    /// Every informer has its first list: dispatch may begin.
+    pub fn mark_synced(&self) {
+        if !self.synced.swap(true, Ordering::Relaxed) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether dispatch may begin (every informer has its first list).
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// Sets how long an exclusive session's unfinished keys stay fenced after its last
+    /// heartbeat answer once it is gone.
+    pub fn set_hold(&self, hold: std::time::Duration) {
+        self.hold.store(
+            u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn hold_period(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.hold.load(Ordering::Relaxed))
+    }
+
+    /// The latest release of a key fenced after its exclusive session ended, if any waits:
+    /// a manager handing over must not let another take the key earlier.
+    pub fn fenced_until(&self) -> Option<Instant> {
+        self.lock()
+            .in_flight
+            .values()
+            .filter_map(|f| match f.phase {
+                state::Phase::Orphaned { release } => Some(release),
+                _ => None,
+            })
+            .max()
     }
 
     /// Change a session's credits (absolute).
@@ -551,36 +624,56 @@ impl Controller {
         self.update_demand(&st);
     }
 
-    /// Detach a session; everything it held is re-queued at once (at-least-once).
+    /// Detach a session; everything it held is re-queued (at-least-once): at once for an
+    /// ordinary session, and for an exclusive one once the hold after its last heartbeat
+    /// answer is over, when the replica has stopped whatever still ran there.
     pub fn remove_session(&self, session: u64) -> usize {
         let now = Instant::now();
+        let hold = self.hold_period();
         let mut st = self.lock();
-        st.sessions.remove(&session);
+        let fence = st
+            .sessions
+            .remove(&session)
+            .filter(|slot| slot.exclusive)
+            .map(|slot| slot.last_echo + hold);
         self.update_demand(&st);
-        let lost: Vec<String> = st
+        let held: Vec<String> = st
             .in_flight
             .iter()
             .filter(|(_, f)| f.session == session)
             .map(|(id, _)| id.clone())
             .collect();
-        for id in &lost {
-            if let Some(mut f) = st.in_flight.remove(id) {
-                st.requeue_lost(&f, now);
-                st.end_trace(
-                    &mut f,
-                    "lost",
-                    true,
-                    Some("the session ended before the result"),
-                );
+        let (mut lost, mut fenced) = (0usize, 0usize);
+        for id in &held {
+            match fence.filter(|release| *release > now) {
+                Some(release) => {
+                    if let Some(f) = st.in_flight.get_mut(id) {
+                        f.phase = state::Phase::Orphaned { release };
+                        f.seat = None;
+                        fenced += 1;
+                    }
+                }
+                None => {
+                    if let Some(mut f) = st.in_flight.remove(id) {
+                        st.requeue_lost(&f, now);
+                        st.end_trace(
+                            &mut f,
+                            "lost",
+                            true,
+                            Some("the session ended before the result"),
+                        );
+                        lost += 1;
+                    }
+                }
             }
         }
         let remaining = st.sessions.len();
         drop(st);
         self.counters
             .redelivered
-            .fetch_add(lost.len() as u64, Ordering::Relaxed);
-        if !lost.is_empty() {
-            tracing::info!(controller = %self.id, session, requeued = lost.len(), "session ended; its in-flight keys are re-queued");
+            .fetch_add((lost + fenced) as u64, Ordering::Relaxed);
+        if lost + fenced > 0 {
+            tracing::info!(controller = %self.id, session, requeued = lost, fenced, ?hold, "session ended; its in-flight keys are re-queued (fenced ones once the hold is over)");
         }
         self.wake.notify_one();
         remaining

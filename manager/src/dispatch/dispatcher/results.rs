@@ -3,7 +3,7 @@
 //! A result counts only from the session that holds the request and before its deadline;
 //! anything else is discarded, which is how a late result after a redelivery is ignored.
 
-use super::state::InFlight;
+use super::state::{InFlight, Phase};
 use super::{Completion, Controller};
 use crate::dispatch::queue::Outcome;
 use crate::dispatch::spans;
@@ -51,14 +51,14 @@ impl Controller {
         });
     }
 
-    /// EVENTS mode: `session` acknowledged delivery `id`.
+    /// EVENTS mode: `session` acknowledged delivery `id`. On an exclusive session an ack after
+    /// the deadline still counts: the event was processed, and its handler has ended.
     pub fn ack(&self, session: u64, id: &str) -> Completion {
         let now = Instant::now();
         let mut st = self.lock();
-        let valid = st
-            .in_flight
-            .get(id)
-            .is_some_and(|f| f.session == session && f.deadline > now && f.event);
+        let valid = st.in_flight.get(id).is_some_and(|f| {
+            f.session == session && f.event && (f.deadline > now || f.phase == Phase::Expired)
+        });
         if !valid {
             return self.discarded();
         }
@@ -88,11 +88,21 @@ impl Controller {
     pub fn complete(&self, session: u64, id: &str, outcome: Outcome, message: &str) -> Completion {
         let now = Instant::now();
         let mut st = self.lock();
-        let valid = st
+        let Some(f) = st
             .in_flight
             .get(id)
-            .is_some_and(|f| f.session == session && f.deadline > now && !f.event);
-        if !valid {
+            .filter(|f| f.session == session && !f.event)
+        else {
+            return self.discarded();
+        };
+        if f.phase != Phase::Live || f.deadline <= now {
+            if f.exclusive {
+                // The replica says the attempt past its deadline has ended: its outcome comes
+                // too late to count, but the key may now go to whoever is next.
+                self.confirm_ended(&mut st, id, now);
+                drop(st);
+                self.wake.notify_one();
+            }
             return self.discarded();
         }
         let Some(mut f) = st.in_flight.remove(id) else {
@@ -123,6 +133,31 @@ impl Controller {
         self.count_result(&f, outcome, message, traced);
         self.wake.notify_one();
         Completion::Accepted
+    }
+
+    /// An exclusive attempt past its deadline ended: its key goes back to the queue after its
+    /// backoff (a missed deadline), and the session's credit is free again.
+    fn confirm_ended(&self, st: &mut super::state::State, id: &str, now: Instant) {
+        let Some(mut f) = st.in_flight.remove(id) else {
+            return;
+        };
+        if f.phase == Phase::Live {
+            // Its deadline passed before the dispatch loop noticed: count the miss now.
+            self.counters
+                .deadline_misses
+                .fetch_add(1, Ordering::Relaxed);
+            self.metrics.deadline_missed(&self.id.name, &self.group);
+            self.record_error(&f.key, f.attempt, "deadline", "");
+            st.end_trace(
+                &mut f,
+                "deadline",
+                true,
+                Some("no result before the deadline"),
+            );
+        }
+        st.requeue_missed(&f, now);
+        st.release_credit(f.session);
+        tracing::debug!(controller = %self.id, key = %f.key, "an attempt past its deadline ended; its key may be handed out again");
     }
 
     /// A result or ack for an id not in flight on its session (a duplicate, a late one, an

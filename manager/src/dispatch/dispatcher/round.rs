@@ -6,11 +6,11 @@
 //! request is reserved first and completed and sent after the lock is released. Events carry
 //! their object already and are sent under the lock.
 
-use super::state::{InFlight, State, Tombstone, pick_session};
+use super::state::{InFlight, Phase, State, Tombstone, pick_session};
 use super::{Controller, Outbound, Payload, Request, TraceContext};
 use crate::dispatch::queue::{Handout, Outcome, Reason};
 use crate::dispatch::seats::Seat;
-use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind};
+use crate::dispatch::spans::{self, Attempt, AttemptInfo, AttemptKind, LinkKind};
 use crate::informer::ObjectKey;
 use crate::registration::Mode;
 use std::sync::Arc;
@@ -104,39 +104,34 @@ impl Controller {
         self.next_wake(stop)
     }
 
-    /// Re-queue every request whose deadline passed (at-least-once); its result, should it
-    /// still come, is discarded.
+    /// Requests whose deadline passed, and orphaned ones whose hold is over. A missed deadline
+    /// on an ordinary session re-queues the key at once (at-least-once; a late result is
+    /// discarded); on an exclusive session the attempt may still run there, so the key stays
+    /// with it, expired, until a result confirms the end (its seat is freed now). An orphaned
+    /// attempt's key goes back to the queue once its release time comes.
     fn expire_deadlines(&self, st: &mut State, now: Instant) {
-        let expired: Vec<String> = st
+        let due: Vec<String> = st
             .in_flight
             .iter()
-            .filter(|(_, f)| f.deadline <= now)
+            .filter(|(_, f)| f.next_look().is_some_and(|at| at <= now))
             .map(|(id, _)| id.clone())
             .collect();
-        let missed = expired.len();
-        for id in expired {
-            if let Some(mut f) = st.in_flight.remove(&id) {
-                let traced = f.trace.as_ref().map(|t| t.root());
-                tracing::debug!(
-                    controller = %self.id,
-                    key = %f.key,
-                    trace_id = traced.as_ref().map(|t| tracing::field::display(t.trace_id())),
-                    span_id = traced.as_ref().map(|t| tracing::field::display(t.span_id())),
-                    "request missed its deadline; re-queued"
-                );
-                st.end_trace(
-                    &mut f,
-                    "deadline",
-                    true,
-                    Some("no result before the deadline"),
-                );
-                self.counters
-                    .deadline_misses
-                    .fetch_add(1, Ordering::Relaxed);
-                self.metrics.deadline_missed(&self.id.name, &self.group);
-                st.requeue_missed(&f, now);
-                self.record_error(&f.key, f.attempt, "deadline", "");
-                st.release_credit(f.session);
+        let mut missed = 0;
+        for id in due {
+            let Some(phase) = st.in_flight.get(&id).map(|f| f.phase) else {
+                continue;
+            };
+            match phase {
+                Phase::Orphaned { .. } => {
+                    if let Some(f) = st.in_flight.remove(&id) {
+                        st.requeue_lost(&f, now);
+                    }
+                }
+                Phase::Live => {
+                    missed += 1;
+                    self.miss_deadline(st, &id, now);
+                }
+                Phase::Expired => {}
             }
         }
         if missed > 0
@@ -144,7 +139,49 @@ impl Controller {
         {
             // One line per period however many deadlines a controller misses: the count is in
             // ctrlhub_deadline_misses_total.
-            tracing::warn!(controller = %self.id, missed, held_back, "requests missed their deadline; re-queued with backoff");
+            tracing::warn!(controller = %self.id, missed, held_back, "requests missed their deadline; re-queued with backoff once they end");
+        }
+    }
+
+    /// Request `id` missed its deadline: counted, and its key re-queued with backoff now, or
+    /// (exclusive session) kept until the replica confirms the attempt ended.
+    fn miss_deadline(&self, st: &mut State, id: &str, now: Instant) {
+        let Some(f) = st.in_flight.get_mut(id) else {
+            return;
+        };
+        let traced = f.trace.as_ref().map(|t| t.root());
+        tracing::debug!(
+            controller = %self.id,
+            key = %f.key,
+            exclusive = f.exclusive,
+            trace_id = traced.as_ref().map(|t| tracing::field::display(t.trace_id())),
+            span_id = traced.as_ref().map(|t| tracing::field::display(t.span_id())),
+            "request missed its deadline"
+        );
+        self.counters
+            .deadline_misses
+            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.deadline_missed(&self.id.name, &self.group);
+        let (key, attempt) = (f.key.clone(), f.attempt);
+        self.record_error(&key, attempt, "deadline", "");
+        if f.exclusive {
+            f.phase = Phase::Expired;
+            f.seat = None;
+            if let Some(t) = f.trace.take() {
+                st.links.add(&key, t.root(), LinkKind::PreviousAttempt);
+                t.finish("deadline", Some("no result before the deadline"));
+            }
+            return;
+        }
+        if let Some(mut f) = st.in_flight.remove(id) {
+            st.end_trace(
+                &mut f,
+                "deadline",
+                true,
+                Some("no result before the deadline"),
+            );
+            st.requeue_missed(&f, now);
+            st.release_credit(f.session);
         }
     }
 
@@ -152,6 +189,12 @@ impl Controller {
     /// free credit, a dispatch seat and the next piece of work. Events are sent at once; keys
     /// are reserved and returned, to be sent once the lock is released.
     fn hand_out(&self, st: &mut State, now: Instant) -> (Vec<Reserved>, Stop) {
+        if !self.is_synced() {
+            // Until every informer it uses has its first list, a key could be handed out
+            // without its primary (a child listed first): nothing goes out before the caches
+            // know. Syncing wakes the loop.
+            return (Vec::new(), Stop::Blocked);
+        }
         let max = match self.registration.max_concurrent {
             0 => usize::MAX,
             n => n as usize,
@@ -220,9 +263,10 @@ impl Controller {
             }
             return false;
         }
-        if let Some(slot) = st.sessions.get_mut(&session) {
+        let exclusive = st.sessions.get_mut(&session).is_some_and(|slot| {
             slot.in_flight += 1;
-        }
+            slot.exclusive
+        });
         st.in_flight.insert(
             id,
             InFlight {
@@ -234,7 +278,9 @@ impl Controller {
                 attempt,
                 event: true,
                 trace,
-                _seat: seat,
+                seat: Some(seat),
+                exclusive,
+                phase: Phase::Live,
             },
         );
         self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
@@ -254,9 +300,10 @@ impl Controller {
         let handout = st.queue.pop(now)?;
         let id = self.next_request_id();
         let tombstone = st.tombstones.get(&handout.key).cloned();
-        if let Some(slot) = st.sessions.get_mut(&session) {
+        let exclusive = st.sessions.get_mut(&session).is_some_and(|slot| {
             slot.in_flight += 1;
-        }
+            slot.exclusive
+        });
         let trace = self.start_attempt(
             st,
             AttemptKind::Reconcile,
@@ -277,7 +324,9 @@ impl Controller {
                 attempt: handout.attempt,
                 event: false,
                 trace,
-                _seat: seat,
+                seat: Some(seat),
+                exclusive,
+                phase: Phase::Live,
             },
         );
         Some(Reserved {
@@ -371,7 +420,7 @@ impl Controller {
     /// loop at once, again and again, until a result came: each of those ends with a `wake`.
     fn next_wake(&self, stop: Stop) -> Option<Instant> {
         let st = self.lock();
-        let next_deadline = st.in_flight.values().map(|f| f.deadline).min();
+        let next_deadline = st.in_flight.values().filter_map(InFlight::next_look).min();
         let next_ready = match stop {
             Stop::NoWork => st.queue.next_ready_at(),
             Stop::Blocked | Stop::WaitingForSeat => None,

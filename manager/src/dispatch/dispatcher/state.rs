@@ -18,6 +18,29 @@ pub struct SessionSlot {
     pub(super) in_flight: u32,
     pub(super) draining: bool,
     pub(super) tx: Mailbox,
+    /// Registered with `exclusive_attempts`: its attempts stay in flight until it confirms
+    /// they ended, or until the hold after its last heartbeat answer once it is gone.
+    pub(super) exclusive: bool,
+    /// When the manager last answered its heartbeat (its registration, before the first):
+    /// the replica stops every handler within the hold of that answer.
+    pub(super) last_echo: Instant,
+}
+
+/// Where an attempt stands: dispatched and before its deadline, or (on an exclusive session)
+/// past it and not yet confirmed ended, or its session gone and fenced until a release time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Before its deadline; a result counts.
+    Live,
+    /// Past its deadline on a live exclusive session: the key stays with the session until a
+    /// result (discarded as an outcome) confirms the attempt ended.
+    Expired,
+    /// Its exclusive session ended: the key is handed out again at `release`, the hold after
+    /// the session's last heartbeat answer, when the replica has stopped whatever ran.
+    Orphaned {
+        /// When the key may go to another replica.
+        release: Instant,
+    },
 }
 
 /// A request (or EVENTS-mode delivery) handed to a session and not yet answered (read through
@@ -35,8 +58,25 @@ pub struct InFlight {
     pub(super) event: bool,
     /// Its spans, when tracing is on.
     pub(super) trace: Option<Attempt>,
-    /// Its share of the manager's dispatch budget, freed when the request ends however it ends.
-    pub(super) _seat: Seat,
+    /// Its share of the manager's dispatch budget, freed when the request ends however it
+    /// ends, or at its deadline (a handler stuck past it holds its key, not a seat).
+    pub(super) seat: Option<Seat>,
+    /// Dispatched to an exclusive session.
+    pub(super) exclusive: bool,
+    /// Live, expired or orphaned.
+    pub(super) phase: Phase,
+}
+
+impl InFlight {
+    /// When the dispatch loop must next look at it: its deadline while live, its release once
+    /// orphaned; never while expired (only a result or its session's end moves it).
+    pub(super) fn next_look(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Live => Some(self.deadline),
+            Phase::Expired => None,
+            Phase::Orphaned { release } => Some(release),
+        }
+    }
 }
 
 /// The last known state of a primary that is gone, or left the registration's scope. Kept only

@@ -53,8 +53,8 @@ fn recv_all(rx: &mut Outbox) -> Vec<Request> {
 #[test]
 fn keys_spread_over_sessions_and_never_twice_in_flight() {
     let c = controller(10);
-    let mut rx1 = c.add_session(1, 2);
-    let mut rx2 = c.add_session(2, 2);
+    let mut rx1 = c.add_session(1, 2, false);
+    let mut rx2 = c.add_session(2, 2, false);
     c.enqueue(
         (0..6).map(|i| ObjectKey::new("ns", format!("k{i}"))),
         Reason::Updated,
@@ -78,13 +78,13 @@ fn keys_spread_over_sessions_and_never_twice_in_flight() {
 #[test]
 fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
     let c = controller(10);
-    let mut rx1 = c.add_session(1, 5);
+    let mut rx1 = c.add_session(1, 5, false);
     c.enqueue([ObjectKey::new("ns", "a")], Reason::Updated);
     c.dispatch_once(true);
     let first = recv_all(&mut rx1);
     assert_eq!(first.len(), 1);
     c.remove_session(1);
-    let mut rx2 = c.add_session(2, 5);
+    let mut rx2 = c.add_session(2, 5, false);
     c.dispatch_once(true);
     let again = recv_all(&mut rx2);
     assert_eq!(again.len(), 1);
@@ -102,7 +102,7 @@ fn ended_session_requeues_its_keys_and_late_results_are_discarded() {
 #[test]
 fn standby_does_not_dispatch() {
     let c = controller(10);
-    let mut rx1 = c.add_session(1, 5);
+    let mut rx1 = c.add_session(1, 5, false);
     c.enqueue([ObjectKey::new("ns", "a")], Reason::Updated);
     c.dispatch_once(false);
     assert!(recv_all(&mut rx1).is_empty());
@@ -113,7 +113,7 @@ fn standby_does_not_dispatch() {
 #[test]
 fn a_key_requeued_after_a_delay_is_dispatched_once_due() {
     let c = controller(10);
-    let mut rx = c.add_session(1, 5);
+    let mut rx = c.add_session(1, 5, false);
     c.enqueue([ObjectKey::new("ns", "later")], Reason::Updated);
     c.dispatch_once(true);
     let first = recv_all(&mut rx);
@@ -136,8 +136,8 @@ fn a_key_requeued_after_a_delay_is_dispatched_once_due() {
 #[test]
 fn max_concurrent_bounds_all_sessions() {
     let c = controller(3);
-    let mut rx1 = c.add_session(1, 10);
-    let mut rx2 = c.add_session(2, 10);
+    let mut rx1 = c.add_session(1, 10, false);
+    let mut rx2 = c.add_session(2, 10, false);
     c.enqueue(
         (0..10).map(|i| ObjectKey::new("ns", format!("k{i}"))),
         Reason::Updated,
@@ -161,9 +161,14 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
             (&seats, crate::dispatch::usage::QueuedBytes::unlimited()),
         )
     };
+    let tenant = |t: &str| {
+        let c = tenant(t);
+        c.mark_synced();
+        c
+    };
     let (a, b) = (tenant("tenant-a"), tenant("tenant-b"));
-    let mut rxa = a.add_session(1, 50);
-    let mut rxb = b.add_session(2, 50);
+    let mut rxa = a.add_session(1, 50, false);
+    let mut rxb = b.add_session(2, 50, false);
     a.enqueue(
         (0..100).map(|i| ObjectKey::new("ns", format!("k{i}"))),
         Reason::Updated,
@@ -199,7 +204,7 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
 #[test]
 fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
     let c = controller(0);
-    let mut slow = c.add_session(1, 1000);
+    let mut slow = c.add_session(1, 1000, false);
     c.enqueue(
         (0..200).map(|i| ObjectKey::new("ns", format!("k{i}"))),
         Reason::Updated,
@@ -212,7 +217,7 @@ fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
         "more was handed to a session than its outbox holds"
     );
     // A second replica that reads gets the rest of the backlog meanwhile.
-    let mut reader = c.add_session(2, 1000);
+    let mut reader = c.add_session(2, 1000, false);
     c.dispatch_once(true);
     assert_eq!(recv_all(&mut reader).len(), OUTBOX_CAPACITY);
     // The slow one reads one message: dispatch is woken and fills the room again.
@@ -230,7 +235,7 @@ fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
 fn a_key_outside_the_registered_namespaces_is_never_queued_whatever_mapped_it() {
     let c = controller(0);
     c.confine_to(&["team-a".to_string()]);
-    let mut rx = c.add_session(1, 10);
+    let mut rx = c.add_session(1, 10, false);
     // As a watches mapping by field path would produce them from a value naming another
     // tenant's namespace, or a cluster-scoped name for a namespaced primary.
     c.enqueue(
@@ -267,6 +272,7 @@ fn with_objects() -> (Arc<Controller>, Arc<std::sync::atomic::AtomicU64>) {
             crate::dispatch::usage::QueuedBytes::new(tenant.clone(), 1 << 20),
         ),
     );
+    c.mark_synced();
     (c, tenant)
 }
 
@@ -282,7 +288,7 @@ fn deleted(name: &str, pad: usize) -> CacheEvent {
 #[test]
 fn a_tombstone_lives_until_the_last_request_of_its_key_and_is_counted_meanwhile() {
     let (c, tenant) = with_objects();
-    let mut rx = c.add_session(1, 10);
+    let mut rx = c.add_session(1, 10, false);
     let held = |t: &Arc<std::sync::atomic::AtomicU64>| t.load(Ordering::Relaxed);
     c.settle_tombstone(&deleted("a", 100));
     c.enqueue([ObjectKey::new("ns", "a")], Reason::Deleted);
@@ -327,7 +333,7 @@ fn a_tombstone_lives_until_the_last_request_of_its_key_and_is_counted_meanwhile(
 #[test]
 fn a_key_without_an_object_or_a_seen_deletion_carries_nothing() {
     let (c, _) = with_objects();
-    let mut rx = c.add_session(1, 10);
+    let mut rx = c.add_session(1, 10, false);
     // An owned child's event mapped to a primary the cache does not hold (not listed yet, or
     // never existed): NotFound, not a deletion.
     c.enqueue([ObjectKey::new("ns", "never")], Reason::OwnedChanged);
@@ -343,7 +349,7 @@ fn a_key_without_an_object_or_a_seen_deletion_carries_nothing() {
 #[test]
 fn past_the_queued_bytes_a_tombstone_keeps_only_what_is_gone() {
     let (c, tenant) = with_objects();
-    let mut rx = c.add_session(1, 10);
+    let mut rx = c.add_session(1, 10, false);
     c.settle_tombstone(&deleted("big", 2 << 20));
     c.enqueue([ObjectKey::new("ns", "big")], Reason::Deleted);
     assert!(tenant.load(Ordering::Relaxed) < 1024, "a stub, not 2 MiB");
@@ -357,4 +363,121 @@ fn past_the_queued_bytes_a_tombstone_keeps_only_what_is_gone() {
     assert_eq!(last["metadata"]["uid"], "u1");
     assert_eq!(last["kind"], "ConfigMap");
     assert!(last.get("data").is_none());
+}
+
+/// Dispatch rounds until a request reaches `rx` (at most 5 s of 1 ms waits).
+fn next_request(c: &Controller, rx: &mut Outbox) -> Option<Request> {
+    (0..5_000).find_map(|_| {
+        c.dispatch_once(true);
+        let got = recv_all(rx).pop();
+        if got.is_none() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        got
+    })
+}
+
+fn short_deadline() -> Arc<Controller> {
+    let mut reg = registration(10);
+    reg.deadline = Duration::from_millis(20);
+    Controller::new(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        reg,
+        Arc::new(Metrics::new()),
+    )
+}
+
+#[test]
+fn an_exclusive_attempt_past_its_deadline_keeps_its_key_until_it_confirms_the_end() {
+    let c = short_deadline();
+    let mut stuck = c.add_session(1, 1, true);
+    c.enqueue([ObjectKey::new("ns", "k")], Reason::Updated);
+    let first = next_request(&c, &mut stuck).expect("dispatched");
+    let mut other = c.add_session(2, 1, true);
+    // Far past the deadline, no replica gets the key while the attempt may still run there.
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..20 {
+        c.dispatch_once(true);
+    }
+    assert!(recv_all(&mut other).is_empty() && recv_all(&mut stuck).is_empty());
+    assert_eq!(c.counters.deadline_misses.load(Ordering::Relaxed), 1);
+    // The handler finally ends: its result is discarded, and the key goes out again.
+    assert_eq!(
+        c.complete(1, &first.id, Outcome::Done, ""),
+        Completion::Discarded
+    );
+    let again = next_request(&c, &mut other)
+        .or_else(|| next_request(&c, &mut stuck))
+        .expect("re-delivered after the confirmation");
+    assert_eq!(again.key, first.key);
+    assert_eq!(again.attempt, 2);
+    assert!(again.reasons.contains(&Reason::Redelivery));
+}
+
+#[test]
+fn an_exclusive_sessions_keys_move_only_once_the_hold_after_its_last_heartbeat_is_over() {
+    let c = controller(10);
+    c.set_hold(Duration::from_millis(300));
+    let mut gone = c.add_session(1, 1, true);
+    c.enqueue([ObjectKey::new("ns", "k")], Reason::Updated);
+    let first = next_request(&c, &mut gone).expect("dispatched");
+    let mut next = c.add_session(2, 1, true);
+    c.heartbeat_answered(1);
+    let ended = std::time::Instant::now();
+    c.remove_session(1);
+    assert!(c.fenced_until().is_some(), "the key is fenced");
+    let again = next_request(&c, &mut next).expect("re-delivered once the hold is over");
+    assert!(
+        ended.elapsed() >= Duration::from_millis(300),
+        "moved after {:?}, before the hold",
+        ended.elapsed()
+    );
+    assert_eq!(again.key, first.key);
+    assert!(again.reasons.contains(&Reason::Redelivery));
+    assert!(c.fenced_until().is_none());
+}
+
+#[test]
+fn an_ordinary_sessions_keys_move_at_once_and_its_deadline_misses_redeliver() {
+    let c = short_deadline();
+    let mut gone = c.add_session(1, 1, false);
+    c.enqueue([ObjectKey::new("ns", "k")], Reason::Updated);
+    next_request(&c, &mut gone).expect("dispatched");
+    let mut next = c.add_session(2, 1, false);
+    c.remove_session(1);
+    c.dispatch_once(true);
+    assert_eq!(recv_all(&mut next).len(), 1, "re-delivered at once");
+}
+
+#[test]
+fn nothing_is_dispatched_before_every_informer_has_its_first_list() {
+    let c = Controller::with_seat_pool(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        "t",
+        registration(10),
+        Arc::new(Metrics::new()),
+        (
+            &SeatPool::unlimited(),
+            crate::dispatch::usage::QueuedBytes::unlimited(),
+        ),
+    );
+    let mut rx = c.add_session(1, 10, true);
+    // A child's list arrived first and mapped to its owner; the primary's has not.
+    c.enqueue([ObjectKey::new("ns", "owner")], Reason::OwnedChanged);
+    c.dispatch_once(true);
+    assert!(recv_all(&mut rx).is_empty(), "held until the caches know");
+    // The primary's list brings the same key: one request for both.
+    c.enqueue([ObjectKey::new("ns", "owner")], Reason::InitialList);
+    c.mark_synced();
+    c.dispatch_once(true);
+    let got = recv_all(&mut rx);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].reasons.contains(&Reason::InitialList));
+    assert!(got[0].reasons.contains(&Reason::OwnedChanged));
 }
