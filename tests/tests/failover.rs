@@ -218,3 +218,66 @@ async fn a_stalled_leader_gives_up_its_lease() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Whether some manager of `managers` says it leads.
+async fn someone_leads(managers: &[&Manager]) -> bool {
+    for m in managers {
+        if m.leading().await {
+            return true;
+        }
+    }
+    false
+}
+
+/// Leader election through a slow API server, with the shipped timings (15 s Lease, 10 s renew
+/// deadline, 2 s retry): with 1 s and then 4 s of latency on every Lease request, where
+/// client-go's components keep a leader, a leader exists at every probe for 20 s each (a
+/// candidate's acquire once had 2 s in all, so after a step-down nobody could take over). With
+/// 8 s, more than a renewal survives, leadership may go; once the latency is gone a leader is
+/// back, and the log says the API server was slow rather than only "timed out".
+#[tokio::test]
+async fn a_leader_is_kept_through_a_slow_api_server() {
+    let c = start_cluster().await;
+    let a = Manager::start(&c, "slow-a", &[]).await;
+    a.wait_leading().await;
+    let b = Manager::start(&c, "slow-b", &[]).await;
+    let both = [&a, &b];
+    let faults = c.dc.faults();
+    for secs in [1, 4] {
+        faults.add_latency("*", "leases", Duration::from_secs(secs));
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < until {
+            assert!(
+                someone_leads(&both).await,
+                "no manager led with {secs} s of latency on Lease requests"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        faults.clear();
+    }
+    faults.add_latency("*", "leases", Duration::from_secs(8));
+    poll_until(
+        "the slow API server named in a manager's log",
+        Duration::from_secs(60),
+        || async {
+            let logs = [&a.log, &b.log]
+                .iter()
+                .filter_map(|p| std::fs::read_to_string(p).ok())
+                .collect::<String>();
+            logs.contains("no answer from the API server to the lease request")
+                .then_some(())
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    faults.clear();
+    poll_until("a leader once the latency is gone", PATIENCE, || async {
+        someone_leads(&both)
+            .await
+            .then_some(())
+            .ok_or_else(|| "none leads".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
