@@ -281,3 +281,82 @@ async fn a_leader_is_kept_through_a_slow_api_server() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Pod `default/<name>` as the manager's own pod would be (devcluster runs no pods; the object
+/// is what the Service selects on).
+async fn manager_pod(c: &Cluster, name: &str, leader_label: bool) {
+    let mut labels = serde_json::json!({"app": "ctrlhub"});
+    if leader_label {
+        labels["ctrlhub.io/leader"] = serde_json::json!("true");
+    }
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "ctrlhub", "image": "ctrlhub:test"}]}});
+    apply(&c.client, &pod).await.expect("pod");
+}
+
+/// The pods the `ctrlhub` Service would select: those carrying the leader label.
+async fn labelled(c: &Cluster) -> Vec<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), "default");
+    let mut names: Vec<String> = pods
+        .list(&kube::api::ListParams::default().labels("ctrlhub.io/leader=true"))
+        .await
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+async fn wait_labelled(c: &Cluster, want: &[&str]) {
+    poll_until(
+        "the leader label on exactly the leader's pod",
+        PATIENCE,
+        || async {
+            let now = labelled(c).await;
+            (now == want)
+                .then_some(())
+                .ok_or_else(|| format!("labelled: {now:?}"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The Service never keeps selecting a standby: a leader SIGKILLed with its pod labelled is
+/// stripped of the label by the new leader, and a container restarted in a pod that still
+/// carries a stale label removes it before it campaigns.
+#[tokio::test]
+async fn the_leader_label_follows_the_leader_after_a_crash() {
+    let c = start_cluster().await;
+    let mut args: Vec<&str> = FAST_LEASE.to_vec();
+    args.extend([
+        "--leader-pod-label",
+        "ctrlhub.io/leader",
+        "--lease-namespace",
+        "default",
+    ]);
+    manager_pod(&c, "route-a", false).await;
+    manager_pod(&c, "route-b", false).await;
+    let mut a = Manager::start(&c, "route-a", &args).await;
+    a.wait_leading().await;
+    wait_labelled(&c, &["route-a"]).await;
+    a.kill().await;
+    assert_eq!(
+        labelled(&c).await,
+        ["route-a"],
+        "a SIGKILLed leader keeps its label"
+    );
+    let b = Manager::start(&c, "route-b", &args).await;
+    b.wait_leading().await;
+    wait_labelled(&c, &["route-b"]).await;
+    // A container of pod route-a starts again while its pod still says it leads.
+    manager_pod(&c, "route-a", true).await;
+    let _a2 = Manager::start(&c, "route-a", &args).await;
+    wait_labelled(&c, &["route-b"]).await;
+    assert!(b.leading().await, "route-b still leads");
+}
