@@ -221,6 +221,12 @@ pub struct RunArgs {
     /// take over; it may not be longer.
     #[arg(long, env = "CTRLHUB_HOLD_PERIOD", value_parser = humantime::parse_duration)]
     pub hold_period: Option<Duration>,
+    /// How long a controller whose last session ended stays registered, with its queue still
+    /// counting, its metric series and its entry on the status page ("no sessions since"), so a
+    /// dead controller is seen and alerted on; a replica registering meanwhile takes it up
+    /// where it was. 0 removes it at once.
+    #[arg(long, env = "CTRLHUB_CONTROLLER_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub controller_grace: Duration,
     /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
     /// of the dispatch runtime for this long, as a loop that never yields would.
     #[cfg(feature = "dev")]
@@ -411,6 +417,7 @@ impl RunArgs {
             metrics.clone(),
             sharing,
         );
+        sweep_sessionless(controllers.clone(), stop.clone());
         follow_leadership(
             controllers.clone(),
             election.leading.clone(),
@@ -697,6 +704,7 @@ impl RunArgs {
             seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
             grouping: self.tenant_grouping,
             hold: self.hold(),
+            grace: self.controller_grace,
         })
     }
 
@@ -904,6 +912,19 @@ fn follow_leadership(
             was = now;
             tokio::select! {
                 r = leading.changed() => if r.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// Removes, every second, the controllers whose grace period without a session is over.
+fn sweep_sessionless(controllers: Arc<ControllerTable>, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => controllers.sweep(std::time::Instant::now()),
                 _ = stop.cancelled() => return,
             }
         }
