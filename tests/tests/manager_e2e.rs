@@ -624,3 +624,49 @@ async fn a_dead_controller_stays_visible_for_its_grace() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A registration whose caches cannot finish their first lists within `--first-list-timeout`
+/// is refused with UNAVAILABLE naming the flag, after that long in all (not per cache), and
+/// registers once the API server answers in time again.
+#[tokio::test]
+async fn a_first_list_past_its_timeout_refuses_the_registration_and_names_the_flag() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "first-list", &["--first-list-timeout", "2s"]).await;
+    m.wait_leading().await;
+    let secrets = pb::ResourceType {
+        version: "v1".into(),
+        kind: "Secret".into(),
+        ..Default::default()
+    };
+    let mut registration = register("slow-lists", secrets, 1, None);
+    // Two caches (the primary and an owned kind), each listed slowly: one deadline covers both.
+    registration.owns = vec![pb::OwnedResource {
+        resource: Some(replica::configmaps()),
+        ..Default::default()
+    }];
+    let faults = c.dc.faults();
+    faults.add_latency("list", "secrets", Duration::from_secs(5));
+    faults.add_latency("list", "configmaps", Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let refused = Replica::connect(&m.grpc, registration.clone())
+        .await
+        .err()
+        .expect("a registration whose lists take 5 s is refused with a 2 s timeout");
+    let waited = started.elapsed();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("--first-list-timeout"),
+        "{refused:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(4),
+        "refused after {waited:?}: the timeout is for all caches together"
+    );
+    faults.clear();
+    wait_for("it registers once lists are fast again", || async {
+        Replica::connect(&m.grpc, registration.clone())
+            .await
+            .is_ok()
+    })
+    .await;
+}

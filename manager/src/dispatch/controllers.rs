@@ -935,6 +935,20 @@ impl ControllerTable {
         self.revoke_all(RevokeReason::ShuttingDown, message);
     }
 
+    /// Shutting down, step 1: no new session attaches and nothing more is handed out, while
+    /// sessions stay open so the attempts already out can report their results.
+    pub fn quiesce(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        for c in self.all() {
+            c.quiesce();
+        }
+    }
+
+    /// Attempts still out on live sessions, across every controller.
+    pub fn live_attempts(&self) -> usize {
+        self.all().iter().map(|c| c.live_attempts()).sum()
+    }
+
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

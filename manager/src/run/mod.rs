@@ -227,6 +227,16 @@ pub struct RunArgs {
     /// where it was. 0 removes it at once.
     #[arg(long, env = "CTRLHUB_CONTROLLER_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub controller_grace: Duration,
+    /// How long a registration waits for the first lists of all the caches it reads before it
+    /// is refused with UNAVAILABLE (controller-runtime's cache sync timeout is 2 minutes too).
+    #[arg(long, env = "CTRLHUB_FIRST_LIST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub first_list_timeout: Duration,
+    /// On SIGTERM, how long the manager keeps its sessions open for the attempts already out to
+    /// report their results (nothing new is handed out meanwhile) before it ends them and hands
+    /// over. With the hold period it must fit in the pod's terminationGracePeriodSeconds (30 s
+    /// in deploy/).
+    #[arg(long, env = "CTRLHUB_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
     /// of the dispatch runtime for this long, as a loop that never yields would.
     #[cfg(feature = "dev")]
@@ -456,7 +466,12 @@ impl RunArgs {
         );
 
         stop.cancelled().await;
-        shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
+        let handover = Handover {
+            grace: self.shutdown_grace,
+            pod_label: pod_label.as_deref(),
+            election,
+        };
+        shut_down(&controllers, grpc, handover, http).await;
         Ok(())
     }
 
@@ -741,7 +756,11 @@ impl RunArgs {
             .with_rbac(self.authz_allow_ttl)
             .with_token_recheck(self.token_cache_ttl),
         };
-        Service(Arc::new(state.with_identity(identity)))
+        Service(Arc::new(
+            state
+                .with_identity(identity)
+                .with_first_list_timeout(self.first_list_timeout),
+        ))
     }
 
     /// Who may read the HTTP port: anyone with static auth; with Kubernetes auth, callers whose
@@ -951,14 +970,32 @@ fn serve_http(
 
 /// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each
 /// task a bounded time to finish.
+/// What a shutdown hands over, and how long it lets attempts already out finish first.
+struct Handover<'a> {
+    grace: Duration,
+    pod_label: Option<&'a PodLabel>,
+    election: Election,
+}
+
 async fn shut_down(
     controllers: &ControllerTable,
     grpc: Server,
-    pod_label: Option<&PodLabel>,
-    election: Election,
+    handover: Handover<'_>,
     http: tokio::task::JoinHandle<()>,
 ) {
-    tracing::info!("shutting down: revoking sessions, releasing the lease");
+    let Handover {
+        grace,
+        pod_label,
+        election,
+    } = handover;
+    tracing::info!(
+        ?grace,
+        "shutting down: waiting for attempts already out, then revoking sessions and releasing the lease"
+    );
+    // Nothing new goes out, but sessions stay open: an attempt that finishes within the grace
+    // reports its result here instead of being done again by the successor.
+    controllers.quiesce();
+    await_attempts(controllers, grace).await;
     // Closed, not only revoked: a controller told to reconnect must not attach here again in
     // the moments before the gRPC server stops, or it would wait for that server's graceful
     // timeout instead of reaching the successor.
@@ -981,6 +1018,29 @@ async fn shut_down(
     let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
+}
+
+/// Waits until no attempt is out on a live session, or the grace is over.
+async fn await_attempts(controllers: &ControllerTable, grace: Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    // Polled: a shutdown happens once, and results arrive on many sessions' tasks.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let out = controllers.live_attempts();
+        if out == 0 {
+            tracing::info!("every attempt already out has reported its result");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                out,
+                ?grace,
+                "shutdown grace over with attempts still out: they are re-delivered by the next leader (exclusive ones once the hold is over)"
+            );
+            return;
+        }
+    }
 }
 
 #[cfg(test)]
