@@ -27,6 +27,46 @@ pub struct Sharing {
     /// How long a controller whose last session ended stays, with its queue and series
     /// (`--controller-grace`; zero: it goes at once).
     pub grace: std::time::Duration,
+    /// Registrations that may be listing new caches at once across tenants
+    /// (`--max-concurrent-first-lists`): after a failover every controller registers again,
+    /// and this paces the relist instead of sending every tenant's lists at once.
+    pub first_lists: usize,
+}
+
+/// A registration's turn to start informers: its tenant's turn and one of the manager's
+/// first-list slots. Held until its first lists are done.
+pub struct FirstListTurn {
+    _tenant: tokio::sync::OwnedMutexGuard<()>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Turns to list new caches: one registration of a tenant at a time, and a number of them
+/// across tenants. The slots are taken in arrival order and a tenant waits for at most one (its
+/// others wait for its turn first), so tenants are served in turn, whatever one of them sends.
+pub struct ListTurns {
+    tenants: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl ListTurns {
+    /// Turns with `slots` registrations listing at once (at least one).
+    pub fn new(slots: usize) -> Self {
+        ListTurns {
+            tenants: Mutex::new(HashMap::new()),
+            slots: Arc::new(tokio::sync::Semaphore::new(slots.max(1))),
+        }
+    }
+
+    /// Waits for `tenant`'s turn, then for a slot.
+    pub async fn take(&self, tenant: String) -> FirstListTurn {
+        let turn = self.tenants.lock().entry(tenant).or_default().clone();
+        let tenant = turn.lock_owned().await;
+        let slot = self.slots.clone().acquire_owned().await.ok();
+        FirstListTurn {
+            _tenant: tenant,
+            _slot: slot,
+        }
+    }
 }
 
 /// What a session brings besides its registration: the revision of its definition and whether
@@ -197,7 +237,7 @@ pub struct ControllerTable {
     /// One turn per tenant for registrations that start informers: their first lists run one
     /// after another, so a tenant's concurrent registrations cannot list at once what its
     /// budget would refuse one by one.
-    list_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    list_turns: ListTurns,
     /// Cached reads (Get, List) each tenant may have served at once; more wait their turn.
     reads: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
@@ -367,6 +407,7 @@ impl ControllerTable {
             grouping,
             hold,
             grace,
+            first_lists,
         } = sharing;
         Arc::new(ControllerTable {
             cache,
@@ -386,7 +427,7 @@ impl ControllerTable {
             hold,
             grace,
             fenced_until: Mutex::new(None),
-            list_turns: Mutex::new(HashMap::new()),
+            list_turns: ListTurns::new(first_lists),
             reads: Mutex::new(HashMap::new()),
         })
     }
@@ -501,7 +542,7 @@ impl ControllerTable {
         &self,
         identity: &str,
         registration: &Registration,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    ) -> Option<FirstListTurn> {
         let namespaces = self.effective_namespaces(registration).ok()?;
         let starts = self
             .needed_informers(registration, &namespaces)
@@ -510,13 +551,7 @@ impl ControllerTable {
         if !starts {
             return None;
         }
-        let turn = self
-            .list_turns
-            .lock()
-            .entry(self.group_of(identity))
-            .or_default()
-            .clone();
-        Some(turn.lock_owned().await)
+        Some(self.list_turns.take(self.group_of(identity)).await)
     }
 
     /// A turn to serve one cached read for `identity`'s tenant (at most [`READS_PER_TENANT`]
@@ -1381,6 +1416,36 @@ mod tests {
             "an answer arriving after the label was removed does not admit it"
         );
         assert!(scope.matched("a"), "matching again asks for a new check");
+    }
+
+    /// With one slot, a tenant's second registration waits behind another tenant's first:
+    /// after a failover no tenant's many registrations starve the others' lists.
+    #[tokio::test]
+    async fn first_list_turns_go_round_the_tenants() {
+        let turns = Arc::new(ListTurns::new(1));
+        let a1 = turns.take("a".into()).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let wait = |tenant: &'static str, label: &'static str| {
+            let (turns, order) = (turns.clone(), order.clone());
+            tokio::spawn(async move {
+                let turn = turns.take(tenant.into()).await;
+                order.lock().push(label);
+                drop(turn);
+            })
+        };
+        let a2 = wait("a", "a2");
+        tokio::task::yield_now().await;
+        let b1 = wait("b", "b1");
+        // Both wait: a2 for tenant a's turn, b1 for the slot.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(order.lock().is_empty(), "the one slot is taken");
+        drop(a1);
+        let (r1, r2) = tokio::join!(a2, b1);
+        r1.unwrap();
+        r2.unwrap();
+        assert_eq!(*order.lock(), vec!["b1", "a2"]);
     }
 
     #[test]

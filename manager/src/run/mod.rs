@@ -231,6 +231,11 @@ pub struct RunArgs {
     /// is refused with UNAVAILABLE (controller-runtime's cache sync timeout is 2 minutes too).
     #[arg(long, env = "CTRLHUB_FIRST_LIST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
     pub first_list_timeout: Duration,
+    /// Registrations that may list new caches at once, across tenants (a tenant's own lists
+    /// go one registration at a time): after a failover every controller registers again, and
+    /// this paces the relist, tenants served in turn.
+    #[arg(long, env = "CTRLHUB_MAX_CONCURRENT_FIRST_LISTS", default_value_t = 8)]
+    pub max_concurrent_first_lists: usize,
     /// On SIGTERM, how long the manager keeps its sessions open for the attempts already out to
     /// report their results (nothing new is handed out meanwhile) before it ends them and hands
     /// over. With the hold period it must fit in the pod's terminationGracePeriodSeconds (30 s
@@ -720,6 +725,7 @@ impl RunArgs {
             grouping: self.tenant_grouping,
             hold: self.hold(),
             grace: self.controller_grace,
+            first_lists: self.max_concurrent_first_lists,
         })
     }
 
