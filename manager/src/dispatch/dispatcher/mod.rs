@@ -367,6 +367,13 @@ impl Controller {
         self.queue_limit.store(limit, Ordering::Relaxed);
     }
 
+    /// Take its tenant's limits as they are now (set at start, and again when tenant policies
+    /// change): the ones counted while it runs; the others apply when a registration comes.
+    pub fn apply_limits(&self, limits: &crate::tenancy::Limits) {
+        self.set_queue_limit(limits.queued_keys);
+        self.queued.set_limit(limits.queued_bytes);
+    }
+
     /// Past its limit the controller is revoked (RESOURCE_EXHAUSTED) and stops taking keys, so
     /// the memory a tenant's flood can pin stays bounded; it goes away with its sessions.
     fn check_queue_limit(&self, queued: usize) {
