@@ -378,7 +378,7 @@ where
             _ = shutdown.cancelled(), if !draining => {
                 draining = true;
                 info!(controller = %name, in_flight = tasks.len(), "shutdown requested: draining session");
-                if tx.send(message(controller_message::Message::Drain(pb::Drain {}))).await.is_err() {
+                if tx.send(message(controller_message::Message::Drain(pb::Drain::default()))).await.is_err() {
                     return SessionEnd::Stopped;
                 }
                 if tasks.is_empty() {

@@ -700,6 +700,14 @@ impl ControllerTable {
         };
         let existing = match controllers.get(id) {
             Some(existing) if joinable(existing) => {
+                if existing.sessionless_since().is_some() {
+                    // Every replica had gone (kept for the grace): this is the controller
+                    // starting again, after a crash or a rollout through zero, and a controller
+                    // that starts reconciles every object once, as a new registration would. It
+                    // replays the cache as one does, so it counts as one.
+                    self.check_registration_rate(quota)?;
+                    existing.enqueue(existing.scoped_primary_keys(), Reason::InitialList);
+                }
                 existing.raise_revision(revision);
                 return Ok(existing.clone());
             }
@@ -927,8 +935,11 @@ impl ControllerTable {
         let keep = !self.grace.is_zero()
             && *self.leading.borrow()
             && !self.is_closed()
-            && !controller.is_overflowed();
-        if keep {
+            && !controller.is_overflowed()
+            && !controller.is_retiring();
+        if controller.is_retiring() {
+            self.remove_if_sessionless(controller, "retired by its last replica (Drain retire)");
+        } else if keep {
             controller.mark_sessionless(Instant::now());
             tracing::info!(controller = %controller.id, grace = ?self.grace, "last session left; the controller stays for the grace period, its queue still counting");
         } else {

@@ -595,7 +595,12 @@ impl Pump {
                     .controllers
                     .set_credits(c, self.session, credit.max_in_flight);
             }
-            Some(M::Drain(_)) => c.drain(self.session),
+            Some(M::Drain(d)) => {
+                if d.retire {
+                    c.mark_retiring();
+                }
+                c.drain(self.session)
+            }
             Some(M::Heartbeat(beat)) => {
                 // Answered at once, beside any work waiting; a replica that does not read its
                 // stream gets no answer, and stops on its own within the hold.
