@@ -129,6 +129,7 @@ pub mod traces;
 
 mod action;
 mod backoff;
+mod blocking;
 mod config;
 mod controller;
 mod predicate;
@@ -139,12 +140,15 @@ mod selector;
 
 pub use action::{Action, ReconcileError};
 pub use backoff::Backoff;
+pub use blocking::blocking;
 pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN, TlsFiles};
-pub use controller::{Controller, Mapping, Scope, dynamic_resource_type, resource_type};
+pub use controller::{
+    Controller, Mapping, REVISION_ENV, Scope, dynamic_resource_type, resource_type,
+};
 pub use predicate::Predicate;
 pub use reader::{CachedReader, RawObject, ReadError};
 pub use request::{DecodeError, ObjectKey, Reason, Request};
-pub use runtime::Error;
+pub use runtime::{Error, HOLD_EXIT_CODE, Readable, SessionInfo};
 pub use selector::{Requirement, Selector};
 
 /// The generated wire types (`ctrlhub.v1`), e.g. for
