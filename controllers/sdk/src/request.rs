@@ -100,6 +100,11 @@ pub struct Request<K> {
     pub tracestate: String,
     reader: CachedReader,
     cancel: CancellationToken,
+    /// When the result of an attempt cancelled at its deadline may go out: the manager's
+    /// deadline on the local clock plus the safety margin, so that the manager counts the
+    /// missed deadline (and re-delivers as REDELIVERY) instead of taking a "cancelled" error
+    /// for the attempt's outcome.
+    pub(crate) missed_after: Instant,
 }
 
 /// A ReconcileRequest that cannot be turned into a [`Request`].
@@ -205,7 +210,9 @@ impl<K: DeserializeOwned> Request<K> {
             Some(at) => at.duration_since(now).unwrap_or(Duration::ZERO),
             None => fallback_deadline,
         };
-        let deadline = now_instant + remaining - safety_margin(remaining);
+        let margin = safety_margin(remaining);
+        let deadline = now_instant + remaining - margin;
+        let missed_after = now_instant + remaining + margin;
         Ok(Self {
             id: req.id,
             key,
@@ -221,6 +228,7 @@ impl<K: DeserializeOwned> Request<K> {
             tracestate: req.tracestate,
             reader,
             cancel,
+            missed_after,
         })
     }
 }
@@ -314,6 +322,9 @@ mod tests {
         // 30 s left minus the 500 ms margin.
         let left = req.deadline - start;
         assert!(left >= Duration::from_millis(29_500) && left < Duration::from_millis(29_900));
+        // A cancelled attempt answers only once the manager's deadline has passed.
+        let missed = req.missed_after - start;
+        assert!(missed >= Duration::from_millis(30_500) && missed < Duration::from_millis(30_900));
         assert_eq!(req.traceparent, "00-abc-def-01");
         Ok(())
     }

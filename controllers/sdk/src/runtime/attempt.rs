@@ -110,7 +110,8 @@ where
     F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
 {
-    let (key, deadline) = (request.key.clone(), request.deadline);
+    let (key, deadline, missed_after) =
+        (request.key.clone(), request.deadline, request.missed_after);
     // Never two attempts of a key at once in this process (the earlier one may belong to an
     // ended session and still be stopping), never more than max_concurrent_reconciles.
     let ready = async {
@@ -120,7 +121,9 @@ where
     };
     let (key_guard, permit) = tokio::select! {
         biased;
-        why = stopped(&cancel, deadline) => return not_started(&key, why, otel),
+        why = stopped(&cancel, deadline) => {
+            return missed(why, missed_after, not_started(&key, why, otel)).await;
+        }
         held = ready => held,
     };
     let running = session.running(&request.id, &key);
@@ -140,8 +143,22 @@ where
             otel.finish(label, error);
             outcome
         }
-        Ran::Cancelled(why) => cancelled(why, otel),
+        Ran::Cancelled(why) => missed(why, missed_after, cancelled(why, otel)).await,
     }
+}
+
+/// An attempt cancelled at its deadline has no outcome: its result waits until the manager's
+/// deadline has passed (`missed_after`), so that the manager counts a missed deadline and
+/// re-delivers the key (REDELIVERY) rather than taking the cancellation for a failure.
+async fn missed(
+    why: Stop,
+    missed_after: Instant,
+    outcome: pb::reconcile_result::Outcome,
+) -> pb::reconcile_result::Outcome {
+    if why == Stop::Deadline {
+        tokio::time::sleep_until(missed_after).await;
+    }
+    outcome
 }
 
 /// Resolves when the attempt must stop: its session ended or its deadline passed.
