@@ -158,7 +158,9 @@ where
         let end = sessions::<K, C, F, Fut>(&shared, &endpoint, &shutdown).await;
         wait_for_reconciles(&shared).await;
         match &end {
-            Ok(()) => info!(controller = %shared.name, "controller stopped"),
+            Ok(()) => {
+                info!(controller = %shared.name, "controller stopped: drained, and no reconcile runs")
+            }
             Err(err) => error!(controller = %shared.name, error = %err, "giving up: {err}"),
         }
         end

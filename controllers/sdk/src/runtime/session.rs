@@ -50,6 +50,9 @@ where
         info.hold,
     ));
     fence::watch(state.clone());
+    // However this function ends (also when its future is dropped), every handler of the
+    // session is cancelled and no result is sent on it any more.
+    let _end = EndOnDrop(state.clone());
     let mut session = Session::<K, F, C> {
         shared,
         reader: CachedReader::new(client, shared.config.clone(), info.session_id.clone()),
@@ -60,10 +63,16 @@ where
         drain: None,
         _primary: PhantomData,
     };
-    let end = session.serve(&mut inbound, shutdown).await;
-    // Every handler of the session is cancelled; their results are never sent on another one.
-    session.state.end();
-    end
+    session.serve(&mut inbound, shutdown).await
+}
+
+/// Ends the session when dropped.
+struct EndOnDrop(Arc<SessionState>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 type Outbound = mpsc::Sender<pb::ControllerMessage>;
@@ -288,7 +297,7 @@ where
                 return Step::Continue;
             }
             Ok(None) if self.drain.is_some() => {
-                info!(controller = %name, "the manager closed the drained session");
+                debug!(controller = %name, "the manager closed the drained session");
                 return Step::End(SessionEnd::Stopped);
             }
             Ok(None) => {
