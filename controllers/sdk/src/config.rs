@@ -338,6 +338,15 @@ mod tests {
         assert!(Config::new("[::1]:9090", "dev").validate().is_ok());
     }
 
+    /// The waits the crate docs promise.
+    #[test]
+    fn documented_defaults() {
+        let c = Config::default();
+        assert_eq!(c.outdated_wait, Duration::from_secs(30));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(c.drain_grace, Duration::from_secs(5));
+    }
+
     #[test]
     fn authorization_is_bearer() -> Result<(), ConfigError> {
         let v = Config::new(DEFAULT_ADDR, "s3cret").authorization()?;

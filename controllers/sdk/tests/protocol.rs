@@ -290,12 +290,18 @@ async fn lease(
 }
 
 /// Point 1: the manager dispatches only once its caches know their objects, so a controller
-/// that owns children and restarts gets each key once per session, as INITIAL_LIST with its
-/// object, and never a tombstone for a primary that exists.
+/// that owns children and registers afresh gets each key once per session, as INITIAL_LIST
+/// with its object, and never a tombstone for a primary that exists.
 #[tokio::test]
 async fn startup_sends_each_key_once_with_its_object_never_a_tombstone() {
     let cluster = Cluster::start("startup").await;
-    let manager = Manager::start(&cluster, ManagerOptions::default()).await;
+    // Each round a fresh registration: the controller goes with its last replica (by default
+    // the manager keeps it, with its queue, for 15 minutes, and a new replica just takes up).
+    let opts = ManagerOptions {
+        controller_grace: Some("0s"),
+        ..Default::default()
+    };
+    let manager = Manager::start(&cluster, opts).await;
     let ns = "startup";
     cluster.namespace(ns).await;
     let keys: Vec<String> = (0..6).map(|i| format!("cm-{i}")).collect();
@@ -710,7 +716,11 @@ async fn a_registration_only_a_human_can_fix_is_an_error() {
 #[tokio::test]
 async fn a_stuck_handler_exits_the_process_before_the_hold_ends() {
     let cluster = Cluster::start("stuck").await;
-    let mut manager = Manager::start(&cluster, ManagerOptions::default()).await;
+    let opts = ManagerOptions {
+        lease: ("4s", "2s"),
+        ..Default::default()
+    };
+    let mut manager = Manager::start(&cluster, opts).await;
     let ns = "stuck";
     cluster.namespace(ns).await;
     configmap(&cluster, ns, "key", &[("block_ms", "60000")]).await;

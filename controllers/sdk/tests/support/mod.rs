@@ -190,12 +190,15 @@ pub struct ManagerOptions {
     /// The gRPC port (a free one unless set).
     pub grpc_port: Option<u16>,
     /// `--lease-duration`, `--renew-deadline` (their difference is the hold unless
-    /// `hold` is set).
+    /// `hold` is set). Default 10 s and 5 s: a hold of 5 s, roomy on a loaded machine.
     pub lease: (&'static str, &'static str),
     /// `--hold-period`.
     pub hold: Option<&'static str>,
     /// `--lease-name` (managers of different names do not compete for leadership).
     pub lease_name: Option<&'static str>,
+    /// `--controller-grace`: how long a controller without sessions is kept (0: removed at
+    /// once, so that its next registration starts from the caches).
+    pub controller_grace: Option<&'static str>,
 }
 
 impl Default for ManagerOptions {
@@ -203,9 +206,10 @@ impl Default for ManagerOptions {
         Self {
             identity: "sdk-test".into(),
             grpc_port: None,
-            lease: ("4s", "2s"),
+            lease: ("10s", "5s"),
             hold: None,
             lease_name: None,
+            controller_grace: None,
         }
     }
 }
@@ -249,6 +253,11 @@ impl Manager {
             .args(["--retry-period", "250ms"])
             .args(opts.hold.iter().flat_map(|h| ["--hold-period", h]))
             .args(opts.lease_name.iter().flat_map(|n| ["--lease-name", n]))
+            .args(
+                opts.controller_grace
+                    .iter()
+                    .flat_map(|g| ["--controller-grace", g]),
+            )
             .env_remove("CTRLHUB_WATCH_NAMESPACE")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env("RUST_LOG", "info,ctrlhub=debug")
