@@ -586,9 +586,11 @@ class Controller:
         self._attempts.add(attempt)
         self._idle.clear()
         task = loop.create_task(self._attempt(attempt, msg, loop.time() + limit))
-        task.add_done_callback(lambda _: self._forget(attempt))
+        task.add_done_callback(lambda t: self._forget(attempt, t))
 
-    def _forget(self, attempt: _Attempt) -> None:
+    def _forget(self, attempt: _Attempt, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (err := task.exception()) is not None:
+            self.log.error("the attempt of %s ended with %r; no result was sent", attempt.key, err, exc_info=err)
         attempt.done.set()
         session = attempt.session
         session.attempts.discard(attempt)
