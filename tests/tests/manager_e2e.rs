@@ -557,3 +557,70 @@ async fn failed_watches_are_counted_as_restarts_and_recovered_from() {
         "the re-established watch delivers"
     );
 }
+
+/// The entry of controller `name` in `/status`, if it is there.
+async fn status_entry(m: &Manager, name: &str) -> Option<serde_json::Value> {
+    m.status().await["controllers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+}
+
+/// A controller whose every replica died stays visible for the grace period: on `/status` with
+/// no session and "sessionless" time, in `/metrics` (ctrlhub_sessions 0, its queue depth still
+/// counting a change made meanwhile), and a replica registering again takes up its queue where
+/// it was; with its replicas gone again it is removed once the grace is over. (It used to
+/// vanish from every signal the moment its last session ended.)
+#[tokio::test]
+async fn a_dead_controller_stays_visible_for_its_grace() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "m1", &["--controller-grace", "4s"]).await;
+    m.wait_leading().await;
+    let reg = register(
+        "mortal",
+        ctrlhub_tests::replica::configmaps(),
+        1,
+        Some("default"),
+    );
+    let r = Replica::connect(&m.grpc, reg.clone())
+        .await
+        .expect("registered");
+    drop(r);
+    let entry = poll_until("the controller without sessions", PATIENCE, || async {
+        match status_entry(&m, "mortal").await {
+            Some(e) if e["sessions"] == 0 && e["sessionlessSeconds"].is_number() => Ok(e),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(entry["tenant"], "dev");
+    put_configmap(&c.client, "default", "while-dead", &[("v", "1")]).await;
+    poll_until("its queue still counting", PATIENCE, || async {
+        let depth = m
+            .metric(r#"workqueue_depth{name="mortal",tenant="dev"}"#)
+            .await;
+        let sessions = m.try_metrics().await.map_err(|e| e.to_string())?;
+        (depth >= 1.0
+            && sessions.contains(r#"ctrlhub_sessions{controller="mortal",tenant="dev"} 0"#))
+        .then_some(())
+        .ok_or_else(|| format!("depth {depth}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut again = Replica::connect(&m.grpc, reg)
+        .await
+        .expect("registers again");
+    let req = again.expect().await;
+    assert_eq!(key(&req), "default/while-dead", "the queue was kept");
+    again.done(&req.id).await;
+    drop(again);
+    poll_until("removed once the grace is over", PATIENCE, || async {
+        status_entry(&m, "mortal")
+            .await
+            .map_or(Ok(()), |e| Err(format!("{e}")))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -24,6 +24,9 @@ pub struct Sharing {
     /// How long an exclusive session's unfinished keys stay with it after its last heartbeat
     /// answer once it is gone (`--hold-period`): the time its replica has to stop.
     pub hold: std::time::Duration,
+    /// How long a controller whose last session ended stays, with its queue and series
+    /// (`--controller-grace`; zero: it goes at once).
+    pub grace: std::time::Duration,
 }
 
 /// What a session brings besides its registration: the revision of its definition and whether
@@ -187,6 +190,8 @@ pub struct ControllerTable {
     queued_bytes: Mutex<HashMap<String, Arc<AtomicU64>>>,
     /// See [`Sharing::hold`].
     hold: std::time::Duration,
+    /// See [`Sharing::grace`].
+    grace: std::time::Duration,
     /// The latest release of a key fenced by a controller that has gone away since.
     fenced_until: Mutex<Option<Instant>>,
     /// One turn per tenant for registrations that start informers: their first lists run one
@@ -361,6 +366,7 @@ impl ControllerTable {
             seat_pool,
             grouping,
             hold,
+            grace,
         } = sharing;
         Arc::new(ControllerTable {
             cache,
@@ -378,6 +384,7 @@ impl ControllerTable {
             registration_rates: Mutex::new(HashMap::new()),
             queued_bytes: Mutex::new(HashMap::new()),
             hold,
+            grace,
             fenced_until: Mutex::new(None),
             list_turns: Mutex::new(HashMap::new()),
             reads: Mutex::new(HashMap::new()),
@@ -535,7 +542,7 @@ impl ControllerTable {
         if !attached.created || held <= limits.cached_bytes {
             return Ok(());
         }
-        self.detach(&attached.controller, attached.session);
+        self.detach_refused(&attached.controller, attached.session);
         Err(self.refuse(
             tenant,
             "cached_bytes",
@@ -804,13 +811,13 @@ impl ControllerTable {
         let rx = controller.add_session(session, credits.max(1), exclusive);
         if self.is_closed() {
             // close() ran between the check above and here and may have missed this session.
-            self.detach(&controller, session);
+            self.detach_refused(&controller, session);
             return Err(RegisterError::ShuttingDown);
         }
         if controller.is_overflowed() {
             // Its initial list alone overflowed the queue while wiring, before any session was
             // attached to hear the revocation: refuse this one instead.
-            self.detach(&controller, session);
+            self.detach_refused(&controller, session);
             self.metrics.limit_hit(quota.tenant, "queued_keys");
             return Err(RegisterError::Limit {
                 tenant: quota.tenant.to_string(),
@@ -853,27 +860,71 @@ impl ControllerTable {
         granted
     }
 
-    /// Detach a session; the controller goes away with its last session.
+    /// Detach a session whose registration was refused (its informers could not list, the
+    /// tenant's budget, the manager closing): a controller it created goes away at once.
+    pub fn detach_refused(&self, controller: &Arc<Controller>, session: u64) {
+        if controller.remove_session(session) == 0 {
+            self.remove_if_sessionless(controller, "its registration was refused");
+        }
+    }
+
+    /// Detach a session that ended. A controller whose last session ends stays, with its
+    /// queue and series, for the grace period (`--controller-grace`), so a dead controller is
+    /// seen (sessions 0, its queue growing, an alert) rather than vanishing; a replica that
+    /// registers meanwhile takes it up where it was. Without leadership, while shutting down,
+    /// with no grace, or past its queue limit, it goes at once.
     pub fn detach(&self, controller: &Arc<Controller>, session: u64) {
-        let remaining = controller.remove_session(session);
-        if remaining == 0 {
-            let mut controllers = self.controllers();
-            if controllers
-                .get(&controller.id)
-                .is_some_and(|c| Arc::ptr_eq(c, controller))
-                && controller.session_count() == 0
-            {
-                controllers.remove(&controller.id);
-                if let Some(release) = controller.fenced_until() {
-                    let mut fenced = self.fenced_until.lock();
-                    *fenced = Some(fenced.map_or(release, |f| f.max(release)));
-                }
-                controller.retire();
-                self.forget_scope(controller);
-                self.metrics
-                    .forget_controller(&controller.id.name, &controller.group);
-                tracing::info!(controller = %controller.id, "last session left; controller removed");
+        if controller.remove_session(session) > 0 {
+            return;
+        }
+        let keep = !self.grace.is_zero()
+            && *self.leading.borrow()
+            && !self.is_closed()
+            && !controller.is_overflowed();
+        if keep {
+            controller.mark_sessionless(Instant::now());
+            tracing::info!(controller = %controller.id, grace = ?self.grace, "last session left; the controller stays for the grace period, its queue still counting");
+        } else {
+            self.remove_if_sessionless(controller, "last session left");
+        }
+    }
+
+    /// Removes `controller` from the table (its subscriptions, scope and series with it) if it
+    /// is still the registered one and has no session.
+    fn remove_if_sessionless(&self, controller: &Arc<Controller>, why: &str) {
+        let mut controllers = self.controllers();
+        if controllers
+            .get(&controller.id)
+            .is_some_and(|c| Arc::ptr_eq(c, controller))
+            && controller.session_count() == 0
+        {
+            controllers.remove(&controller.id);
+            if let Some(release) = controller.fenced_until() {
+                let mut fenced = self.fenced_until.lock();
+                *fenced = Some(fenced.map_or(release, |f| f.max(release)));
             }
+            controller.retire();
+            self.forget_scope(controller);
+            self.metrics
+                .forget_controller(&controller.id.name, &controller.group);
+            tracing::info!(controller = %controller.id, why, "controller removed");
+        }
+    }
+
+    /// Removes the controllers whose grace period is over (no session since `grace` ago), and
+    /// every sessionless one once this manager no longer leads (the next leader keeps them).
+    pub fn sweep(&self, now: Instant) {
+        let leading = *self.leading.borrow();
+        let expired: Vec<Arc<Controller>> = self
+            .all()
+            .into_iter()
+            .filter(|c| {
+                c.sessionless_since()
+                    .is_some_and(|t| !leading || now >= t + self.grace)
+            })
+            .collect();
+        for c in expired {
+            self.remove_if_sessionless(&c, "no session for the grace period");
         }
     }
 

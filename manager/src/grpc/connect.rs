@@ -45,10 +45,10 @@ type Replies = mpsc::Sender<Result<pb::ManagerMessage, Status>>;
 /// Why a Connect was refused: before its Register was read (no token, a standby), answered with
 /// a status alone; after, with `Rejected` and then the status.
 pub(super) enum Refused {
-    /// Refused from the request's headers.
-    Early(Status),
-    /// Refused once the Register was read.
-    Rejected(Rejection),
+    /// Refused from the request's headers; the tenant when the token was accepted.
+    Early(Status, Option<String>),
+    /// Refused once the Register was read, for this tenant.
+    Rejected(Rejection, String),
 }
 
 impl Service {
@@ -57,12 +57,17 @@ impl Service {
         &self,
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
     ) -> Result<Response<ConnectStream>, Refused> {
-        let identity = self.authenticate(&req).await.map_err(Refused::Early)?;
+        let identity = self
+            .authenticate(&req)
+            .await
+            .map_err(|s| Refused::Early(s, None))?;
+        let tenant = self.controllers.group_of(&identity.tenant);
         let token = bearer_token(req.metadata()).map(str::to_owned).ok();
-        self.require_leader().map_err(Refused::Early)?;
+        self.require_leader()
+            .map_err(|s| Refused::Early(s, Some(tenant.clone())))?;
         self.register(req.into_inner(), identity, token)
             .await
-            .map_err(Refused::Rejected)
+            .map_err(|r| Refused::Rejected(r, tenant))
     }
 
     /// Read the Register, check it, attach the session and start pumping.
@@ -98,7 +103,7 @@ impl Service {
             session_id.clone(),
             (identity.clone(), attached.controller.clone()),
         );
-        tracing::debug!(controller = %attached.controller.id, session = %session_id, credits = attached.credits, "session attached");
+        tracing::info!(controller = %attached.controller.id, tenant = %attached.controller.group, session = %session_id, credits = attached.credits, exclusive = terms.exclusive, revision = terms.revision, "session attached");
         let registered = pb::Registered {
             session_id: session_id.clone(),
             leader_identity: self.leader.borrow().holder.clone().unwrap_or_default(),
@@ -151,7 +156,7 @@ impl Service {
         for informer in attached.controller.informers() {
             if let Err(e) = informer.wait_synced(FIRST_LIST_TIMEOUT).await {
                 self.controllers
-                    .detach(&attached.controller, attached.session);
+                    .detach_refused(&attached.controller, attached.session);
                 tracing::warn!(controller = %attached.controller.id, error = %e, "registration refused: its informer could not start");
                 let status = match e {
                     SyncError::OverBudget { .. } => {
@@ -621,7 +626,10 @@ impl Pump {
             .controllers
             .detach(&self.controller, self.session);
         self.service.sessions.lock().remove(&self.session_id);
-        tracing::debug!(controller = %self.controller.id, session = %self.session_id, "session ended");
+        let why = end.as_ref().map_or("the stream ended".to_string(), |s| {
+            format!("{:?}: {}", s.code(), s.message())
+        });
+        tracing::info!(controller = %self.controller.id, tenant = %self.controller.group, session = %self.session_id, why = %why, "session ended");
         if let Some(status) = end
             && status.code() != tonic::Code::Ok
         {

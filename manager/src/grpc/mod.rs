@@ -52,6 +52,8 @@ pub struct ServiceState {
     discovery: registering::DiscoveryBudget,
     /// This manager's Lease identity (so a revocation never names it as the new leader).
     identity: String,
+    /// One refusal log line per second per tenant and code.
+    refusal_logs: Mutex<HashMap<(String, String), crate::throttle::LogEvery>>,
 }
 
 /// Failed authentications a peer address may make at once, then per second: a controller with
@@ -122,6 +124,7 @@ impl ServiceState {
             pending: crate::throttle::Slots::new(PENDING_CONNECTS_PER_TENANT, PENDING_CONNECTS),
             discovery: registering::DiscoveryBudget::default(),
             identity: String::new(),
+            refusal_logs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -170,6 +173,25 @@ impl ServiceState {
         }
     }
 
+    /// A refused Connect: counted by tenant and code, and logged (at most once a second per
+    /// tenant and code, the rest counted) so an operator sees who was refused and why.
+    fn refused(&self, tenant: Option<&str>, status: &Status) {
+        let tenant = tenant.unwrap_or("unauthenticated");
+        let code = format!("{:?}", status.code());
+        self.metrics.rejected(tenant, &code);
+        let now = std::time::Instant::now();
+        let mut logs = self.refusal_logs.lock();
+        if logs.len() >= 4096 {
+            logs.clear();
+        }
+        let log = logs
+            .entry((tenant.to_string(), code.clone()))
+            .or_insert_with(|| crate::throttle::LogEvery::new(Duration::from_secs(1)));
+        if let Some(held_back) = log.hit(now) {
+            tracing::info!(tenant, code = %code, held_back, reason = %status.message(), "registration refused");
+        }
+    }
+
     fn require_leader(&self) -> Result<(), Status> {
         let state = self.leader.borrow().clone();
         if state.leading {
@@ -211,13 +233,12 @@ impl ControllerManager for Service {
     ) -> Result<Response<ConnectStream>, Status> {
         match self.open(req).await {
             Ok(response) => Ok(response),
-            Err(connect::Refused::Early(status)) => {
-                self.metrics.rejected(&format!("{:?}", status.code()));
+            Err(connect::Refused::Early(status, tenant)) => {
+                self.refused(tenant.as_deref(), &status);
                 Err(status)
             }
-            Err(connect::Refused::Rejected(rejection)) => {
-                self.metrics
-                    .rejected(&format!("{:?}", rejection.status.code()));
+            Err(connect::Refused::Rejected(rejection, tenant)) => {
+                self.refused(Some(&tenant), &rejection.status);
                 let messages = futures::stream::iter(rejection.messages());
                 Ok(Response::new(Box::pin(messages)))
             }

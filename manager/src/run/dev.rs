@@ -165,6 +165,7 @@ impl DevArgs {
             min_resync_period: limits.min_resync,
             dev_stall_on_sigusr1: None,
             hold_period: None,
+            controller_grace: Duration::from_secs(15 * 60),
             max_queued_bytes_per_tenant: limits.queued_bytes,
             tenant_limits: Vec::new(),
             tenant_grouping: crate::tenancy::TenantGrouping::default(),

@@ -221,6 +221,12 @@ pub struct RunArgs {
     /// take over; it may not be longer.
     #[arg(long, env = "CTRLHUB_HOLD_PERIOD", value_parser = humantime::parse_duration)]
     pub hold_period: Option<Duration>,
+    /// How long a controller whose last session ended stays registered, with its queue still
+    /// counting, its metric series and its entry on the status page ("no sessions since"), so a
+    /// dead controller is seen and alerted on; a replica registering meanwhile takes it up
+    /// where it was. 0 removes it at once.
+    #[arg(long, env = "CTRLHUB_CONTROLLER_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub controller_grace: Duration,
     /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
     /// of the dispatch runtime for this long, as a loop that never yields would.
     #[cfg(feature = "dev")]
@@ -251,8 +257,46 @@ struct PodLabel {
 
 impl PodLabel {
     /// Set the label to "true" while leading and remove it otherwise; failures are logged, not
-    /// fatal (the lease, not the label, decides who dispatches).
+    /// fatal (the lease, not the label, decides who dispatches). A new leader also strips the
+    /// label from every other pod: a leader that crashed (SIGKILL, OOM) never removed its own,
+    /// and the Service would route controllers to a standby too.
     async fn set(&self, leading: bool) {
+        self.patch(&self.pod, leading).await;
+        if leading {
+            self.strip_others().await;
+        }
+    }
+
+    /// Removes a label this pod may still carry from a container that ran before this one (a
+    /// restart in the same pod): called at start, before campaigning.
+    async fn clear_stale(&self) {
+        self.patch(&self.pod, false).await;
+    }
+
+    /// Removes the label from every other pod that carries it.
+    async fn strip_others(&self) {
+        let selector = format!("{}=true", self.label);
+        let listed = self
+            .pods
+            .list_metadata(&kube::api::ListParams::default().labels(&selector))
+            .await;
+        let pods = match listed {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::warn!(label = %self.label, error = %e, "could not list pods carrying the leader label; a crashed leader's pod may keep it");
+                return;
+            }
+        };
+        for pod in pods {
+            let name = pod.metadata.name.unwrap_or_default();
+            if name != self.pod && !name.is_empty() {
+                tracing::info!(pod = %name, label = %self.label, "removing the leader label from a pod that no longer leads");
+                self.patch(&name, false).await;
+            }
+        }
+    }
+
+    async fn patch(&self, pod: &str, leading: bool) {
         let value = if leading {
             serde_json::json!("true")
         } else {
@@ -262,17 +306,17 @@ impl PodLabel {
         match self
             .pods
             .patch(
-                &self.pod,
+                pod,
                 &kube::api::PatchParams::default(),
                 &kube::api::Patch::Merge(&patch),
             )
             .await
         {
             Ok(_) => {
-                tracing::info!(pod = %self.pod, label = %self.label, leading, "leader pod label updated")
+                tracing::info!(pod = %pod, label = %self.label, leading, "leader pod label updated")
             }
             Err(e) => {
-                tracing::warn!(pod = %self.pod, label = %self.label, error = %e, "could not update the leader pod label")
+                tracing::warn!(pod = %pod, label = %self.label, error = %e, "could not update the leader pod label")
             }
         }
     }
@@ -356,9 +400,13 @@ impl RunArgs {
         if let Some(stall) = self.dev_stall_on_sigusr1 {
             dev::stall_on_sigusr1(stall)?;
         }
+        let pod_label = self.pod_label(&client, &identity);
+        if let Some(p) = &pod_label {
+            // Before campaigning: a standby must not carry a label left by a crashed container.
+            p.clear_stale().await;
+        }
         let election =
             self.start_election(self.kube_config().await?, &identity, liveness.clone())?;
-        let pod_label = self.pod_label(&client, &identity);
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
         let controllers = ControllerTable::new(
@@ -369,6 +417,7 @@ impl RunArgs {
             metrics.clone(),
             sharing,
         );
+        sweep_sessionless(controllers.clone(), stop.clone());
         follow_leadership(
             controllers.clone(),
             election.leading.clone(),
@@ -655,6 +704,7 @@ impl RunArgs {
             seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
             grouping: self.tenant_grouping,
             hold: self.hold(),
+            grace: self.controller_grace,
         })
     }
 
@@ -862,6 +912,19 @@ fn follow_leadership(
             was = now;
             tokio::select! {
                 r = leading.changed() => if r.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// Removes, every second, the controllers whose grace period without a session is over.
+fn sweep_sessionless(controllers: Arc<ControllerTable>, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => controllers.sweep(std::time::Instant::now()),
                 _ = stop.cancelled() => return,
             }
         }

@@ -111,6 +111,8 @@ pub struct Controller {
     /// The highest `Register.revision` among its sessions: a different definition needs a
     /// higher one to supersede it.
     revision: AtomicU64,
+    /// Since when it has had no session (None while one is attached).
+    sessionless: Mutex<Option<Instant>>,
     /// How long after an exclusive session's last heartbeat answer its unfinished keys stay
     /// fenced once it is gone (the manager's `--hold-period`).
     hold: std::sync::atomic::AtomicU64,
@@ -195,6 +197,7 @@ impl Controller {
             queued,
             synced: std::sync::atomic::AtomicBool::new(false),
             revision: AtomicU64::new(0),
+            sessionless: Mutex::new(None),
             hold: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -526,8 +529,19 @@ impl Controller {
         );
         self.update_demand(&st);
         drop(st);
+        *self.sessionless.lock() = None;
         self.wake.notify_one();
         outbox
+    }
+
+    /// Its last session ended at `at`: it waits for a replica for the grace period.
+    pub fn mark_sessionless(&self, at: Instant) {
+        *self.sessionless.lock() = Some(at);
+    }
+
+    /// Since when it has had no session, if it has none.
+    pub fn sessionless_since(&self) -> Option<Instant> {
+        *self.sessionless.lock()
     }
 
     /// The manager answered `session`'s heartbeat now.
