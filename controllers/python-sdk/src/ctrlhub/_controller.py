@@ -270,6 +270,7 @@ class Controller:
         self._idle.set()
         self._watchdog: Watchdog | None = None
         self._grace_end: float | None = None
+        self._drained = False
         self._on_registered: list[Callable[[Registration], Any]] = []
         self._readable_logged: dict[Kind, Form] | None = None
         self.effective: registration_pb2.Register | None = None
@@ -340,6 +341,7 @@ class Controller:
         self.unfinished = 0
         self._watchdog = Watchdog(self.name)
         self._grace_end = None
+        self._drained = False
         try:
             while not stop.is_set():
                 started = time.monotonic()
@@ -392,6 +394,8 @@ class Controller:
                         "unfinished: return soon after `cancelled` is set", self.unfinished, keys,
                     )
                     return
+        if self._drained:
+            self.log.info("drained: the manager ended the stream")
         self.log.info("stopped")
 
     async def _run_session(self, config: Config, stop: asyncio.Event) -> _End:
@@ -493,7 +497,7 @@ class Controller:
             leader = dict(err.trailing_metadata() or ()).get("ctrlhub-leader", "")
             return _classify(err.code(), err.details() or "", session.registered, leader=str(leader))
         if session.draining:
-            self.log.info("drained: the manager ended the stream")
+            self._drained = True  # logged once no handler runs any more
             return _End(False, True, "drained")
         return _End(True, session.registered, "the manager ended the stream")
 
