@@ -10,8 +10,8 @@ export class ConfigError extends Error {
 
 /**
  * The manager refused the registration in a way that needs a human (INVALID_ARGUMENT,
- * PERMISSION_DENIED, UNAUTHENTICATED or ALREADY_EXISTS before `Registered`). Reconnecting
- * unchanged cannot help, so {@link Controller.run} rejects with this error.
+ * PERMISSION_DENIED or UNAUTHENTICATED before `Registered`). Reconnecting unchanged cannot
+ * help, so {@link Controller.run} rejects with this error.
  */
 export class RegistrationRejectedError extends Error {
   override readonly name = "RegistrationRejectedError";
@@ -34,9 +34,12 @@ export class RegistrationRejectedError extends Error {
 }
 
 /**
- * A newer definition of this controller (same name, different registration) replaced this
- * one: this replica runs outdated code and should be replaced rather than register again, so
- * {@link Controller.run} rejects with this error.
+ * A newer definition of this controller replaced this one.
+ *
+ * @deprecated {@link Controller.run} no longer rejects with it: a superseded or outdated
+ * replica stops taking work, reports not ready ({@link Controller.ready}) and registers again
+ * 30 s later, so that a rollout converges without crash loops (see the README's "Rolling
+ * upgrades").
  */
 export class SupersededError extends Error {
   override readonly name = "SupersededError";

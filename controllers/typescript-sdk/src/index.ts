@@ -48,10 +48,13 @@ export {
   Controller,
   ControllerBuilder,
   type EventHandler,
+  type OwnsOptions,
+  type ReadableKind,
   type ReconcileHandler,
   type RegisteredInfo,
   type RunOptions,
   type SessionEndInfo,
+  type WatchesOptions,
   controller,
 } from "./controller.js";
 export {
@@ -73,7 +76,7 @@ export {
   removeFinalizerPatch,
 } from "./finalizer.js";
 export { type LogLevel, type Logger, consoleLogger } from "./log.js";
-export { CachedReader, type GetOptions, type ListOptions, ReadError } from "./reader.js";
+export { CachedReader, type CachedObject, type GetOptions, type ListOptions, ReadError } from "./reader.js";
 export type {
   EventType,
   ObjectEvent,
@@ -87,6 +90,8 @@ export {
   type KubernetesObject,
   type Mapping,
   type ObjectMeta,
+  type OwnerReference,
+  type PartialObjectMetadata,
   Predicate,
   type Requirement,
   type ResourceKind,

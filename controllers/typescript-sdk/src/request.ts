@@ -25,9 +25,13 @@ export type Reason =
   | "LEFT_SCOPE"
   | "UNSPECIFIED";
 
-/** The last known state of an object that is gone (deleted, or out of the label selector). */
+/**
+ * An object the manager saw go: deleted, or out of the label selector. Only a tombstone means
+ * a deletion; a request without an object means the cache does not hold it (NotFound).
+ */
 export interface Tombstone<T> {
-  readonly object: T;
+  /** Its last known state; `undefined` when the manager sent none (empty JSON). */
+  readonly object: T | undefined;
   /** The manager did not see the deletion itself (a relist found the object missing). */
   readonly finalStateUnknown: boolean;
 }
@@ -83,12 +87,16 @@ export interface ReconcileRequest<T> extends WorkContext {
   /** Every reason collapsed into this request, in the order received. */
   readonly reasons: readonly Reason[];
   /**
-   * The object as of dispatch, with `includeObject()`; `undefined` when it is gone (see
-   * {@link ReconcileRequest.tombstone}), when the manager knows no state for the key, or
-   * without `includeObject()`.
+   * The object as of dispatch, with `includeObject()`. `undefined` without `includeObject()`,
+   * when it is gone ({@link ReconcileRequest.tombstone} is set), or when the cache does not
+   * hold it and the manager saw no deletion: treat that as NotFound, not as a deletion (clean
+   * up external state on the object's finalizer, never because a request lacks an object).
    */
   readonly object: T | undefined;
-  /** The last known state of a deleted or out-of-scope object, with `includeObject()`. */
+  /**
+   * With `includeObject()`: set when the manager saw the object's deletion (or its leaving the
+   * label selector), with its last known state.
+   */
   readonly tombstone: Tombstone<T> | undefined;
 }
 
