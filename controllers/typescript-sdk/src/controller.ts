@@ -398,6 +398,8 @@ export class Controller<T> {
   private running = false;
   private stopping = false;
   private stoppedAt = 0;
+  private stopGraceMs = STOP_GRACE_MS;
+  private graceTimer: NodeJS.Timeout | undefined;
   private waiting = false;
   private session: Session<T> | undefined;
   private wake: (() => void) | undefined;
@@ -456,8 +458,18 @@ export class Controller<T> {
     }
     this.stopping = true;
     this.stoppedAt = Date.now();
+    this.armGrace();
     this.session?.drain();
     this.wake?.();
+  }
+
+  /** Once the stop's grace is over, the session is closed whatever still runs. */
+  private armGrace(): void {
+    if (!this.running || !this.stopping || this.graceTimer !== undefined) {
+      return;
+    }
+    this.graceTimer = setTimeout(() => this.session?.cancel(), Math.max(0, this.stoppedAt + this.stopGraceMs - Date.now()));
+    this.graceTimer.unref();
   }
 
   /**
@@ -488,6 +500,7 @@ export class Controller<T> {
     const tracing = (await loadOpenTelemetry(options.tracing ?? true)) !== undefined;
     this.running = true;
     this.stopping = false;
+    this.stopGraceMs = stopGraceMs;
 
     let hard = false;
     let signals = 0;
@@ -573,6 +586,8 @@ export class Controller<T> {
       }
       log.info(drained ? "session drained; controller stopped" : "controller stopped");
     } finally {
+      clearTimeout(this.graceTimer);
+      this.graceTimer = undefined;
       this.running = false;
       this.waiting = false;
       options.signal?.removeEventListener("abort", onAbort);
