@@ -242,7 +242,15 @@ function decodeRead(what: string, bytes: Uint8Array): unknown {
 }
 
 function partial(object: KubernetesObject): PartialObjectMetadata {
-  return { apiVersion: "meta.k8s.io/v1", kind: "PartialObjectMetadata", metadata: { ...(object.metadata ?? ({} as ObjectMeta)) } };
+  const metadata: ObjectMeta = { ...(object.metadata ?? {}) };
+  const out: PartialObjectMetadata = { metadata };
+  if (object.apiVersion !== undefined) {
+    out.apiVersion = object.apiVersion;
+  }
+  if (object.kind !== undefined) {
+    out.kind = object.kind;
+  }
+  return out;
 }
 
 function metadataOnly(kind: ResourceKind<unknown>): ReadError {

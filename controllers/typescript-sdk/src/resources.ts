@@ -37,12 +37,13 @@ export interface ObjectMeta {
 
 /**
  * An object of a kind the manager caches metadata only (`owns(kind, { metadataOnly: true })`,
- * or `watches` likewise): `meta.k8s.io/v1` `PartialObjectMetadata`, with no spec or status.
+ * or `watches` likewise): a `PartialObjectMetadata`, its metadata without spec, status or
+ * data. As controller-runtime's, its `apiVersion` and `kind` name the object's own kind.
  * {@link CachedReader.getMetadata} and {@link CachedReader.listMetadata} return it.
  */
 export interface PartialObjectMetadata {
-  apiVersion: "meta.k8s.io/v1";
-  kind: "PartialObjectMetadata";
+  apiVersion?: string;
+  kind?: string;
   metadata: ObjectMeta;
 }
 

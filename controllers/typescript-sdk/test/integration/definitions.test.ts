@@ -55,7 +55,7 @@ async function ownedSecret(ns: string, name: string, owner: k8s.V1ConfigMap, dat
         name,
         ownerReferences: [{ apiVersion: "v1", kind: "ConfigMap", name: owner.metadata?.name ?? "", uid: owner.metadata?.uid ?? "", controller: true }],
       },
-      stringData: data,
+      data: Object.fromEntries(Object.entries(data).map(([k, v]) => [k, Buffer.from(v).toString("base64")])),
     },
   });
 }
@@ -162,12 +162,13 @@ test("owned children are cached and readable in full by default; metadataOnly on
       const [got] = await waitFor("the reads", () => (reads.length > 0 ? reads : undefined));
       const { got: full, meta, raw, listed, list } = got as {
         got: unknown;
-        meta: { kind: string; metadata: { name: string; ownerReferences?: unknown[] } };
+        meta: { kind: string; metadata: { name: string; ownerReferences?: unknown[] } } & Record<string, unknown>;
         raw: { metadataOnly: boolean; object: Record<string, unknown> };
         listed: Array<{ metadata: { name: string } }>;
         list: unknown;
       };
-      assert.equal(meta.kind, "PartialObjectMetadata");
+      assert.equal(meta.kind, "Secret");
+      assert.equal(meta["data"], undefined, "metadata only");
       assert.equal(meta.metadata.name, "child");
       assert.equal(meta.metadata.ownerReferences?.length, 1);
       assert.deepEqual(listed.map((o) => o.metadata.name), ["child"]);

@@ -124,6 +124,15 @@ test("the Website operator: children, registry, Ready, a restart, repairs and de
     await core.deleteNamespacedService({ name: "site", namespace: "web" });
     await waitFor("the Service recreated", () => core.readNamespacedService({ name: "site", namespace: "web" }));
     assert.equal((await registry())["site"], "nginx:1.27", "the registry entry survived the restart");
+    // Converged: its own writes (no-op applies, an unchanged status) wake it no more.
+    const dispatched = async (): Promise<unknown> => {
+      const status = (await (await fetch(`${http}/status`)).json()) as { controllers: Array<Record<string, unknown>> };
+      return status.controllers.find((c) => c["name"] === "website")?.["dispatched"];
+    };
+    const settled = await dispatched();
+    assert.equal(typeof settled, "number");
+    await new Promise((ok) => setTimeout(ok, 1500));
+    assert.equal(await dispatched(), settled, "no reconcile loop on its own writes");
     assert.equal((await site()).metadata?.deletionTimestamp, undefined);
 
     // Deletion: the entry goes, then the finalizer, then the object.
