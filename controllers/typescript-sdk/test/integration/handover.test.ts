@@ -1,6 +1,6 @@
 // One attempt of a key at a time within the process, across sessions, against real managers
-// with an 8 s hold (so that a handler may overrun its session's end for a few seconds without
-// ending this test process), and the bound on how long a stop waits for handlers.
+// with a 30 s hold (so that a handler may overrun its session's end for several seconds
+// without ending this test process), and the bound on how long a stop waits for handlers.
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, test } from "node:test";
@@ -21,8 +21,8 @@ import {
   waitFor,
 } from "../support.js";
 
-/** An 18 s Lease less a 10 s renew deadline: an 8 s hold. */
-const LONG_HOLD = ["--lease-duration", "18s", "--renew-deadline", "10s", "--retry-period", "1s"];
+/** A 40 s Lease less a 10 s renew deadline: a 30 s hold (handlers must stop within 24 s). */
+const LONG_HOLD = ["--lease-duration", "40s", "--renew-deadline", "10s", "--retry-period", "1s"];
 
 let cluster: Cluster;
 
@@ -41,19 +41,20 @@ test("a key re-delivered on a new session waits for its attempt still running fr
   await configMap(cluster, "handover", "k");
   const port = await freePort();
   const first = await startManager(cluster, "ts-handover-1", LONG_HOLD, port);
-  const attempts: Array<{ session: string; start: number; end: number; reason?: unknown }> = [];
+  const attempts: Array<{ session: string; dispatched: number; start: number; end: number; reason?: unknown }> = [];
   const c = controller("handover")
     .for(ConfigMaps)
     .inNamespaces("handover")
     .concurrency(2)
     .reconcile(async (req) => {
-      const a: (typeof attempts)[number] = { session: req.sessionId, start: Date.now(), end: 0 };
+      // The default 60 s deadline: the request was dispatched 60 s before it.
+      const a: (typeof attempts)[number] = { session: req.sessionId, dispatched: req.deadline.getTime() - 60_000, start: Date.now(), end: 0 };
       attempts.push(a);
       if (attempts.length === 1) {
-        // Ignores the end of its session for 3 s (well within 80 % of the 8 s hold).
+        // Ignores the end of its session for 8 s (well within 80 % of the 30 s hold).
         await new Promise((ok) => req.signal.addEventListener("abort", ok, { once: true }));
         a.reason = req.signal.reason;
-        await sleep(3000);
+        await sleep(8000);
       }
       a.end = Date.now();
       return Action.done();
@@ -68,10 +69,11 @@ test("a key re-delivered on a new session waits for its attempt still running fr
     await first.proc.exited;
     second = await startManager(cluster, "ts-handover-2", [...LONG_HOLD, "--lease-name", "ts-handover-2"], port);
     await r.registered(2);
-    await waitFor("the second attempt done", () => (attempts[1]?.end ? true : undefined), 30_000);
+    await waitFor("both attempts ended", () => (attempts[0]?.end && attempts[1]?.end ? true : undefined), 30_000);
     const [a1, a2] = attempts as [(typeof attempts)[number], (typeof attempts)[number]];
     assert.ok(a1.reason instanceof SessionEndedError, "the first attempt was cancelled when its session ended");
     assert.notEqual(a1.session, a2.session);
+    assert.ok(a2.dispatched < a1.end, "the new session got the key while the old attempt still ran");
     assert.ok(a2.start >= a1.end, `the second attempt started ${a1.end - a2.start} ms before the first ended`);
     const next = second;
     await waitFor("the second attempt's result counted", async () =>
