@@ -80,7 +80,8 @@ export class TerminalError extends Error {
 
 /**
  * The reason a handler's {@link ReconcileRequest.signal} aborts when the request's deadline
- * is near. The manager re-delivers the key (perhaps to another replica); stop acting on it.
+ * is near. Stop acting on it: once the handler has ended, the manager re-delivers the key
+ * (perhaps to another replica).
  */
 export class DeadlineExceededError extends Error {
   override readonly name = "DeadlineExceededError";
@@ -88,8 +89,9 @@ export class DeadlineExceededError extends Error {
 
 /**
  * The reason a handler's {@link ReconcileRequest.signal} aborts when the session that
- * delivered the request ended (the stream broke, or the manager revoked it). The manager
- * re-delivers the key; stop acting on it.
+ * delivered the request ended (the stream broke, the manager revoked it, or it answered no
+ * heartbeat for half the hold). The manager re-delivers the key once the hold is over; stop
+ * acting on it before then.
  */
 export class SessionEndedError extends Error {
   override readonly name = "SessionEndedError";

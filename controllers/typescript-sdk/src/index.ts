@@ -4,8 +4,9 @@
  * Write a [ctrlhub](https://github.com/) controller in TypeScript. The manager owns the
  * caches, leader election, namespace scoping, predicates and the work queue; this package
  * registers your controller over gRPC, runs your Promise-based handler for each request (up
- * to its concurrency), aborts it with an `AbortSignal` at its deadline and never sends a late
- * result, answers, reconnects with backoff, and drains on SIGTERM.
+ * to its concurrency, one attempt of a key at a time), aborts it with an `AbortSignal` at its
+ * deadline or when its session is lost and answers once it has really ended, heartbeats,
+ * reconnects with backoff, waits out a newer definition, and drains on SIGTERM.
  *
  * @example
  * ```ts

@@ -50,14 +50,17 @@ export interface WorkContext {
   readonly attempt: number;
   /**
    * When the manager stops waiting (its clock). The SDK aborts {@link WorkContext.signal} a
-   * little earlier and drops any result that comes after.
+   * little earlier; what the handler returns afterwards is not taken as its outcome.
    */
   readonly deadline: Date;
   /**
-   * Aborts when the work must stop: near its deadline ({@link DeadlineExceededError}) or when
-   * the session that delivered it ended ({@link SessionEndedError}). Pass it to everything
-   * that takes one (`fetch`, timers, `@kubernetes/client-node` calls); after it aborts,
-   * nothing the handler returns is sent.
+   * Aborts when the work must stop: near its deadline ({@link DeadlineExceededError}), or when
+   * the session that delivered it ended or lost the manager ({@link SessionEndedError}). Pass
+   * it to everything that takes one (`fetch`, timers, `@kubernetes/client-node` calls). After
+   * it aborts, what the handler returns is not its outcome: at its deadline the SDK reports an
+   * error once the handler's promise has settled (the manager keeps the key until then); when
+   * the session ended, nothing. A handler still running at 80 % of `Registered.hold` after
+   * its session lost the manager ends the process (exit status 70).
    */
   readonly signal: AbortSignal;
   /** Cached Get/List through the session that delivered this work. */
