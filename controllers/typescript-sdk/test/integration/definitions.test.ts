@@ -9,6 +9,7 @@ import * as k8s from "@kubernetes/client-node";
 
 import {
   Action,
+  type Controller,
   type ReconcileRequest,
   ReadError,
   SessionEndedError,
@@ -20,6 +21,7 @@ import {
 import {
   type Cluster,
   type Manager,
+  type Running,
   configMap,
   controllerStatus,
   namespace,
@@ -63,9 +65,11 @@ async function ownedSecret(ns: string, name: string, owner: k8s.V1ConfigMap, dat
 test("a newer revision supersedes a running definition: the old replica stops taking work, is not ready and registers again later without exiting", async () => {
   await namespace(cluster, "rollout");
   const seen: Array<{ by: string; name: string; session: string }> = [];
+  let hung = false;
   const handler = (by: string) => async (req: ReconcileRequest<k8s.V1ConfigMap>) => {
     seen.push({ by, name: req.name, session: req.sessionId });
-    if (req.name === "hang") {
+    if (req.name === "hang" && !hung) {
+      hung = true; // the first attempt hangs until its session ends; later ones do not
       await new Promise((ok) => req.signal.addEventListener("abort", ok, { once: true }));
       throw req.signal.reason;
     }
@@ -73,7 +77,7 @@ test("a newer revision supersedes a running definition: the old replica stops ta
   };
   const aborted: unknown[] = [];
   process.env["CTRLHUB_REVISION"] = "1";
-  let old;
+  let old: Controller<k8s.V1ConfigMap>;
   try {
     old = controller("rollout")
       .for(ConfigMaps)
@@ -88,15 +92,16 @@ test("a newer revision supersedes a running definition: the old replica stops ta
   assert.equal(old.registration().revision, 1n, "CTRLHUB_REVISION");
   const log = recordingLogger();
   const first = await runController(old, manager, { logger: log, outdatedRetryMs: 3000 });
-  assert.equal(first.registrations[0]?.revision, 1n);
-  assert.equal(old.ready, true);
-  await configMap(cluster, "rollout", "hang");
-  await waitFor("in flight", async () => ((await controllerStatus(manager, "rollout"))?.["inFlight"] === 1 ? true : undefined));
-
-  // The rollout: a different definition (includeObject) at revision 2.
-  const newer = controller("rollout").for(ConfigMaps).inNamespaces("rollout").includeObject().revision(2).reconcile(handler("new"));
-  const second = await runController(newer, manager);
+  let second: Running | undefined;
   try {
+    assert.equal(first.registrations[0]?.revision, 1n);
+    assert.equal(old.ready, true);
+    await configMap(cluster, "rollout", "hang");
+    await waitFor("in flight", async () => ((await controllerStatus(manager, "rollout"))?.["inFlight"] === 1 ? true : undefined));
+
+    // The rollout: a different definition (includeObject) at revision 2.
+    const newer = controller("rollout").for(ConfigMaps).inNamespaces("rollout").includeObject().revision(2).reconcile(handler("new"));
+    second = await runController(newer, manager);
     await waitFor("the old handler aborted", () => aborted[0]);
     assert.ok(aborted[0] instanceof SessionEndedError);
     await waitFor("the old replica not ready", () => (old.ready ? undefined : true));
@@ -107,25 +112,31 @@ test("a newer revision supersedes a running definition: the old replica stops ta
     const lower = controller("rollout").for(ConfigMaps).inNamespaces("rollout").resync(0).revision(1).reconcile(handler("lower"));
     const lowerLog = recordingLogger();
     const refused = lower.run({ address: manager.grpc, handleSignals: false, logger: lowerLog, outdatedRetryMs: 60_000 });
-    await waitFor("the lower revision refused", () => lowerLog.lines.find((l) => /outdated/.test(l.message) && /registers again in 60 s/.test(l.message)));
-    assert.equal(lower.ready, false);
-    lower.stop();
-    await refused; // stopping while it waits resolves at once
+    try {
+      await waitFor("the lower revision refused", () => lowerLog.lines.find((l) => /outdated/.test(l.message) && /registers again in 60 s/.test(l.message)));
+      assert.equal(lower.ready, false);
+    } finally {
+      lower.stop();
+      await refused; // stopping while it waits resolves at once
+    }
 
     await configMap(cluster, "rollout", "after");
     await waitFor("the new definition reconciles", () => seen.find((s) => s.name === "after"));
     await sleep(1000);
     assert.equal(first.registrations.length, 1, "the superseded replica did not register within its wait");
     assert.ok(!seen.some((s) => s.by === "old" && s.name === "after"));
-  } finally {
+
+    // The newer definition's replicas are gone: the old one is accepted again after its wait.
     await second.stop();
+    second = undefined;
+    await first.registered(2);
+    assert.equal(old.ready, true);
+    await configMap(cluster, "rollout", "later");
+    await waitFor("the old replica works again", () => seen.find((s) => s.by === "old" && s.name === "later"));
+  } finally {
+    await second?.stop();
+    await first.stop();
   }
-  // The newer definition's replicas are gone: the old one is accepted again after its wait.
-  await first.registered(2);
-  assert.equal(old.ready, true);
-  await configMap(cluster, "rollout", "later");
-  await waitFor("the old replica works again", () => seen.find((s) => s.by === "old" && s.name === "later"));
-  await first.stop();
 });
 
 test("owned children are cached and readable in full by default; metadataOnly ones are read as PartialObjectMetadata", async () => {
