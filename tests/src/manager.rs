@@ -245,6 +245,18 @@ impl Manager {
         self.process.signal(signal);
     }
 
+    /// Waits up to `within` for the process to exit on its own (after a signal); whether it did.
+    pub async fn exited(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if matches!(self.process.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// SIGKILL (crash: the lease must expire).
     pub async fn kill(&mut self) {
         self.process.kill().await;

@@ -122,6 +122,8 @@ pub struct Replica {
     pub session_id: String,
     /// A client for Get/List.
     pub client: ControllerManagerClient<tonic::transport::Channel>,
+    /// The Registered message itself.
+    pub registered: pb::Registered,
 }
 
 impl Replica {
@@ -180,8 +182,9 @@ impl Replica {
             Some(pb::manager_message::Message::Registered(r)) => Ok(Replica {
                 tx,
                 rx: stream,
-                session_id: r.session_id,
+                session_id: r.session_id.clone(),
                 client,
+                registered: *r,
             }),
             // A refusal after Register: Rejected, then the same status ends the stream. The
             // status is what callers check; a Rejected that disagrees with it is a bug.
@@ -212,15 +215,16 @@ impl Replica {
         .await
     }
 
-    /// The next message that `pick` takes, skipping the others; None if none arrives within
-    /// `within` of the last message (or the stream ends).
+    /// The next message that `pick` takes, skipping the others (heartbeat answers among them);
+    /// None if none arrives within `within` (or the stream ends).
     async fn next_where<T>(
         &mut self,
         within: Duration,
         pick: impl Fn(pb::manager_message::Message) -> Option<T>,
     ) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
-            let message = tokio::time::timeout(within, self.rx.message()).await;
+            let message = tokio::time::timeout_at(deadline, self.rx.message()).await;
             let Ok(Ok(Some(message))) = message else {
                 return None;
             };
@@ -293,6 +297,28 @@ impl Replica {
     /// Answer Done.
     pub async fn done(&self, id: &str) {
         let _ = self.tx.send(done_message(id)).await;
+    }
+
+    /// Keeps an `exclusive_attempts` session alive: a Heartbeat every `every` from a task of
+    /// its own (the manager ends a session silent for its hold). The task holds the stream
+    /// open: abort it before dropping the replica to end the session.
+    pub fn keep_alive(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            for nonce in 1.. {
+                let beat = pb::controller_message::Message::Heartbeat(pb::Heartbeat { nonce });
+                if tx
+                    .send(pb::ControllerMessage {
+                        message: Some(beat),
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        })
     }
 }
 

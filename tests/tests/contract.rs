@@ -2,6 +2,7 @@
 //! the real `ctrlhub` binary over real gRPC on loopback.
 
 use ctrlhub_proto::v1 as pb;
+use ctrlhub_tests::replica::configmaps;
 use ctrlhub_tests::*;
 use pb::reconcile_result::Outcome;
 use std::collections::{HashMap, HashSet};
@@ -449,4 +450,281 @@ async fn contract_single_leader() {
     let req = r.expect().await;
     assert_eq!(key(&req), "default/sl");
     r.done(&req.id).await;
+}
+
+// ----- the contract in the operators people write: startup, exclusive attempts, rollouts --------
+
+/// A manager whose hold is 2 s (a 4 s Lease, 2 s renew deadline), so that fencing tests finish
+/// quickly.
+async fn short_hold() -> (Cluster, Manager) {
+    let c = start_cluster().await;
+    let m = Manager::start(
+        &c,
+        "m1",
+        &["--lease-duration", "4s", "--renew-deadline", "2s"],
+    )
+    .await;
+    m.wait_leading().await;
+    (c, m)
+}
+
+fn leases() -> pb::ResourceType {
+    pb::ResourceType {
+        group: "coordination.k8s.io".into(),
+        version: "v1".into(),
+        kind: "Lease".into(),
+        plural: String::new(),
+    }
+}
+
+/// Primary `default/<name>` (labelled `startup=yes`) owning Lease `default/<name>-child`.
+async fn primary_with_child(c: &Cluster, name: &str) {
+    put_configmap(&c.client, "default", name, &[("v", "0")]).await;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(c.client.clone(), "default");
+    let mut cm = cms.get(name).await.expect("the primary");
+    cm.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("startup".into(), "yes".into());
+    cms.replace(name, &Default::default(), &cm)
+        .await
+        .expect("labelled");
+    let uid = cm.metadata.uid.unwrap_or_default();
+    let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": format!("{name}-child"), "namespace": "default",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": name,
+                "uid": uid, "controller": true}]},
+        "spec": {"holderIdentity": "child"}});
+    apply(&c.client, &lease).await.expect("the child");
+}
+
+/// A registration of primaries labelled `startup=yes` owning Leases; `selector_salt` makes its
+/// primary informer new (a label requirement nobody sets).
+fn owning(name: &str, selector_salt: usize, metadata_only: bool) -> pb::Register {
+    let mut r = register(name, configmaps(), 8, Some("default"));
+    r.label_selector = Some(pb::LabelSelector {
+        match_labels: [("startup".to_string(), "yes".to_string())].into(),
+        match_expressions: vec![pb::LabelSelectorRequirement {
+            key: format!("absent-{selector_salt}"),
+            operator: pb::label_selector_requirement::Operator::DoesNotExist as i32,
+            values: vec![],
+        }],
+    });
+    r.owns = vec![pb::OwnedResource {
+        resource: Some(leases()),
+        controller_only: true,
+        predicate: None,
+        metadata_only,
+    }];
+    r
+}
+
+/// No dispatch before the caches know: while the owned kind's cache is already full (another
+/// controller keeps it) and a fresh registration's primary cache is still listing, no request
+/// may go out for an owner the primary cache does not hold yet. Five fresh registrations: every
+/// key arrives once, with its object, as INITIAL_LIST, never DELETED.
+#[tokio::test]
+async fn contract_startup_waits_for_every_cache() {
+    let (c, m) = setup().await;
+    for i in 0..5 {
+        primary_with_child(&c, &format!("owner-{i}")).await;
+    }
+    // Keeps the Lease cache listed and warm for every fresh registration below.
+    let _warm = Replica::connect(&m.grpc, owning("warm", 99, false))
+        .await
+        .expect("registered");
+    for run in 0..5 {
+        let mut r = Replica::connect(&m.grpc, owning(&format!("fresh-{run}"), run, false))
+            .await
+            .expect("registered");
+        let mut seen: HashMap<String, u32> = HashMap::new();
+        // Everything at startup comes within this window; a second delivery of a key too.
+        while let Some(req) = r.next(Duration::from_secs(2)).await {
+            let k = key(&req);
+            assert!(
+                !req.reasons
+                    .contains(&(pb::reconcile_request::Reason::Deleted as i32)),
+                "run {run}: {k} exists but was delivered as DELETED: {req:?}"
+            );
+            assert!(
+                matches!(
+                    req.object,
+                    Some(pb::reconcile_request::Object::ObjectJson(_))
+                ),
+                "run {run}: {k} exists but came without its object: {req:?}"
+            );
+            *seen.entry(k).or_default() += 1;
+            r.done(&req.id).await;
+        }
+        assert_eq!(seen.len(), 5, "run {run}: every key once: {seen:?}");
+        assert!(
+            seen.values().all(|n| *n == 1),
+            "run {run}: a key delivered twice at startup: {seen:?}"
+        );
+    }
+}
+
+/// Children are cached and read in full unless every entry of the kind asks for metadata only;
+/// `Registered.readable` names each kind once, with the form Get serves.
+#[tokio::test]
+async fn contract_children_in_full_unless_asked_for_metadata() {
+    let (c, m) = setup().await;
+    primary_with_child(&c, "parent").await;
+    for metadata_only in [false, true] {
+        let name = format!("forms-{metadata_only}");
+        let r = Replica::connect(&m.grpc, owning(&name, 7, metadata_only))
+            .await
+            .expect("registered");
+        let kinds: Vec<(String, bool)> = r
+            .registered
+            .readable
+            .iter()
+            .map(|x| {
+                let kind = x
+                    .resource
+                    .as_ref()
+                    .map(|r| r.kind.clone())
+                    .unwrap_or_default();
+                (kind, x.metadata_only)
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("ConfigMap".to_string(), false),
+                ("Lease".to_string(), metadata_only)
+            ]
+        );
+        let mut client = r.client.clone();
+        let mut get = tonic::Request::new(pb::GetRequest {
+            session_id: r.session_id.clone(),
+            resource: Some(leases()),
+            namespace: "default".into(),
+            name: "parent-child".into(),
+        });
+        get.metadata_mut()
+            .insert("authorization", "Bearer dev".parse().expect("header"));
+        let got = client.get(get).await.expect("the child").into_inner();
+        assert_eq!(got.metadata_only, metadata_only);
+        let child: serde_json::Value = serde_json::from_slice(&got.object_json).expect("JSON");
+        assert_eq!(
+            child["spec"]["holderIdentity"].as_str(),
+            (!metadata_only).then_some("child"),
+            "{child}"
+        );
+    }
+}
+
+/// Exclusive attempts, past the deadline: the key stays with the replica whose handler overran
+/// until its result says the attempt ended; only then is it delivered again.
+#[tokio::test]
+async fn contract_exclusive_past_the_deadline() {
+    let (c, m) = short_hold().await;
+    put_configmap(&c.client, "default", "slow", &[("v", "0")]).await;
+    let mut reg = register_configmaps("overrun", 1);
+    reg.request_deadline = Some(secs(1.0));
+    reg.exclusive_attempts = true;
+    let mut a = Replica::connect(&m.grpc, reg.clone()).await.expect("a");
+    let _a_beats = a.keep_alive(Duration::from_millis(300));
+    let first = a.expect().await;
+    let mut b = Replica::connect(&m.grpc, reg).await.expect("b");
+    let _b_beats = b.keep_alive(Duration::from_millis(300));
+    // Three deadlines go by: nobody gets the key while attempt 1 may still run.
+    assert!(
+        b.next(Duration::from_secs(3)).await.is_none() && a.next(Duration::ZERO).await.is_none(),
+        "the key was delivered again while its first attempt had not ended"
+    );
+    a.done(&first.id).await;
+    let again = tokio::select! {
+        r = a.next(PATIENCE) => r,
+        r = b.next(PATIENCE) => r,
+    }
+    .expect("delivered again once the attempt ended");
+    assert_eq!(key(&again), "default/slow");
+    assert_eq!(again.attempt, 2);
+}
+
+/// Exclusive attempts, a session gone: its keys go to another replica only once the hold after
+/// the manager's last heartbeat answer is over (the replica stops by then).
+#[tokio::test]
+async fn contract_exclusive_keys_wait_out_the_hold() {
+    let (c, m) = short_hold().await;
+    put_configmap(&c.client, "default", "held", &[("v", "0")]).await;
+    let mut reg = register_configmaps("fenced", 1);
+    reg.exclusive_attempts = true;
+    let hold = Duration::from_secs(2);
+    let mut a = Replica::connect(&m.grpc, reg.clone()).await.expect("a");
+    assert_eq!(
+        a.registered.hold,
+        Some(prost_types::Duration {
+            seconds: 2,
+            nanos: 0
+        }),
+        "the hold is the lease less the renew deadline"
+    );
+    let a_beats = a.keep_alive(Duration::from_millis(200));
+    a.expect().await;
+    let mut b = Replica::connect(&m.grpc, reg).await.expect("b");
+    let _b_beats = b.keep_alive(Duration::from_millis(200));
+    a_beats.abort();
+    let gone = Instant::now();
+    drop(a);
+    let again = b.expect().await;
+    assert!(
+        gone.elapsed() >= hold - Duration::from_millis(300),
+        "re-delivered {:?} after the session ended, before the {hold:?} hold",
+        gone.elapsed()
+    );
+    assert_eq!(again.attempt, 2);
+}
+
+/// Exclusive attempts: a session that sends nothing for the hold is ended by the manager.
+#[tokio::test]
+async fn contract_silent_exclusive_session_is_ended() {
+    let (_c, m) = short_hold().await;
+    let mut reg = register_configmaps("silent", 1);
+    reg.exclusive_attempts = true;
+    let mut r = Replica::connect(&m.grpc, reg).await.expect("registered");
+    let status = r
+        .ended(PATIENCE)
+        .await
+        .expect("the silent session is ended");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("no message"), "{status:?}");
+}
+
+/// Rolling upgrades: a different definition replaces the running one only with a higher
+/// revision; a lower or equal one is refused as outdated (FAILED_PRECONDITION, Rejected.outdated)
+/// naming what differs; the running sessions of a replaced definition are revoked SUPERSEDED.
+#[tokio::test]
+async fn contract_rolling_upgrade_by_revision() {
+    let (_c, m) = setup().await;
+    let mut v1 = register_configmaps("rolled", 1);
+    v1.revision = 1;
+    let mut running = Replica::connect(&m.grpc, v1.clone()).await.expect("v1");
+    let mut v2 = v1.clone();
+    v2.request_deadline = Some(secs(9.0));
+    let same = Replica::connect(&m.grpc, v2.clone())
+        .await
+        .err()
+        .expect("an equal revision of another definition is refused");
+    assert_eq!(same.code(), tonic::Code::FailedPrecondition, "{same:?}");
+    assert!(same.message().contains("request_deadline"), "{same:?}");
+    v2.revision = 2;
+    let _newer = Replica::connect(&m.grpc, v2)
+        .await
+        .expect("a higher revision takes over");
+    let revoked = running.ended(PATIENCE).await.expect("the old session ends");
+    assert_eq!(
+        revoked.code(),
+        tonic::Code::FailedPrecondition,
+        "{revoked:?}"
+    );
+    let older = Replica::connect(&m.grpc, v1)
+        .await
+        .err()
+        .expect("the old definition cannot come back while the new one runs");
+    assert_eq!(older.code(), tonic::Code::FailedPrecondition, "{older:?}");
+    assert!(older.message().contains("revision 2"), "{older:?}");
 }

@@ -218,3 +218,198 @@ async fn a_stalled_leader_gives_up_its_lease() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Whether some manager of `managers` says it leads.
+async fn someone_leads(managers: &[&Manager]) -> bool {
+    for m in managers {
+        if m.leading().await {
+            return true;
+        }
+    }
+    false
+}
+
+/// Leader election through a slow API server, with the shipped timings (15 s Lease, 10 s renew
+/// deadline, 2 s retry): with 1 s and then 4 s of latency on every Lease request, where
+/// client-go's components keep a leader, a leader exists at every probe for 20 s each (a
+/// candidate's acquire once had 2 s in all, so after a step-down nobody could take over). With
+/// 8 s, more than a renewal survives, leadership may go; once the latency is gone a leader is
+/// back, and the log says the API server was slow rather than only "timed out".
+#[tokio::test]
+async fn a_leader_is_kept_through_a_slow_api_server() {
+    let c = start_cluster().await;
+    let a = Manager::start(&c, "slow-a", &[]).await;
+    a.wait_leading().await;
+    let b = Manager::start(&c, "slow-b", &[]).await;
+    let both = [&a, &b];
+    let faults = c.dc.faults();
+    for secs in [1, 4] {
+        faults.add_latency("*", "leases", Duration::from_secs(secs));
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < until {
+            assert!(
+                someone_leads(&both).await,
+                "no manager led with {secs} s of latency on Lease requests"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        faults.clear();
+    }
+    faults.add_latency("*", "leases", Duration::from_secs(8));
+    poll_until(
+        "the slow API server named in a manager's log",
+        Duration::from_secs(60),
+        || async {
+            let logs = [&a.log, &b.log]
+                .iter()
+                .filter_map(|p| std::fs::read_to_string(p).ok())
+                .collect::<String>();
+            logs.contains("no answer from the API server to the lease request")
+                .then_some(())
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    faults.clear();
+    poll_until("a leader once the latency is gone", PATIENCE, || async {
+        someone_leads(&both)
+            .await
+            .then_some(())
+            .ok_or_else(|| "none leads".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Pod `default/<name>` as the manager's own pod would be (devcluster runs no pods; the object
+/// is what the Service selects on).
+async fn manager_pod(c: &Cluster, name: &str, leader_label: bool) {
+    let mut labels = serde_json::json!({"app": "ctrlhub"});
+    if leader_label {
+        labels["ctrlhub.io/leader"] = serde_json::json!("true");
+    }
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "ctrlhub", "image": "ctrlhub:test"}]}});
+    apply(&c.client, &pod).await.expect("pod");
+}
+
+/// The pods the `ctrlhub` Service would select: those carrying the leader label.
+async fn labelled(c: &Cluster) -> Vec<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), "default");
+    let mut names: Vec<String> = pods
+        .list(&kube::api::ListParams::default().labels("ctrlhub.io/leader=true"))
+        .await
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+async fn wait_labelled(c: &Cluster, want: &[&str]) {
+    poll_until(
+        "the leader label on exactly the leader's pod",
+        PATIENCE,
+        || async {
+            let now = labelled(c).await;
+            (now == want)
+                .then_some(())
+                .ok_or_else(|| format!("labelled: {now:?}"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The Service never keeps selecting a standby: a leader SIGKILLed with its pod labelled is
+/// stripped of the label by the new leader, and a container restarted in a pod that still
+/// carries a stale label removes it before it campaigns.
+#[tokio::test]
+async fn the_leader_label_follows_the_leader_after_a_crash() {
+    let c = start_cluster().await;
+    let mut args: Vec<&str> = FAST_LEASE.to_vec();
+    args.extend([
+        "--leader-pod-label",
+        "ctrlhub.io/leader",
+        "--lease-namespace",
+        "default",
+    ]);
+    manager_pod(&c, "route-a", false).await;
+    manager_pod(&c, "route-b", false).await;
+    let mut a = Manager::start(&c, "route-a", &args).await;
+    a.wait_leading().await;
+    wait_labelled(&c, &["route-a"]).await;
+    a.kill().await;
+    assert_eq!(
+        labelled(&c).await,
+        ["route-a"],
+        "a SIGKILLed leader keeps its label"
+    );
+    let b = Manager::start(&c, "route-b", &args).await;
+    b.wait_leading().await;
+    wait_labelled(&c, &["route-b"]).await;
+    // A container of pod route-a starts again while its pod still says it leads.
+    manager_pod(&c, "route-a", true).await;
+    let _a2 = Manager::start(&c, "route-a", &args).await;
+    wait_labelled(&c, &["route-b"]).await;
+    assert!(b.leading().await, "route-b still leads");
+}
+
+/// SIGTERM lets the attempts already out finish: for the shutdown grace nothing new is handed
+/// out and the session stays open, the replica's late result is taken, and only then are
+/// sessions revoked and the manager exits — well before the grace when nothing is left out.
+#[tokio::test]
+async fn a_shutdown_waits_for_attempts_already_out() {
+    let c = start_cluster().await;
+    let mut args: Vec<&str> = FAST_LEASE.to_vec();
+    args.extend(["--shutdown-grace", "30s"]);
+    namespace(&c.client, "graceful", &[]).await;
+    let mut m = Manager::start(&c, "graceful", &args).await;
+    m.wait_leading().await;
+    let registration = replica::register("graceful", replica::configmaps(), 2, Some("graceful"));
+    let mut replica = Replica::connect(&m.grpc, registration)
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "graceful", "slow", &[("a", "1")]).await;
+    let slow = replica.expect().await;
+    assert_eq!(key(&slow), "graceful/slow");
+
+    m.signal("TERM");
+    let terminated = std::time::Instant::now();
+    put_configmap(&c.client, "graceful", "later", &[("a", "1")]).await;
+    // The handler keeps working for 3 s of the 30 s grace: its session must stay open and
+    // nothing new may arrive (before, Revoked came within 200 ms of SIGTERM).
+    let window = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match tokio::time::timeout_at(window, replica.recv()).await {
+            Err(_) => break,
+            Ok(Ok(None)) => continue,
+            Ok(Ok(Some(r))) => panic!("{} was handed out while shutting down", key(&r)),
+            Ok(Err(())) => panic!(
+                "the session ended {:?} after SIGTERM, with its attempt still out",
+                terminated.elapsed()
+            ),
+        }
+    }
+    replica.done(&slow.id).await;
+    let ended = replica.ended(PATIENCE).await;
+    assert!(
+        ended.is_some(),
+        "the session is revoked once its result is in"
+    );
+    assert!(
+        m.exited(Duration::from_secs(15)).await,
+        "the manager exits once nothing is out"
+    );
+    assert!(
+        terminated.elapsed() < Duration::from_secs(20),
+        "it did not wait out the 30 s grace: {:?}",
+        terminated.elapsed()
+    );
+}

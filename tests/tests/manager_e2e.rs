@@ -557,3 +557,116 @@ async fn failed_watches_are_counted_as_restarts_and_recovered_from() {
         "the re-established watch delivers"
     );
 }
+
+/// The entry of controller `name` in `/status`, if it is there.
+async fn status_entry(m: &Manager, name: &str) -> Option<serde_json::Value> {
+    m.status().await["controllers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+}
+
+/// A controller whose every replica died stays visible for the grace period: on `/status` with
+/// no session and "sessionless" time, in `/metrics` (ctrlhub_sessions 0, its queue depth still
+/// counting a change made meanwhile), and a replica registering again takes up its queue where
+/// it was; with its replicas gone again it is removed once the grace is over. (It used to
+/// vanish from every signal the moment its last session ended.)
+#[tokio::test]
+async fn a_dead_controller_stays_visible_for_its_grace() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "m1", &["--controller-grace", "4s"]).await;
+    m.wait_leading().await;
+    let reg = register(
+        "mortal",
+        ctrlhub_tests::replica::configmaps(),
+        1,
+        Some("default"),
+    );
+    let r = Replica::connect(&m.grpc, reg.clone())
+        .await
+        .expect("registered");
+    drop(r);
+    let entry = poll_until("the controller without sessions", PATIENCE, || async {
+        match status_entry(&m, "mortal").await {
+            Some(e) if e["sessions"] == 0 && e["sessionlessSeconds"].is_number() => Ok(e),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(entry["tenant"], "dev");
+    put_configmap(&c.client, "default", "while-dead", &[("v", "1")]).await;
+    poll_until("its queue still counting", PATIENCE, || async {
+        let depth = m
+            .metric(r#"workqueue_depth{name="mortal",tenant="dev"}"#)
+            .await;
+        let sessions = m.try_metrics().await.map_err(|e| e.to_string())?;
+        (depth >= 1.0
+            && sessions.contains(r#"ctrlhub_sessions{controller="mortal",tenant="dev"} 0"#))
+        .then_some(())
+        .ok_or_else(|| format!("depth {depth}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut again = Replica::connect(&m.grpc, reg)
+        .await
+        .expect("registers again");
+    let req = again.expect().await;
+    assert_eq!(key(&req), "default/while-dead", "the queue was kept");
+    again.done(&req.id).await;
+    drop(again);
+    poll_until("removed once the grace is over", PATIENCE, || async {
+        status_entry(&m, "mortal")
+            .await
+            .map_or(Ok(()), |e| Err(format!("{e}")))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A registration whose caches cannot finish their first lists within `--first-list-timeout`
+/// is refused with UNAVAILABLE naming the flag, after that long in all (not per cache), and
+/// registers once the API server answers in time again.
+#[tokio::test]
+async fn a_first_list_past_its_timeout_refuses_the_registration_and_names_the_flag() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "first-list", &["--first-list-timeout", "2s"]).await;
+    m.wait_leading().await;
+    let secrets = pb::ResourceType {
+        version: "v1".into(),
+        kind: "Secret".into(),
+        ..Default::default()
+    };
+    let mut registration = register("slow-lists", secrets, 1, None);
+    // Two caches (the primary and an owned kind), each listed slowly: one deadline covers both.
+    registration.owns = vec![pb::OwnedResource {
+        resource: Some(replica::configmaps()),
+        ..Default::default()
+    }];
+    let faults = c.dc.faults();
+    faults.add_latency("list", "secrets", Duration::from_secs(5));
+    faults.add_latency("list", "configmaps", Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let refused = Replica::connect(&m.grpc, registration.clone())
+        .await
+        .err()
+        .expect("a registration whose lists take 5 s is refused with a 2 s timeout");
+    let waited = started.elapsed();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("--first-list-timeout"),
+        "{refused:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(4),
+        "refused after {waited:?}: the timeout is for all caches together"
+    );
+    faults.clear();
+    wait_for("it registers once lists are fast again", || async {
+        Replica::connect(&m.grpc, registration.clone())
+            .await
+            .is_ok()
+    })
+    .await;
+}

@@ -854,7 +854,10 @@ async fn service_accounts_of_one_namespace_share_its_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_re_registering_in_a_loop_is_slowed_down() {
     let c = start_cluster().await;
-    let m = limited_manager(&c, "sec-churn", &[]).await;
+    // With no grace, closing the only replica removes the controller, so each connection is
+    // a new registration (within the grace it would rejoin the kept controller, which replays
+    // nothing and is not counted).
+    let m = limited_manager(&c, "sec-churn", &["--controller-grace", "0s"]).await;
     let mut refused_with = None;
     for _ in 0..60 {
         match Replica::connect(&m.grpc, register_configmaps("churn", 1)).await {

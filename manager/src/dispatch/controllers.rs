@@ -24,6 +24,49 @@ pub struct Sharing {
     /// How long an exclusive session's unfinished keys stay with it after its last heartbeat
     /// answer once it is gone (`--hold-period`): the time its replica has to stop.
     pub hold: std::time::Duration,
+    /// How long a controller whose last session ended stays, with its queue and series
+    /// (`--controller-grace`; zero: it goes at once).
+    pub grace: std::time::Duration,
+    /// Registrations that may be listing new caches at once across tenants
+    /// (`--max-concurrent-first-lists`): after a failover every controller registers again,
+    /// and this paces the relist instead of sending every tenant's lists at once.
+    pub first_lists: usize,
+}
+
+/// A registration's turn to start informers: its tenant's turn and one of the manager's
+/// first-list slots. Held until its first lists are done.
+pub struct FirstListTurn {
+    _tenant: tokio::sync::OwnedMutexGuard<()>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Turns to list new caches: one registration of a tenant at a time, and a number of them
+/// across tenants. The slots are taken in arrival order and a tenant waits for at most one (its
+/// others wait for its turn first), so tenants are served in turn, whatever one of them sends.
+pub struct ListTurns {
+    tenants: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl ListTurns {
+    /// Turns with `slots` registrations listing at once (at least one).
+    pub fn new(slots: usize) -> Self {
+        ListTurns {
+            tenants: Mutex::new(HashMap::new()),
+            slots: Arc::new(tokio::sync::Semaphore::new(slots.max(1))),
+        }
+    }
+
+    /// Waits for `tenant`'s turn, then for a slot.
+    pub async fn take(&self, tenant: String) -> FirstListTurn {
+        let turn = self.tenants.lock().entry(tenant).or_default().clone();
+        let tenant = turn.lock_owned().await;
+        let slot = self.slots.clone().acquire_owned().await.ok();
+        FirstListTurn {
+            _tenant: tenant,
+            _slot: slot,
+        }
+    }
 }
 
 /// What a session brings besides its registration: the revision of its definition and whether
@@ -187,12 +230,14 @@ pub struct ControllerTable {
     queued_bytes: Mutex<HashMap<String, Arc<AtomicU64>>>,
     /// See [`Sharing::hold`].
     hold: std::time::Duration,
+    /// See [`Sharing::grace`].
+    grace: std::time::Duration,
     /// The latest release of a key fenced by a controller that has gone away since.
     fenced_until: Mutex<Option<Instant>>,
     /// One turn per tenant for registrations that start informers: their first lists run one
     /// after another, so a tenant's concurrent registrations cannot list at once what its
     /// budget would refuse one by one.
-    list_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    list_turns: ListTurns,
     /// Cached reads (Get, List) each tenant may have served at once; more wait their turn.
     reads: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
@@ -361,6 +406,8 @@ impl ControllerTable {
             seat_pool,
             grouping,
             hold,
+            grace,
+            first_lists,
         } = sharing;
         Arc::new(ControllerTable {
             cache,
@@ -378,8 +425,9 @@ impl ControllerTable {
             registration_rates: Mutex::new(HashMap::new()),
             queued_bytes: Mutex::new(HashMap::new()),
             hold,
+            grace,
             fenced_until: Mutex::new(None),
-            list_turns: Mutex::new(HashMap::new()),
+            list_turns: ListTurns::new(first_lists),
             reads: Mutex::new(HashMap::new()),
         })
     }
@@ -494,7 +542,7 @@ impl ControllerTable {
         &self,
         identity: &str,
         registration: &Registration,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    ) -> Option<FirstListTurn> {
         let namespaces = self.effective_namespaces(registration).ok()?;
         let starts = self
             .needed_informers(registration, &namespaces)
@@ -503,13 +551,7 @@ impl ControllerTable {
         if !starts {
             return None;
         }
-        let turn = self
-            .list_turns
-            .lock()
-            .entry(self.group_of(identity))
-            .or_default()
-            .clone();
-        Some(turn.lock_owned().await)
+        Some(self.list_turns.take(self.group_of(identity)).await)
     }
 
     /// A turn to serve one cached read for `identity`'s tenant (at most [`READS_PER_TENANT`]
@@ -535,7 +577,7 @@ impl ControllerTable {
         if !attached.created || held <= limits.cached_bytes {
             return Ok(());
         }
-        self.detach(&attached.controller, attached.session);
+        self.detach_refused(&attached.controller, attached.session);
         Err(self.refuse(
             tenant,
             "cached_bytes",
@@ -804,13 +846,13 @@ impl ControllerTable {
         let rx = controller.add_session(session, credits.max(1), exclusive);
         if self.is_closed() {
             // close() ran between the check above and here and may have missed this session.
-            self.detach(&controller, session);
+            self.detach_refused(&controller, session);
             return Err(RegisterError::ShuttingDown);
         }
         if controller.is_overflowed() {
             // Its initial list alone overflowed the queue while wiring, before any session was
             // attached to hear the revocation: refuse this one instead.
-            self.detach(&controller, session);
+            self.detach_refused(&controller, session);
             self.metrics.limit_hit(quota.tenant, "queued_keys");
             return Err(RegisterError::Limit {
                 tenant: quota.tenant.to_string(),
@@ -853,27 +895,71 @@ impl ControllerTable {
         granted
     }
 
-    /// Detach a session; the controller goes away with its last session.
+    /// Detach a session whose registration was refused (its informers could not list, the
+    /// tenant's budget, the manager closing): a controller it created goes away at once.
+    pub fn detach_refused(&self, controller: &Arc<Controller>, session: u64) {
+        if controller.remove_session(session) == 0 {
+            self.remove_if_sessionless(controller, "its registration was refused");
+        }
+    }
+
+    /// Detach a session that ended. A controller whose last session ends stays, with its
+    /// queue and series, for the grace period (`--controller-grace`), so a dead controller is
+    /// seen (sessions 0, its queue growing, an alert) rather than vanishing; a replica that
+    /// registers meanwhile takes it up where it was. Without leadership, while shutting down,
+    /// with no grace, or past its queue limit, it goes at once.
     pub fn detach(&self, controller: &Arc<Controller>, session: u64) {
-        let remaining = controller.remove_session(session);
-        if remaining == 0 {
-            let mut controllers = self.controllers();
-            if controllers
-                .get(&controller.id)
-                .is_some_and(|c| Arc::ptr_eq(c, controller))
-                && controller.session_count() == 0
-            {
-                controllers.remove(&controller.id);
-                if let Some(release) = controller.fenced_until() {
-                    let mut fenced = self.fenced_until.lock();
-                    *fenced = Some(fenced.map_or(release, |f| f.max(release)));
-                }
-                controller.retire();
-                self.forget_scope(controller);
-                self.metrics
-                    .forget_controller(&controller.id.name, &controller.group);
-                tracing::info!(controller = %controller.id, "last session left; controller removed");
+        if controller.remove_session(session) > 0 {
+            return;
+        }
+        let keep = !self.grace.is_zero()
+            && *self.leading.borrow()
+            && !self.is_closed()
+            && !controller.is_overflowed();
+        if keep {
+            controller.mark_sessionless(Instant::now());
+            tracing::info!(controller = %controller.id, grace = ?self.grace, "last session left; the controller stays for the grace period, its queue still counting");
+        } else {
+            self.remove_if_sessionless(controller, "last session left");
+        }
+    }
+
+    /// Removes `controller` from the table (its subscriptions, scope and series with it) if it
+    /// is still the registered one and has no session.
+    fn remove_if_sessionless(&self, controller: &Arc<Controller>, why: &str) {
+        let mut controllers = self.controllers();
+        if controllers
+            .get(&controller.id)
+            .is_some_and(|c| Arc::ptr_eq(c, controller))
+            && controller.session_count() == 0
+        {
+            controllers.remove(&controller.id);
+            if let Some(release) = controller.fenced_until() {
+                let mut fenced = self.fenced_until.lock();
+                *fenced = Some(fenced.map_or(release, |f| f.max(release)));
             }
+            controller.retire();
+            self.forget_scope(controller);
+            self.metrics
+                .forget_controller(&controller.id.name, &controller.group);
+            tracing::info!(controller = %controller.id, why, "controller removed");
+        }
+    }
+
+    /// Removes the controllers whose grace period is over (no session since `grace` ago), and
+    /// every sessionless one once this manager no longer leads (the next leader keeps them).
+    pub fn sweep(&self, now: Instant) {
+        let leading = *self.leading.borrow();
+        let expired: Vec<Arc<Controller>> = self
+            .all()
+            .into_iter()
+            .filter(|c| {
+                c.sessionless_since()
+                    .is_some_and(|t| !leading || now >= t + self.grace)
+            })
+            .collect();
+        for c in expired {
+            self.remove_if_sessionless(&c, "no session for the grace period");
         }
     }
 
@@ -882,6 +968,20 @@ impl ControllerTable {
     pub fn close(&self, message: &str) {
         self.closed.store(true, Ordering::SeqCst);
         self.revoke_all(RevokeReason::ShuttingDown, message);
+    }
+
+    /// Shutting down, step 1: no new session attaches and nothing more is handed out, while
+    /// sessions stay open so the attempts already out can report their results.
+    pub fn quiesce(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        for c in self.all() {
+            c.quiesce();
+        }
+    }
+
+    /// Attempts still out on live sessions, across every controller.
+    pub fn live_attempts(&self) -> usize {
+        self.all().iter().map(|c| c.live_attempts()).sum()
     }
 
     fn is_closed(&self) -> bool {
@@ -1316,6 +1416,36 @@ mod tests {
             "an answer arriving after the label was removed does not admit it"
         );
         assert!(scope.matched("a"), "matching again asks for a new check");
+    }
+
+    /// With one slot, a tenant's second registration waits behind another tenant's first:
+    /// after a failover no tenant's many registrations starve the others' lists.
+    #[tokio::test]
+    async fn first_list_turns_go_round_the_tenants() {
+        let turns = Arc::new(ListTurns::new(1));
+        let a1 = turns.take("a".into()).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let wait = |tenant: &'static str, label: &'static str| {
+            let (turns, order) = (turns.clone(), order.clone());
+            tokio::spawn(async move {
+                let turn = turns.take(tenant.into()).await;
+                order.lock().push(label);
+                drop(turn);
+            })
+        };
+        let a2 = wait("a", "a2");
+        tokio::task::yield_now().await;
+        let b1 = wait("b", "b1");
+        // Both wait: a2 for tenant a's turn, b1 for the slot.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(order.lock().is_empty(), "the one slot is taken");
+        drop(a1);
+        let (r1, r2) = tokio::join!(a2, b1);
+        r1.unwrap();
+        r2.unwrap();
+        assert_eq!(*order.lock(), vec!["b1", "a2"]);
     }
 
     #[test]

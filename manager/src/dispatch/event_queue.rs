@@ -2,16 +2,20 @@
 //! order, one at a time per key (the next only after the previous is acknowledged), and
 //! re-delivered when its worker is lost. Different keys proceed independently.
 //!
-//! What waits is bounded by keys, not by changes: a change that follows a pending
-//! ADDED / MODIFIED / SYNC of the same key is compacted into it (the proto allows it: "several
-//! MODIFIED into the latest"; `sequence` then skips values), so a consumer that never
-//! acknowledges holds at most its in-flight event and one pending state per key, not every
-//! update ever made. Objects are kept as their JSON bytes, and [`EventQueue::bytes`] counts them
-//! for the tenant's queued-bytes limit.
+//! What waits is bounded by keys, not by changes: every change is kept until a key has
+//! [`PENDING_PER_KEY`] events waiting behind its in-flight one; past that, a change that follows
+//! a pending ADDED / MODIFIED / SYNC of the same key is compacted into it (the proto allows it:
+//! "several MODIFIED into the latest"; `sequence` then skips values). A consumer that keeps up
+//! sees every change; one that never acknowledges holds at most its in-flight event and
+//! [`PENDING_PER_KEY`] pending states per key, not every update ever made. Objects are kept as
+//! their JSON bytes, and [`EventQueue::bytes`] counts them for the tenant's queued-bytes limit.
 
 use crate::informer::ObjectKey;
 use crate::informer::object::CachedObject;
 use std::collections::{HashMap, HashSet, VecDeque};
+
+/// Events one key may have waiting behind its in-flight one before later changes are compacted.
+pub const PENDING_PER_KEY: usize = 16;
 
 /// What happened to the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,10 +73,13 @@ impl EventQueue {
         let in_flight = self.in_flight.contains(&key);
         let queue = self.per_key.entry(key.clone()).or_default();
         // The head of a key with an event in flight is that event: it must be re-delivered as
-        // it was sent, so only a pending tail behind it is compacted.
-        let pending_tail = queue.len() > usize::from(in_flight);
+        // it was sent, so only a pending tail behind it is compacted, and only once the key has
+        // a full set of pending events.
+        let pending = queue.len() - usize::from(in_flight);
         let compacted = match queue.back_mut() {
-            Some(tail) if pending_tail => compact(tail, kind, &object, self.next_sequence),
+            Some(tail) if pending >= PENDING_PER_KEY => {
+                compact(tail, kind, &object, self.next_sequence)
+            }
             _ => None,
         };
         match compacted {
@@ -239,7 +246,7 @@ mod tests {
     }
 
     #[test]
-    fn a_consumer_that_never_acks_holds_one_pending_state_per_key() {
+    fn a_consumer_that_never_acks_holds_a_bounded_number_of_states_per_key() {
         let mut q = EventQueue::default();
         let big = |v: usize| o(json!({"v": v, "pad": "x".repeat(1000)}));
         q.push(k("a"), EventType::Added, big(0));
@@ -249,48 +256,76 @@ mod tests {
         }
         assert_eq!(
             q.len(),
-            1,
-            "600 updates behind the in-flight ADDED are one MODIFIED"
+            PENDING_PER_KEY,
+            "600 updates wait as {PENDING_PER_KEY}"
         );
-        assert!(q.bytes() < 2 * 1100, "{} bytes held", q.bytes());
+        assert!(
+            q.bytes() < (PENDING_PER_KEY + 1) * 1100,
+            "{} bytes held",
+            q.bytes()
+        );
         q.lost(&k("a"));
         let again = q.pop().expect("the in-flight event again");
         assert_eq!(
             again.event.sequence, first.event.sequence,
             "not compacted away"
         );
+        let mut last = 0;
         q.ack(&k("a"));
-        let latest = q.pop().expect("the latest state");
-        assert_eq!(latest.event.kind, EventType::Modified);
-        assert!(latest.event.object.value()["v"] == 600);
-        q.ack(&k("a"));
+        while let Some(d) = q.pop() {
+            assert_eq!(d.event.kind, EventType::Modified);
+            last = d.event.object.value()["v"].as_u64().unwrap_or_default();
+            q.ack(&k("a"));
+        }
+        assert_eq!(last, 600, "the last state is never lost");
         assert_eq!(q.bytes(), 0, "everything acked, nothing held");
     }
 
     #[test]
-    fn deletions_are_never_compacted_away() {
+    fn a_consumer_that_keeps_up_sees_every_change() {
         let mut q = EventQueue::default();
-        q.push(k("a"), EventType::Added, o(json!({"v": 1})));
-        q.push(k("a"), EventType::Modified, o(json!({"v": 2})));
-        q.push(k("a"), EventType::Deleted, o(json!({"v": 2})));
-        q.push(k("a"), EventType::Added, o(json!({"v": 3})));
-        q.push(k("a"), EventType::Sync, o(json!({"v": 4})));
-        let kinds: Vec<EventType> = std::iter::from_fn(|| {
+        q.push(k("a"), EventType::Added, o(json!({"v": 0})));
+        let head = q.pop().expect("in flight");
+        for v in 1..=3 {
+            q.push(k("a"), EventType::Modified, o(json!({"v": v})));
+        }
+        q.ack(&head.key);
+        let seen: Vec<u64> = std::iter::from_fn(|| {
             let d = q.pop()?;
             q.ack(&d.key);
-            Some(d.event.kind)
+            d.event.object.value()["v"].as_u64()
         })
         .collect();
+        assert_eq!(seen, [1, 2, 3]);
+    }
+
+    #[test]
+    fn compaction_folds_states_and_never_a_deletion() {
+        use EventType::*;
+        let pending = |kind| PendingEvent {
+            sequence: 1,
+            kind,
+            object: o(json!({"v": 1})),
+        };
+        let folds = |tail, new| {
+            let mut t = pending(tail);
+            compact(&mut t, new, &o(json!({"v": 2})), 2).map(|_| t.kind)
+        };
         assert_eq!(
-            kinds,
-            [
-                EventType::Added,
-                EventType::Deleted,
-                EventType::Added,
-                EventType::Sync
-            ],
-            "ADDED absorbed the MODIFIED; the SYNC after the second ADDED stays apart"
+            folds(Added, Modified),
+            Some(Added),
+            "created, and now like this"
         );
+        assert_eq!(folds(Modified, Modified), Some(Modified));
+        assert_eq!(folds(Sync, Modified), Some(Sync));
+        assert_eq!(folds(Modified, Sync), Some(Sync));
+        assert_eq!(folds(Deleted, Modified), None);
+        assert_eq!(
+            folds(Modified, Deleted),
+            None,
+            "a deletion is always delivered"
+        );
+        assert_eq!(folds(Added, Sync), None);
     }
 
     #[test]

@@ -28,7 +28,6 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a registration's informers may take to complete their first list before the
 /// registration is refused (UNAVAILABLE: try again later).
-const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Messages encoded for a session and not yet taken by the transport. Small, because the
 /// session's outbox already buffers requests: a controller that stops reading pins at most this
@@ -45,10 +44,10 @@ type Replies = mpsc::Sender<Result<pb::ManagerMessage, Status>>;
 /// Why a Connect was refused: before its Register was read (no token, a standby), answered with
 /// a status alone; after, with `Rejected` and then the status.
 pub(super) enum Refused {
-    /// Refused from the request's headers.
-    Early(Status),
-    /// Refused once the Register was read.
-    Rejected(Rejection),
+    /// Refused from the request's headers; the tenant when the token was accepted.
+    Early(Status, Option<String>),
+    /// Refused once the Register was read, for this tenant.
+    Rejected(Rejection, String),
 }
 
 impl Service {
@@ -57,12 +56,17 @@ impl Service {
         &self,
         req: GrpcRequest<Streaming<pb::ControllerMessage>>,
     ) -> Result<Response<ConnectStream>, Refused> {
-        let identity = self.authenticate(&req).await.map_err(Refused::Early)?;
+        let identity = self
+            .authenticate(&req)
+            .await
+            .map_err(|s| Refused::Early(s, None))?;
+        let tenant = self.controllers.group_of(&identity.tenant);
         let token = bearer_token(req.metadata()).map(str::to_owned).ok();
-        self.require_leader().map_err(Refused::Early)?;
+        self.require_leader()
+            .map_err(|s| Refused::Early(s, Some(tenant.clone())))?;
         self.register(req.into_inner(), identity, token)
             .await
-            .map_err(Refused::Rejected)
+            .map_err(|r| Refused::Rejected(r, tenant))
     }
 
     /// Read the Register, check it, attach the session and start pumping.
@@ -98,7 +102,7 @@ impl Service {
             session_id.clone(),
             (identity.clone(), attached.controller.clone()),
         );
-        tracing::debug!(controller = %attached.controller.id, session = %session_id, credits = attached.credits, "session attached");
+        tracing::info!(controller = %attached.controller.id, tenant = %attached.controller.group, session = %session_id, credits = attached.credits, exclusive = terms.exclusive, revision = terms.revision, "session attached");
         let registered = pb::Registered {
             session_id: session_id.clone(),
             leader_identity: self.leader.borrow().holder.clone().unwrap_or_default(),
@@ -148,10 +152,14 @@ impl Service {
     /// manager, a selector the API server refuses, a list that does not finish) fails this
     /// registration alone: the session is detached and the controller told why.
     async fn wait_first_lists(&self, attached: &Attached) -> Result<(), Rejection> {
+        // One deadline for all of them: the timeout is what the controller waits, however many
+        // caches its registration reads.
+        let deadline = tokio::time::Instant::now() + self.first_list_timeout;
         for informer in attached.controller.informers() {
-            if let Err(e) = informer.wait_synced(FIRST_LIST_TIMEOUT).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if let Err(e) = informer.wait_synced(left).await {
                 self.controllers
-                    .detach(&attached.controller, attached.session);
+                    .detach_refused(&attached.controller, attached.session);
                 tracing::warn!(controller = %attached.controller.id, error = %e, "registration refused: its informer could not start");
                 let status = match e {
                     SyncError::OverBudget { .. } => {
@@ -161,6 +169,10 @@ impl Service {
                             "{e}; the registration was not kept: share informers between controllers (same kinds, namespaces and label selectors), narrow namespaces or selectors, or ask for a higher limit"
                         ))
                     }
+                    SyncError::TimedOut { .. } => Status::unavailable(format!(
+                        "{e}: a registration's caches get {:?} in all for their first lists (the manager's --first-list-timeout); the registration was not kept. A very large kind through a slow API server needs a longer timeout or a narrower registration (namespaces, label selector); retry later",
+                        self.first_list_timeout
+                    )),
                     _ => Status::unavailable(format!(
                         "{e}; the registration was not kept. Check the kind, namespaces and label selector, or retry later"
                     )),
@@ -621,7 +633,10 @@ impl Pump {
             .controllers
             .detach(&self.controller, self.session);
         self.service.sessions.lock().remove(&self.session_id);
-        tracing::debug!(controller = %self.controller.id, session = %self.session_id, "session ended");
+        let why = end.as_ref().map_or("the stream ended".to_string(), |s| {
+            format!("{:?}: {}", s.code(), s.message())
+        });
+        tracing::info!(controller = %self.controller.id, tenant = %self.controller.group, session = %self.session_id, why = %why, "session ended");
         if let Some(status) = end
             && status.code() != tonic::Code::Ok
         {

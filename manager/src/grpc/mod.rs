@@ -52,7 +52,16 @@ pub struct ServiceState {
     discovery: registering::DiscoveryBudget,
     /// This manager's Lease identity (so a revocation never names it as the new leader).
     identity: String,
+    /// One refusal log line per second per tenant and code.
+    refusal_logs: Mutex<HashMap<(String, String), crate::throttle::LogEvery>>,
+    /// How long a registration waits for the first lists of all its caches.
+    first_list_timeout: Duration,
 }
+
+/// How long a registration waits for its caches' first lists by default (controller-runtime
+/// waits 2 minutes for its caches to sync): a list of a large kind through a slow API server
+/// finishes; one that cannot (forbidden, a refused selector) is reported to the controller.
+pub const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Failed authentications a peer address may make at once, then per second: a controller with
 /// a stale token retries a few times; a flood of junk tokens is cut off before each one costs a
@@ -122,7 +131,16 @@ impl ServiceState {
             pending: crate::throttle::Slots::new(PENDING_CONNECTS_PER_TENANT, PENDING_CONNECTS),
             discovery: registering::DiscoveryBudget::default(),
             identity: String::new(),
+            refusal_logs: Mutex::new(HashMap::new()),
+            first_list_timeout: FIRST_LIST_TIMEOUT,
         }
+    }
+
+    /// How long a registration waits for the first lists of all its caches before it is
+    /// refused with UNAVAILABLE (`--first-list-timeout`).
+    pub fn with_first_list_timeout(mut self, timeout: Duration) -> Self {
+        self.first_list_timeout = timeout;
+        self
     }
 
     /// This manager's Lease identity.
@@ -170,6 +188,25 @@ impl ServiceState {
         }
     }
 
+    /// A refused Connect: counted by tenant and code, and logged (at most once a second per
+    /// tenant and code, the rest counted) so an operator sees who was refused and why.
+    fn refused(&self, tenant: Option<&str>, status: &Status) {
+        let tenant = tenant.unwrap_or("unauthenticated");
+        let code = format!("{:?}", status.code());
+        self.metrics.rejected(tenant, &code);
+        let now = std::time::Instant::now();
+        let mut logs = self.refusal_logs.lock();
+        if logs.len() >= 4096 {
+            logs.clear();
+        }
+        let log = logs
+            .entry((tenant.to_string(), code.clone()))
+            .or_insert_with(|| crate::throttle::LogEvery::new(Duration::from_secs(1)));
+        if let Some(held_back) = log.hit(now) {
+            tracing::info!(tenant, code = %code, held_back, reason = %status.message(), "registration refused");
+        }
+    }
+
     fn require_leader(&self) -> Result<(), Status> {
         let state = self.leader.borrow().clone();
         if state.leading {
@@ -211,13 +248,12 @@ impl ControllerManager for Service {
     ) -> Result<Response<ConnectStream>, Status> {
         match self.open(req).await {
             Ok(response) => Ok(response),
-            Err(connect::Refused::Early(status)) => {
-                self.metrics.rejected(&format!("{:?}", status.code()));
+            Err(connect::Refused::Early(status, tenant)) => {
+                self.refused(tenant.as_deref(), &status);
                 Err(status)
             }
-            Err(connect::Refused::Rejected(rejection)) => {
-                self.metrics
-                    .rejected(&format!("{:?}", rejection.status.code()));
+            Err(connect::Refused::Rejected(rejection, tenant)) => {
+                self.refused(Some(&tenant), &rejection.status);
                 let messages = futures::stream::iter(rejection.messages());
                 Ok(Response::new(Box::pin(messages)))
             }

@@ -100,6 +100,9 @@ pub(crate) struct ControllerStatus {
     pub(crate) queued_keys: Vec<QueuedKey>,
     /// Latest failures, newest first, at most [`LIST_LIMIT`].
     pub(crate) recent_errors: Vec<RecentError>,
+    /// How long it has had no session (None while one is attached): a controller whose
+    /// replicas all died stays for the grace period, queue still counting.
+    pub(crate) sessionless_for: Option<Duration>,
 }
 
 impl ControllerStatus {
@@ -133,6 +136,9 @@ impl ControllerStatus {
             in_flight_keys,
             queued_keys,
             recent_errors,
+            sessionless_for: c
+                .sessionless_since()
+                .map(|t| now.saturating_duration_since(t)),
         }
     }
 
@@ -385,6 +391,7 @@ impl Snapshot {
                         v
                     }).collect::<Vec<_>>(),
                     "queuedNotShown": c.queued_not_shown(),
+                    "sessionlessSeconds": c.sessionless_for.map(|d| d.as_secs_f64()),
                     "recentErrors": c.recent_errors.iter().map(|e| json!({
                         "at": rfc3339(e.at), "key": e.key.to_string(), "attempt": e.attempt,
                         "kind": e.kind, "message": e.message,
@@ -742,7 +749,7 @@ fn write_tenants(o: &mut String, s: &Snapshot) -> fmt::Result {
 /// One controller's card: heading, figures, then its sessions, in-flight and queued keys side
 /// by side, and its recent errors below.
 fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fmt::Result {
-    let failing = !c.recent_errors.is_empty();
+    let failing = !c.recent_errors.is_empty() || c.sessionless_for.is_some();
     write!(
         o,
         "<article class=\"controller{}\" data-tenant=\"{}\" data-name=\"{}\">",
@@ -751,6 +758,13 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
         Esc(&c.name)
     )?;
     write_controller_heading(o, c)?;
+    if let Some(gone) = c.sessionless_for {
+        write!(
+            o,
+            "<p class=\"sessionless\">No sessions since {} ago: no replica of this controller is connected, and its queue keeps counting. Check its pods.</p>",
+            human(gone)
+        )?;
+    }
     o.push_str("<div class=\"stats\">");
     write_controller_stats(o, c)?;
     o.push_str("</div><div class=\"cols\">");
@@ -1011,6 +1025,7 @@ mod tests {
             in_flight_keys: Vec::new(),
             queued_keys: Vec::new(),
             recent_errors: Vec::new(),
+            sessionless_for: None,
         }
     }
 

@@ -51,8 +51,10 @@ pub struct LeaderState {
 enum LeaseError {
     #[error("lease request failed: {0}")]
     Api(#[from] kube::Error),
-    #[error("lease request timed out")]
-    Timeout,
+    #[error(
+        "no answer from the API server to the lease request within {0:?} (the API server is slow or unreachable)"
+    )]
+    Timeout(Duration),
     #[error("{0}: not renewing, so that a standby takes over")]
     Stalled(#[from] heartbeat::Stalled),
 }
@@ -62,6 +64,10 @@ struct Observed {
     resource_version: Option<String>,
     at: Instant,
     duration: Duration,
+    /// The Lease as last read or written: while this manager holds it, a renewal writes over
+    /// it at once (one round trip, as client-go's fast path), reading it again only on a
+    /// conflict.
+    lease: Option<Lease>,
 }
 
 /// The elector: run it, and read leadership from its channels.
@@ -97,11 +103,53 @@ impl Elector {
 
     /// One attempt, unless the dispatch runtime is stalled: leading a runtime that cannot
     /// dispatch would hold every tenant's work.
-    async fn attempt(&self, observed: &mut Option<Observed>) -> Result<bool, LeaseError> {
+    async fn attempt(
+        &self,
+        observed: &mut Option<Observed>,
+        leading: bool,
+    ) -> Result<bool, LeaseError> {
         if let Some(live) = &self.liveness {
             live.check()?;
         }
+        if leading && let Some(renewed) = self.renew_in_place(observed).await? {
+            return Ok(renewed);
+        }
         self.try_acquire_or_renew(observed).await
+    }
+
+    /// The leader's renewal in one round trip: write over the Lease as last seen. None when
+    /// there is nothing to write over or someone else wrote it meanwhile (then read it again).
+    async fn renew_in_place(
+        &self,
+        observed: &mut Option<Observed>,
+    ) -> Result<Option<bool>, LeaseError> {
+        let Some(current) = observed.as_ref().and_then(|o| o.lease.clone()) else {
+            return Ok(None);
+        };
+        let lease = self.desired(Some(&current));
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(updated) => {
+                *observed = Some(self.mine(updated));
+                Ok(Some(true))
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// What this manager knows once it has written the Lease.
+    fn mine(&self, updated: Lease) -> Observed {
+        Observed {
+            holder: Some(self.config.identity.clone()),
+            resource_version: updated.metadata.resource_version.clone(),
+            at: Instant::now(),
+            duration: self.config.lease_duration,
+            lease: Some(updated),
+        }
     }
 
     /// Leadership as a boolean, for dispatch loops.
@@ -137,16 +185,17 @@ impl Elector {
         let mut last_renew: Option<Instant> = None;
         loop {
             let leading = *self.leading.borrow();
+            // As client-go's components do: the leader's renewal has what is left of its renew
+            // deadline, a candidate's attempt the whole renew deadline (a slow API server must
+            // not keep every replica from taking an expired Lease).
             let budget = match (leading, last_renew) {
                 (true, Some(at)) => self.config.renew_deadline.saturating_sub(at.elapsed()),
-                _ => self.config.retry_period.max(Duration::from_secs(1)),
-            };
-            let attempt = tokio::time::timeout(
-                budget.max(Duration::from_millis(100)),
-                self.attempt(&mut observed),
-            );
+                _ => self.config.renew_deadline,
+            }
+            .max(Duration::from_millis(100));
+            let attempt = tokio::time::timeout(budget, self.attempt(&mut observed, leading));
             let result = tokio::select! {
-                r = attempt => r.unwrap_or(Err(LeaseError::Timeout)),
+                r = attempt => r.unwrap_or(Err(LeaseError::Timeout(budget))),
                 _ = stop.cancelled() => break,
             };
             match result {
@@ -251,6 +300,7 @@ impl Elector {
                 resource_version: rv,
                 at: Instant::now(),
                 duration: Duration::from_secs(u64::try_from(secs).unwrap_or(15)),
+                lease: Some(current.clone()),
             });
         }
         let mine = holder.as_deref() == Some(self.config.identity.as_str());
@@ -267,12 +317,7 @@ impl Elector {
             .await
         {
             Ok(updated) => {
-                *observed = Some(Observed {
-                    holder: Some(self.config.identity.clone()),
-                    resource_version: updated.metadata.resource_version.clone(),
-                    at: Instant::now(),
-                    duration: self.config.lease_duration,
-                });
+                *observed = Some(self.mine(updated));
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),

@@ -350,8 +350,8 @@ impl Metrics {
             rejected: counter(
                 &r,
                 "ctrlhub_rejected_registrations_total",
-                "Registrations refused, by gRPC status code",
-                &["reason"],
+                "Registrations refused, by tenant (`unauthenticated` before a token was accepted) and gRPC status code",
+                &["tenant", "reason"],
             ),
             limit_hits: counter(
                 &r,
@@ -515,9 +515,9 @@ impl Metrics {
         self.auth_throttled.with_label_values(&[port, reason]).inc();
     }
 
-    /// A registration was refused with `code` (a gRPC status code name).
-    pub fn rejected(&self, code: &str) {
-        self.rejected.with_label_values(&[code]).inc();
+    /// A registration of `tenant` was refused with `code` (a gRPC status code name).
+    pub fn rejected(&self, tenant: &str, code: &str) {
+        self.rejected.with_label_values(&[tenant, code]).inc();
     }
 
     /// Raise a counter to a cumulative value read from elsewhere (queues keep their own totals).

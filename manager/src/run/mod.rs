@@ -221,6 +221,27 @@ pub struct RunArgs {
     /// take over; it may not be longer.
     #[arg(long, env = "CTRLHUB_HOLD_PERIOD", value_parser = humantime::parse_duration)]
     pub hold_period: Option<Duration>,
+    /// How long a controller whose last session ended stays registered, with its queue still
+    /// counting, its metric series and its entry on the status page ("no sessions since"), so a
+    /// dead controller is seen and alerted on; a replica registering meanwhile takes it up
+    /// where it was. 0 removes it at once.
+    #[arg(long, env = "CTRLHUB_CONTROLLER_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub controller_grace: Duration,
+    /// How long a registration waits for the first lists of all the caches it reads before it
+    /// is refused with UNAVAILABLE (controller-runtime's cache sync timeout is 2 minutes too).
+    #[arg(long, env = "CTRLHUB_FIRST_LIST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub first_list_timeout: Duration,
+    /// Registrations that may list new caches at once, across tenants (a tenant's own lists
+    /// go one registration at a time): after a failover every controller registers again, and
+    /// this paces the relist, tenants served in turn.
+    #[arg(long, env = "CTRLHUB_MAX_CONCURRENT_FIRST_LISTS", default_value_t = 8)]
+    pub max_concurrent_first_lists: usize,
+    /// On SIGTERM, how long the manager keeps its sessions open for the attempts already out to
+    /// report their results (nothing new is handed out meanwhile) before it ends them and hands
+    /// over. With the hold period it must fit in the pod's terminationGracePeriodSeconds (30 s
+    /// in deploy/).
+    #[arg(long, env = "CTRLHUB_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
     /// of the dispatch runtime for this long, as a loop that never yields would.
     #[cfg(feature = "dev")]
@@ -251,8 +272,46 @@ struct PodLabel {
 
 impl PodLabel {
     /// Set the label to "true" while leading and remove it otherwise; failures are logged, not
-    /// fatal (the lease, not the label, decides who dispatches).
+    /// fatal (the lease, not the label, decides who dispatches). A new leader also strips the
+    /// label from every other pod: a leader that crashed (SIGKILL, OOM) never removed its own,
+    /// and the Service would route controllers to a standby too.
     async fn set(&self, leading: bool) {
+        self.patch(&self.pod, leading).await;
+        if leading {
+            self.strip_others().await;
+        }
+    }
+
+    /// Removes a label this pod may still carry from a container that ran before this one (a
+    /// restart in the same pod): called at start, before campaigning.
+    async fn clear_stale(&self) {
+        self.patch(&self.pod, false).await;
+    }
+
+    /// Removes the label from every other pod that carries it.
+    async fn strip_others(&self) {
+        let selector = format!("{}=true", self.label);
+        let listed = self
+            .pods
+            .list_metadata(&kube::api::ListParams::default().labels(&selector))
+            .await;
+        let pods = match listed {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::warn!(label = %self.label, error = %e, "could not list pods carrying the leader label; a crashed leader's pod may keep it");
+                return;
+            }
+        };
+        for pod in pods {
+            let name = pod.metadata.name.unwrap_or_default();
+            if name != self.pod && !name.is_empty() {
+                tracing::info!(pod = %name, label = %self.label, "removing the leader label from a pod that no longer leads");
+                self.patch(&name, false).await;
+            }
+        }
+    }
+
+    async fn patch(&self, pod: &str, leading: bool) {
         let value = if leading {
             serde_json::json!("true")
         } else {
@@ -262,17 +321,17 @@ impl PodLabel {
         match self
             .pods
             .patch(
-                &self.pod,
+                pod,
                 &kube::api::PatchParams::default(),
                 &kube::api::Patch::Merge(&patch),
             )
             .await
         {
             Ok(_) => {
-                tracing::info!(pod = %self.pod, label = %self.label, leading, "leader pod label updated")
+                tracing::info!(pod = %pod, label = %self.label, leading, "leader pod label updated")
             }
             Err(e) => {
-                tracing::warn!(pod = %self.pod, label = %self.label, error = %e, "could not update the leader pod label")
+                tracing::warn!(pod = %pod, label = %self.label, error = %e, "could not update the leader pod label")
             }
         }
     }
@@ -356,9 +415,13 @@ impl RunArgs {
         if let Some(stall) = self.dev_stall_on_sigusr1 {
             dev::stall_on_sigusr1(stall)?;
         }
+        let pod_label = self.pod_label(&client, &identity);
+        if let Some(p) = &pod_label {
+            // Before campaigning: a standby must not carry a label left by a crashed container.
+            p.clear_stale().await;
+        }
         let election =
             self.start_election(self.kube_config().await?, &identity, liveness.clone())?;
-        let pod_label = self.pod_label(&client, &identity);
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
         let controllers = ControllerTable::new(
@@ -369,6 +432,7 @@ impl RunArgs {
             metrics.clone(),
             sharing,
         );
+        sweep_sessionless(controllers.clone(), stop.clone());
         follow_leadership(
             controllers.clone(),
             election.leading.clone(),
@@ -407,7 +471,12 @@ impl RunArgs {
         );
 
         stop.cancelled().await;
-        shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
+        let handover = Handover {
+            grace: self.shutdown_grace,
+            pod_label: pod_label.as_deref(),
+            election,
+        };
+        shut_down(&controllers, grpc, handover, http).await;
         Ok(())
     }
 
@@ -655,6 +724,8 @@ impl RunArgs {
             seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
             grouping: self.tenant_grouping,
             hold: self.hold(),
+            grace: self.controller_grace,
+            first_lists: self.max_concurrent_first_lists,
         })
     }
 
@@ -691,7 +762,11 @@ impl RunArgs {
             .with_rbac(self.authz_allow_ttl)
             .with_token_recheck(self.token_cache_ttl),
         };
-        Service(Arc::new(state.with_identity(identity)))
+        Service(Arc::new(
+            state
+                .with_identity(identity)
+                .with_first_list_timeout(self.first_list_timeout),
+        ))
     }
 
     /// Who may read the HTTP port: anyone with static auth; with Kubernetes auth, callers whose
@@ -868,6 +943,19 @@ fn follow_leadership(
     });
 }
 
+/// Removes, every second, the controllers whose grace period without a session is over.
+fn sweep_sessionless(controllers: Arc<ControllerTable>, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => controllers.sweep(std::time::Instant::now()),
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
 /// Serves probes, metrics and the status page until `stop` fires.
 fn serve_http(
     listener: tokio::net::TcpListener,
@@ -888,14 +976,32 @@ fn serve_http(
 
 /// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each
 /// task a bounded time to finish.
+/// What a shutdown hands over, and how long it lets attempts already out finish first.
+struct Handover<'a> {
+    grace: Duration,
+    pod_label: Option<&'a PodLabel>,
+    election: Election,
+}
+
 async fn shut_down(
     controllers: &ControllerTable,
     grpc: Server,
-    pod_label: Option<&PodLabel>,
-    election: Election,
+    handover: Handover<'_>,
     http: tokio::task::JoinHandle<()>,
 ) {
-    tracing::info!("shutting down: revoking sessions, releasing the lease");
+    let Handover {
+        grace,
+        pod_label,
+        election,
+    } = handover;
+    tracing::info!(
+        ?grace,
+        "shutting down: waiting for attempts already out, then revoking sessions and releasing the lease"
+    );
+    // Nothing new goes out, but sessions stay open: an attempt that finishes within the grace
+    // reports its result here instead of being done again by the successor.
+    controllers.quiesce();
+    await_attempts(controllers, grace).await;
     // Closed, not only revoked: a controller told to reconnect must not attach here again in
     // the moments before the gRPC server stops, or it would wait for that server's graceful
     // timeout instead of reaching the successor.
@@ -918,6 +1024,29 @@ async fn shut_down(
     let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
+}
+
+/// Waits until no attempt is out on a live session, or the grace is over.
+async fn await_attempts(controllers: &ControllerTable, grace: Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    // Polled: a shutdown happens once, and results arrive on many sessions' tasks.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let out = controllers.live_attempts();
+        if out == 0 {
+            tracing::info!("every attempt already out has reported its result");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                out,
+                ?grace,
+                "shutdown grace over with attempts still out: they are re-delivered by the next leader (exclusive ones once the hold is over)"
+            );
+            return;
+        }
+    }
 }
 
 #[cfg(test)]

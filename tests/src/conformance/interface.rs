@@ -31,6 +31,10 @@ pub const ENV_BACKOFF_MAX_MS: &str = "CONFORMANCE_BACKOFF_MAX_MS";
 pub const ENV_REPORT: &str = "CONFORMANCE_REPORT";
 /// Environment variable: the replica's name, copied into every report line.
 pub const ENV_REPLICA: &str = "CONFORMANCE_REPLICA";
+/// Environment variable: `leases` or `leases-metadata` to own `coordination.k8s.io/v1` Leases.
+pub const ENV_OWNS: &str = "CONFORMANCE_OWNS";
+/// Environment variable: `Register.revision`, read by the SDKs themselves.
+pub const ENV_REVISION: &str = "CTRLHUB_REVISION";
 
 /// One report line of a conformance controller. Fields a line does not carry take their
 /// defaults; a `start` or `end` line missing its key, id or attempt breaks the interface, and
@@ -77,6 +81,18 @@ pub struct Event {
     /// The reads of the `read` directive (end only).
     #[serde(default)]
     pub reads: Option<Value>,
+    /// The session the line is about (`Registered.session_id`).
+    #[serde(default)]
+    pub session: String,
+    /// The revision registered (registered only).
+    #[serde(default)]
+    pub revision: u64,
+    /// `Registered.readable` as `{"Kind": "full" | "metadata"}` (registered only).
+    #[serde(default)]
+    pub readable: Option<Value>,
+    /// The read of the `read_child` directive (end only).
+    #[serde(default)]
+    pub child: Option<Value>,
 }
 
 impl Event {
@@ -88,6 +104,11 @@ impl Event {
     /// Whether this is an `end` line.
     pub fn is_end(&self) -> bool {
         self.event == "end"
+    }
+
+    /// Whether this is a `registered` line.
+    pub fn is_registered(&self) -> bool {
+        self.event == "registered"
     }
 
     /// Whether the reasons include `name` (e.g. `CREATED`).
@@ -184,6 +205,18 @@ impl Directives {
     /// `read`: Get this object and List the namespace through the manager.
     pub fn read(mut self, name: &str) -> Directives {
         self.data.push(("read".into(), name.into()));
+        self
+    }
+
+    /// `block_ms`: work that ignores cancellation, one entry per attempt.
+    pub fn block_ms(mut self, per_attempt: &str) -> Directives {
+        self.data.push(("block_ms".into(), per_attempt.into()));
+        self
+    }
+
+    /// `read_child`: Get this Lease (an owned child) through the manager.
+    pub fn read_child(mut self, name: &str) -> Directives {
+        self.data.push(("read_child".into(), name.into()));
         self
     }
 

@@ -69,6 +69,7 @@ pub struct LeaderProxy {
     routes: Arc<Mutex<Vec<Route>>>,
     log: Arc<Mutex<Vec<Connection>>>,
     cut: tokio::sync::watch::Sender<u64>,
+    freeze: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -80,10 +81,12 @@ impl LeaderProxy {
         let routes = Arc::new(Mutex::new(routes));
         let log = Arc::new(Mutex::new(Vec::new()));
         let (cut, _) = tokio::sync::watch::channel(0);
+        let (freeze, _) = tokio::sync::watch::channel(0);
         let shared = Shared {
             routes: routes.clone(),
             log: log.clone(),
             cut: cut.clone(),
+            freeze: freeze.clone(),
         };
         let task = tokio::spawn(accept_loop(listener, shared));
         Ok(LeaderProxy {
@@ -91,6 +94,7 @@ impl LeaderProxy {
             routes,
             log,
             cut,
+            freeze,
             task,
         })
     }
@@ -111,6 +115,15 @@ impl LeaderProxy {
         self.cut.send_modify(|n| *n += 1);
     }
 
+    /// Freezes every open connection: no byte is forwarded either way any more and neither end
+    /// is closed (a partition: both ends keep a connection that has gone silent). New
+    /// connections are forwarded as usual. The frozen ones are dropped at the next [`cut`].
+    ///
+    /// [`cut`]: LeaderProxy::cut
+    pub fn freeze(&self) {
+        self.freeze.send_modify(|n| *n += 1);
+    }
+
     /// Every connection accepted so far, oldest first.
     pub fn connections(&self) -> Vec<Connection> {
         self.log.lock().clone()
@@ -128,6 +141,7 @@ struct Shared {
     routes: Arc<Mutex<Vec<Route>>>,
     log: Arc<Mutex<Vec<Connection>>>,
     cut: tokio::sync::watch::Sender<u64>,
+    freeze: tokio::sync::watch::Sender<u64>,
 }
 
 async fn accept_loop(listener: tokio::net::TcpListener, shared: Shared) {
@@ -136,6 +150,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, shared: Shared) {
         let routes = shared.routes.lock().clone();
         let log = shared.log.clone();
         let cut = shared.cut.subscribe();
+        let freeze = shared.freeze.subscribe();
         tokio::spawn(async move {
             let target = leader(&routes).await;
             log.lock().push(Connection {
@@ -143,7 +158,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, shared: Shared) {
                 to: target.clone(),
             });
             if let Some(addr) = target {
-                forward(inbound, &addr, cut).await;
+                forward(inbound, &addr, (cut, freeze)).await;
             }
             // No leader: dropping `inbound` closes it, as a Service without endpoints does.
         });
@@ -163,15 +178,23 @@ async fn leader(routes: &[Route]) -> Option<String> {
 async fn forward(
     mut inbound: tokio::net::TcpStream,
     addr: &str,
-    mut cut: tokio::sync::watch::Receiver<u64>,
+    (mut cut, mut freeze): (
+        tokio::sync::watch::Receiver<u64>,
+        tokio::sync::watch::Receiver<u64>,
+    ),
 ) {
     if let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await {
         let _ = outbound.set_nodelay(true);
         let _ = inbound.set_nodelay(true);
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+        let frozen = tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
             // Dropping both sockets mid-stream is the cut.
-            _ = cut.changed() => {}
+            _ = cut.changed() => false,
+            _ = freeze.changed() => true,
+        };
+        if frozen {
+            // Both sockets stay open and silent until the next cut.
+            let _ = cut.changed().await;
         }
     }
 }

@@ -18,7 +18,17 @@ use super::proxy::{LeaderProxy, Route};
 use super::sdk::{Sdk, repo_root};
 use super::{Failure, require};
 use crate::cluster::Cluster;
-use crate::manager::{FAST_LEASE, Launch, Manager};
+use crate::manager::{Launch, Manager};
+
+/// The managers' leader election: see [`World::start_manager`].
+const LEASE: [&str; 6] = [
+    "--lease-duration",
+    "4s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
 use crate::objects::{apply, namespace_object};
 use crate::process::{ChildProcess, target_dir};
 use crate::rbac::{RBAC_ARGS, configmap_reader, service_account_object};
@@ -98,7 +108,10 @@ impl World {
         self.launched += 1;
         let identity = format!("{}-m{}", self.sdk.name, self.launched);
         let mut args: Vec<&str> = RBAC_ARGS.to_vec();
-        args.extend(FAST_LEASE);
+        // A 4 s Lease with a 2 s renew deadline: failover stays quick, and the hold
+        // (lease less renew deadline) is 2 s, so replicas heartbeat every 400 ms and stop after
+        // 1 s of silence, loose enough for a loaded machine.
+        args.extend(LEASE);
         // Every check registers a controller of its own; the tenant's registration rate limit
         // is not what this suite is about.
         args.extend(["--max-registrations-per-second", "0"]);
@@ -260,6 +273,34 @@ impl World {
         Ok(cm.metadata.resource_version.unwrap_or_default())
     }
 
+    /// Creates Lease `ns/name`, owned (controller reference) by ConfigMap `ns/owner`, with
+    /// `spec.holderIdentity` `holder`: an owned child of a key.
+    pub async fn put_child(
+        &self,
+        ns: &str,
+        owner: &str,
+        name: &str,
+        holder: &str,
+    ) -> Result<(), Failure> {
+        let configmaps: Api<ConfigMap> = Api::namespaced(self.cluster.client.clone(), ns);
+        let uid = configmaps
+            .get(owner)
+            .await
+            .with_context(|| format!("reading ConfigMap {ns}/{owner}"))?
+            .metadata
+            .uid
+            .unwrap_or_default();
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": ns, "ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": owner, "uid": uid,
+                "controller": true}]},
+            "spec": {"holderIdentity": holder}});
+        apply(&self.cluster.client, &lease)
+            .await
+            .with_context(|| format!("applying Lease {ns}/{name}"))?;
+        Ok(())
+    }
+
     /// Deletes ConfigMap `ns/name`.
     pub async fn delete(&self, ns: &str, name: &str) -> Result<(), Failure> {
         let api: Api<ConfigMap> = Api::namespaced(self.cluster.client.clone(), ns);
@@ -328,6 +369,12 @@ impl World {
             .env(iface::ENV_REPLICA, &spawn.replica)
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp.endpoint())
             .env("RUST_LOG", "info");
+        if let Some(owns) = spawn.owns {
+            cmd.env(iface::ENV_OWNS, owns);
+        }
+        if let Some(revision) = spawn.revision {
+            cmd.env(iface::ENV_REVISION, revision.to_string());
+        }
     }
 }
 
@@ -342,7 +389,27 @@ async fn tenant(c: &Cluster) -> Result<(), Failure> {
     for obj in configmap_reader(TENANT_NAMESPACE, SERVICE_ACCOUNT, None) {
         apply(&c.client, &obj).await?;
     }
+    for obj in lease_reader(TENANT_NAMESPACE, SERVICE_ACCOUNT) {
+        apply(&c.client, &obj).await?;
+    }
     Ok(())
+}
+
+/// A ClusterRole to get, list and watch Leases, bound to `sa_ns/sa`: the owned children of the
+/// owns rows.
+fn lease_reader(sa_ns: &str, sa: &str) -> [Value; 2] {
+    let name = format!("{sa_ns}-{sa}-lease-reader");
+    let rbac = "rbac.authorization.k8s.io";
+    [
+        serde_json::json!({"apiVersion": format!("{rbac}/v1"), "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "verbs": ["get", "list", "watch"]}]}),
+        serde_json::json!({"apiVersion": format!("{rbac}/v1"), "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_ns}]}),
+    ]
 }
 
 /// How this run launches managers: the debug binary, logs in the run's directory, traces to
@@ -393,6 +460,10 @@ pub struct Spawn {
     pub max_in_flight: u32,
     /// A token file of its own (default: the world's).
     pub token_file: Option<PathBuf>,
+    /// `CONFORMANCE_OWNS` (unset: no owns).
+    pub owns: Option<&'static str>,
+    /// `CTRLHUB_REVISION` (unset: the SDK's default, 0).
+    pub revision: Option<u64>,
 }
 
 impl Spawn {
@@ -407,6 +478,8 @@ impl Spawn {
             backoff_ms: (200, 5_000),
             max_in_flight: 4,
             token_file: None,
+            owns: None,
+            revision: None,
         }
     }
 }

@@ -108,9 +108,14 @@ pub struct Controller {
     queued: QueuedBytes,
     /// Set once every informer it uses has its first list: nothing is dispatched before.
     synced: std::sync::atomic::AtomicBool,
+    /// Set when the manager shuts down: nothing more is handed out, so the attempts already
+    /// out can finish within the shutdown grace.
+    quiesced: std::sync::atomic::AtomicBool,
     /// The highest `Register.revision` among its sessions: a different definition needs a
     /// higher one to supersede it.
     revision: AtomicU64,
+    /// Since when it has had no session (None while one is attached).
+    sessionless: Mutex<Option<Instant>>,
     /// How long after an exclusive session's last heartbeat answer its unfinished keys stay
     /// fenced once it is gone (the manager's `--hold-period`).
     hold: std::sync::atomic::AtomicU64,
@@ -194,7 +199,9 @@ impl Controller {
             retired: tokio_util::sync::CancellationToken::new(),
             queued,
             synced: std::sync::atomic::AtomicBool::new(false),
+            quiesced: std::sync::atomic::AtomicBool::new(false),
             revision: AtomicU64::new(0),
+            sessionless: Mutex::new(None),
             hold: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -526,8 +533,19 @@ impl Controller {
         );
         self.update_demand(&st);
         drop(st);
+        *self.sessionless.lock() = None;
         self.wake.notify_one();
         outbox
+    }
+
+    /// Its last session ended at `at`: it waits for a replica for the grace period.
+    pub fn mark_sessionless(&self, at: Instant) {
+        *self.sessionless.lock() = Some(at);
+    }
+
+    /// Since when it has had no session, if it has none.
+    pub fn sessionless_since(&self) -> Option<Instant> {
+        *self.sessionless.lock()
     }
 
     /// The manager answered `session`'s heartbeat now.
@@ -557,6 +575,26 @@ impl Controller {
     /// Whether dispatch may begin (every informer has its first list).
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
+    }
+
+    /// Hand out nothing more (the manager is shutting down); attempts already out may finish.
+    pub fn quiesce(&self) {
+        self.quiesced.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the manager stopped handing out this controller's work.
+    pub fn is_quiesced(&self) -> bool {
+        self.quiesced.load(Ordering::Relaxed)
+    }
+
+    /// Attempts out on a live session whose results have not come back (expired and orphaned
+    /// ones are not waited for: their sessions may never answer).
+    pub fn live_attempts(&self) -> usize {
+        self.lock()
+            .in_flight
+            .values()
+            .filter(|f| matches!(f.phase, state::Phase::Live))
+            .count()
     }
 
     /// Sets how long an exclusive session's unfinished keys stay fenced after its last

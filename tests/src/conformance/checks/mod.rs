@@ -5,7 +5,9 @@
 //! table in prose.
 
 mod data;
+mod fencing;
 mod session;
+mod startup;
 mod work;
 
 use futures::future::BoxFuture;
@@ -61,6 +63,26 @@ pub const ROWS: &[Row] = &[
     row("reason-retry", "reason RETRY"),
     row("reason-redelivery", "reason REDELIVERY"),
     row("reason-left-scope", "reason LEFT_SCOPE"),
+    row(
+        "startup-no-phantom-delete",
+        "no phantom DELETED at startup (owns)",
+    ),
+    row("startup-once", "each key once at startup (owns)"),
+    row("child-full", "owned child readable in full"),
+    row("child-metadata", "metadata-only child served as metadata"),
+    row(
+        "stuck-one",
+        "stuck handler never overlaps its re-delivery (one process)",
+    ),
+    row(
+        "stuck-two",
+        "stuck handler never overlaps its re-delivery (two replicas)",
+    ),
+    row(
+        "partition",
+        "partitioned replica stops before its key moves",
+    ),
+    row("rollout", "rolling definition upgrade converges"),
 ];
 
 const fn row(id: &'static str, guarantee: &'static str) -> Row {
@@ -130,6 +152,21 @@ pub const SCENARIOS: &[Scenario] = &[
         rows: data::REASON_ROWS,
         runner: Runner::Many(|w| Box::pin(data::reasons(w))),
     },
+    Scenario {
+        name: "startup",
+        rows: startup::STARTUP_ROWS,
+        runner: Runner::Many(|w| Box::pin(startup::startup(w))),
+    },
+    one(&["child-full"], |w| {
+        Box::pin(startup::child_read(w, "leases"))
+    }),
+    one(&["child-metadata"], |w| {
+        Box::pin(startup::child_read(w, "leases-metadata"))
+    }),
+    one(&["stuck-one"], |w| Box::pin(fencing::stuck(w, 1))),
+    one(&["stuck-two"], |w| Box::pin(fencing::stuck(w, 2))),
+    one(&["partition"], |w| Box::pin(fencing::partition(w))),
+    one(&["rollout"], |w| Box::pin(fencing::rollout(w))),
     one(&["token-rotation"], |w| {
         Box::pin(session::token_rotation(w))
     }),

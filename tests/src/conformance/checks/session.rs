@@ -180,7 +180,6 @@ pub(super) async fn revoked(w: &mut World) -> Result<(), Failure> {
     })
     .await?;
     let rejected = rejected_registrations(w).await?;
-    a.may_exit();
     let newcomer = supersede(w, ns).await?;
     let within = Duration::from_secs(5);
     let end = wait_events_within("the superseded handler to stop", &[a], within, |ev| {
@@ -193,7 +192,7 @@ pub(super) async fn revoked(w: &mut World) -> Result<(), Failure> {
             line(&end)
         )
     })?;
-    exits_without_registering(w, a, &newcomer, rejected).await
+    waits_without_registering(w, a, &newcomer, rejected).await
 }
 
 /// Registers the same controller name, with the same identity, and a different definition
@@ -203,6 +202,9 @@ async fn supersede(w: &World, ns: &str) -> Result<Newcomer, Failure> {
         .map_err(|e| Failure::Setup(format!("reading the token file: {e}")))?;
     let mut newer = conformance_register(ns, ns);
     newer.resync_period = Some(secs(3600.0));
+    // A higher revision replaces the running definition (a lower or equal one would be
+    // refused as outdated).
+    newer.revision = 1;
     let leader = w.wait_leader().await?.grpc.clone();
     let bearer = format!("Bearer {}", token.trim());
     let replica = Replica::connect_with(&leader, newer, Some(&bearer))
@@ -211,38 +213,42 @@ async fn supersede(w: &World, ns: &str) -> Result<Newcomer, Failure> {
     Ok(Newcomer::serve(replica))
 }
 
-/// Within 10 s the superseded replica exits non-zero, and meanwhile never registers again:
-/// that would revoke the newer definition's session or be refused by the manager.
-async fn exits_without_registering(
+/// For 10 s the superseded replica neither exits nor registers again (it waits 30 s, as an
+/// outdated replica of a rollout does): registering would be refused while the newer
+/// definition runs, and exiting would crash-loop it in a Deployment.
+async fn waits_without_registering(
     w: &World,
     a: &Proc,
     newcomer: &Newcomer,
     rejected: f64,
 ) -> Result<(), Failure> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    while tokio::time::Instant::now() < deadline {
         let now_rejected = rejected_registrations(w).await?;
         require(
             !newcomer.ended.load(Ordering::SeqCst) && now_rejected == rejected,
             || {
                 format!(
-                    "the superseded controller registered its old definition again (the newer \
+                    "the superseded controller registered again within 10 s (the newer \
                  definition's session ended: {}; registrations refused: {rejected} -> \
-                 {now_rejected}); it must stop instead",
+                 {now_rejected}); it must wait 30 s",
                     newcomer.ended.load(Ordering::SeqCst)
                 )
             },
         )?;
         if let Some(status) = a.exit_status() {
-            return require(!status.success(), || {
-                format!("a superseded controller must exit non-zero (it exited {status})")
-            });
+            return Err(Failure::Violation(format!(
+                "a superseded controller must wait, not exit (it exited {status}): in a \
+                 Deployment an exit restarts it and the rollout crash-loops"
+            )));
         }
-        require(tokio::time::Instant::now() < deadline, || {
-            "the superseded controller was still running 10 s after it was revoked".into()
-        })?;
         tokio::time::sleep(POLL_INTERVAL).await;
     }
+    a.terminate();
+    let status = a.wait_exit().await?;
+    require(status.success(), || {
+        format!("a waiting superseded controller should exit 0 on SIGTERM (it exited {status})")
+    })
 }
 
 /// Token rotation: the first token expires, the manager ends the session, and the controller

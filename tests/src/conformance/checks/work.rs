@@ -119,7 +119,7 @@ async fn update_in_rounds(
 }
 
 /// Fails when two reconciles of one key overlap in time (across every replica).
-fn no_overlap(events: &[Event]) -> Result<(), Failure> {
+pub(super) fn no_overlap(events: &[Event]) -> Result<(), Failure> {
     let mut by_key: HashMap<&str, Vec<(&Event, u64)>> = HashMap::new();
     for s in events.iter().filter(|e| e.is_start()) {
         let end = end_of(events, s).map_or(u64::MAX, |e| e.ts_us);
