@@ -625,6 +625,47 @@ async fn a_dead_controller_stays_visible_for_its_grace() {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// A controller retired on purpose (its last replica drains with `retire`) is forgotten at
+/// once, series and all, while one whose last replica merely went stays for the grace.
+#[tokio::test]
+async fn a_retired_controller_goes_at_once_and_a_dead_one_stays() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "retire", &[]).await;
+    m.wait_leading().await;
+    let dead = Replica::connect(&m.grpc, register_configmaps("dead", 1))
+        .await
+        .expect("registered");
+    drop(dead);
+    let mut retired = Replica::connect(&m.grpc, register_configmaps("retired", 1))
+        .await
+        .expect("registered");
+    let drain = pb::controller_message::Message::Drain(pb::Drain { retire: true });
+    retired
+        .answers()
+        .send(pb::ControllerMessage {
+            message: Some(drain),
+        })
+        .await
+        .expect("sent");
+    assert!(
+        retired.ended(PATIENCE).await.is_some(),
+        "drained: the stream ends"
+    );
+    poll_until("only the dead controller is kept", PATIENCE, || async {
+        let kept = status_entry(&m, "dead").await;
+        let gone = status_entry(&m, "retired").await;
+        let series = m.try_metrics().await.map_err(|e| e.to_string())?;
+        (kept.is_some_and(|e| e["sessions"] == 0)
+            && gone.is_none()
+            && !series.contains(r#"controller="retired""#)
+            && !series.contains(r#"name="retired""#))
+        .then_some(())
+        .ok_or_else(|| format!("retired still listed: {gone:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// A registration whose caches cannot finish their first lists within `--first-list-timeout`
 /// is refused with UNAVAILABLE naming the flag, after that long in all (not per cache), and
 /// registers once the API server answers in time again.

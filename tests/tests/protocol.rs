@@ -98,7 +98,7 @@ async fn drain_ends_with_ok_after_the_last_request_misses_its_deadline() {
     assert_eq!(key(&first), "default/slow");
     r.answers()
         .send(pb::ControllerMessage {
-            message: Some(pb::controller_message::Message::Drain(pb::Drain {})),
+            message: Some(pb::controller_message::Message::Drain(pb::Drain::default())),
         })
         .await
         .expect("drain sent");

@@ -217,7 +217,8 @@ pub struct ControllerTable {
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
-    limits: TenantLimits,
+    /// Replaced whole when tenant policies change (`set_limits`).
+    limits: RwLock<TenantLimits>,
     /// The namespace-selector scope of each controller that has one.
     selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
     /// Dispatch seats shared by every tenant's controllers.
@@ -418,7 +419,7 @@ impl ControllerTable {
             leading,
             stop,
             metrics,
-            limits,
+            limits: RwLock::new(limits),
             selector_scopes: Mutex::new(HashMap::new()),
             seat_pool,
             grouping,
@@ -430,6 +431,17 @@ impl ControllerTable {
             list_turns: ListTurns::new(first_lists),
             reads: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Replace every tenant's limits (tenant policies changed). Limits counted while a
+    /// controller runs (queued keys and bytes) apply to running controllers at once; the others
+    /// (sessions, controllers, informers, cached bytes, deadlines, resync, registration rate)
+    /// to registrations from now on: nothing running is cut off by a policy change.
+    pub fn set_limits(&self, limits: TenantLimits) {
+        for c in self.all() {
+            c.apply_limits(&limits.for_tenant(&c.group));
+        }
+        *self.limits.write() = limits;
     }
 
     /// The tenant `identity`'s limits and seats count against.
@@ -497,7 +509,7 @@ impl ControllerTable {
         }
         let namespaces = self.effective_namespaces(&registration)?;
         let group = self.group_of(tenant);
-        let limits = self.limits.for_tenant(&group);
+        let limits = self.limits.read().for_tenant(&group);
         let held = self.cached_bytes(&group);
         let quota = Quota {
             tenant: &group,
@@ -572,7 +584,7 @@ impl ControllerTable {
     /// that was admitted keeps running as the cluster grows.
     pub fn check_cache_budget(&self, attached: &Attached) -> Result<(), RegisterError> {
         let tenant = &*attached.controller.group;
-        let limits = self.limits.for_tenant(tenant);
+        let limits = self.limits.read().for_tenant(tenant);
         let held = self.cached_bytes(tenant);
         if !attached.created || held <= limits.cached_bytes {
             return Ok(());
@@ -688,6 +700,14 @@ impl ControllerTable {
         };
         let existing = match controllers.get(id) {
             Some(existing) if joinable(existing) => {
+                if existing.sessionless_since().is_some() {
+                    // Every replica had gone (kept for the grace): this is the controller
+                    // starting again, after a crash or a rollout through zero, and a controller
+                    // that starts reconciles every object once, as a new registration would. It
+                    // replays the cache as one does, so it counts as one.
+                    self.check_registration_rate(quota)?;
+                    existing.enqueue(existing.scoped_primary_keys(), Reason::InitialList);
+                }
                 existing.raise_revision(revision);
                 return Ok(existing.clone());
             }
@@ -818,7 +838,7 @@ impl ControllerTable {
             self.metrics.clone(),
             (&self.seat_pool, queued),
         );
-        controller.set_queue_limit(quota.limits.queued_keys);
+        controller.apply_limits(&quota.limits);
         controller.set_hold(self.hold);
         if let Some(names) = namespaces {
             controller.confine_to(names);
@@ -876,7 +896,7 @@ impl ControllerTable {
     /// hold more than its in-flight limit between them. Returns the credits granted.
     pub fn set_credits(&self, controller: &Arc<Controller>, session: u64, asked: u32) -> u32 {
         let tenant = &*controller.group;
-        let limits = self.limits.for_tenant(tenant);
+        let limits = self.limits.read().for_tenant(tenant);
         // Under the table's lock, as attach checks the same sum, so the two cannot race past it.
         let controllers = self.controllers();
         let elsewhere: u64 = controllers
@@ -915,8 +935,11 @@ impl ControllerTable {
         let keep = !self.grace.is_zero()
             && *self.leading.borrow()
             && !self.is_closed()
-            && !controller.is_overflowed();
-        if keep {
+            && !controller.is_overflowed()
+            && !controller.is_retiring();
+        if controller.is_retiring() {
+            self.remove_if_sessionless(controller, "retired by its last replica (Drain retire)");
+        } else if keep {
             controller.mark_sessionless(Instant::now());
             tracing::info!(controller = %controller.id, grace = ?self.grace, "last session left; the controller stays for the grace period, its queue still counting");
         } else {
@@ -1443,8 +1466,8 @@ mod tests {
         assert!(order.lock().is_empty(), "the one slot is taken");
         drop(a1);
         let (r1, r2) = tokio::join!(a2, b1);
-        r1.unwrap();
-        r2.unwrap();
+        r1.expect("a2 ran");
+        r2.expect("b1 ran");
         assert_eq!(*order.lock(), vec!["b1", "a2"]);
     }
 

@@ -26,9 +26,6 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 /// then, so this bounds how long a silent tenant keeps them.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a registration's informers may take to complete their first list before the
-/// registration is refused (UNAVAILABLE: try again later).
-
 /// Messages encoded for a session and not yet taken by the transport. Small, because the
 /// session's outbox already buffers requests: a controller that stops reading pins at most this
 /// plus the outbox plus HTTP/2's flow-control window.
@@ -598,7 +595,12 @@ impl Pump {
                     .controllers
                     .set_credits(c, self.session, credit.max_in_flight);
             }
-            Some(M::Drain(_)) => c.drain(self.session),
+            Some(M::Drain(d)) => {
+                if d.retire {
+                    c.mark_retiring();
+                }
+                c.drain(self.session)
+            }
             Some(M::Heartbeat(beat)) => {
                 // Answered at once, beside any work waiting; a replica that does not read its
                 // stream gets no answer, and stops on its own within the hold.

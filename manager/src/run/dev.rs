@@ -168,6 +168,7 @@ impl DevArgs {
             controller_grace: Duration::from_secs(15 * 60),
             first_list_timeout: crate::grpc::FIRST_LIST_TIMEOUT,
             max_concurrent_first_lists: 8,
+            tenant_policies: true,
             // Ctrl-C in a terminal should end dev quickly; a demo reconcile is short.
             shutdown_grace: Duration::from_secs(2),
             max_queued_bytes_per_tenant: limits.queued_bytes,

@@ -231,6 +231,11 @@ pub struct RunArgs {
     /// is refused with UNAVAILABLE (controller-runtime's cache sync timeout is 2 minutes too).
     #[arg(long, env = "CTRLHUB_FIRST_LIST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
     pub first_list_timeout: Duration,
+    /// Watch TenantPolicy objects (ctrlhub.io/v1alpha1, deploy/base/tenantpolicy-crd.yaml) for
+    /// per-tenant limits and weights, applied without a restart over the flags' values; `false`
+    /// takes limits and weights from the flags only.
+    #[arg(long, env = "CTRLHUB_TENANT_POLICIES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub tenant_policies: bool,
     /// Registrations that may list new caches at once, across tenants (a tenant's own lists
     /// go one registration at a time): after a failover every controller registers again, and
     /// this paces the relist, tenants served in turn.
@@ -401,7 +406,7 @@ impl RunArgs {
     /// table → leadership follower → gRPC service → listeners → servers → wait → shutdown.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         self.check_timings()?;
-        let sharing = self.sharing()?;
+        let (sharing, policy_base) = self.sharing()?;
         self.check_static_auth()?;
         self.log_ceiling();
         let client = self.client().await?;
@@ -424,6 +429,7 @@ impl RunArgs {
             self.start_election(self.kube_config().await?, &identity, liveness.clone())?;
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
+        let seats = sharing.seat_pool.clone();
         let controllers = ControllerTable::new(
             cache.clone(),
             self.ceiling(),
@@ -433,6 +439,16 @@ impl RunArgs {
             sharing,
         );
         sweep_sessionless(controllers.clone(), stop.clone());
+        if self.tenant_policies {
+            let applier = crate::policy::watch::Applier {
+                client: client.clone(),
+                controllers: controllers.clone(),
+                seats,
+                base: policy_base,
+                leading: election.leading.clone(),
+            };
+            crate::policy::watch::spawn(applier, stop.child_token());
+        }
         follow_leadership(
             controllers.clone(),
             election.leading.clone(),
@@ -694,7 +710,9 @@ impl RunArgs {
 
     /// How tenants share the manager, from the flags: limits, seats and grouping. Checked
     /// before anything starts, so a configuration mistake is the first thing an operator sees.
-    fn sharing(&self) -> anyhow::Result<Sharing> {
+    /// How tenants share the manager, and the flags' limits and weights tenant policies are
+    /// applied over.
+    fn sharing(&self) -> anyhow::Result<(Sharing, crate::policy::Base)> {
         let limits = TenantLimits::new(Limits {
             sessions: self.max_sessions_per_tenant,
             controllers: self.max_controllers_per_tenant,
@@ -719,14 +737,20 @@ impl RunArgs {
                 .check_configured(tenant, flag)
                 .map_err(anyhow::Error::msg)?;
         }
-        Ok(Sharing {
+        let base = crate::policy::Base {
+            limits: limits.clone(),
+            weights: weights.clone(),
+            grouping: self.tenant_grouping,
+        };
+        let sharing = Sharing {
             limits,
             seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
             grouping: self.tenant_grouping,
             hold: self.hold(),
             grace: self.controller_grace,
             first_lists: self.max_concurrent_first_lists,
-        })
+        };
+        Ok((sharing, base))
     }
 
     /// The gRPC service with the authenticator and authorizer `--auth` selects.
