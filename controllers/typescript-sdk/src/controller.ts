@@ -397,6 +397,7 @@ export class Controller<T> {
   private readonly attempts = new Attempts();
   private running = false;
   private stopping = false;
+  private retire = false;
   private stoppedAt = 0;
   private stopGraceMs = STOP_GRACE_MS;
   private graceTimer: NodeJS.Timeout | undefined;
@@ -451,11 +452,17 @@ export class Controller<T> {
    * {@link Controller.run} resolves once the manager has ended the session and no handler
    * runs any more (at most {@link RunOptions.stopGraceMs}). Between sessions it resolves once
    * no handler runs. The same as aborting {@link RunOptions.signal}.
+   *
+   * @param options `retire: true` when this is the controller's last replica and the
+   *   controller goes away for good (`Drain.retire`): the manager forgets it at once instead
+   *   of keeping it, and alerting on it, for its `--controller-grace`. Leave it unset on an
+   *   ordinary shutdown or rollout.
    */
-  stop(): void {
+  stop(options: { readonly retire?: boolean } = {}): void {
     if (this.stopping) {
       return;
     }
+    this.retire = options.retire ?? false;
     this.stopping = true;
     this.stoppedAt = Date.now();
     this.armGrace();
@@ -522,6 +529,7 @@ export class Controller<T> {
       process.on("SIGINT", onSignal);
     }
     const onAbort = (): void => this.stop();
+    this.retire = false;
     options.signal?.addEventListener("abort", onAbort, { once: true });
     if (options.signal?.aborted) {
       this.stop();
@@ -606,6 +614,7 @@ export class Controller<T> {
     readonly limiter: Limiter;
     readonly attempts: Attempts;
     readonly stopping: boolean;
+    readonly retire: boolean;
   } {
     const self = this;
     return {
@@ -617,6 +626,7 @@ export class Controller<T> {
       limiter: this.limiter,
       attempts: this.attempts,
       stopping: this.stopping,
+      retire: this.retire,
     };
   }
 }

@@ -30,7 +30,7 @@ export type Reason =
  * a deletion; a request without an object means the cache does not hold it (NotFound).
  */
 export interface Tombstone<T> {
-  /** Its last known state; `undefined` when the manager sent none (empty JSON). */
+  /** Its last known state; `undefined` when the manager sent none (empty or undecodable JSON). */
   readonly object: T | undefined;
   /** The manager did not see the deletion itself (a relist found the object missing). */
   readonly finalStateUnknown: boolean;

@@ -170,8 +170,9 @@ export class Session<T> {
       return;
     }
     this.draining = true;
-    this.log.info("draining session", { in_flight: this.inFlight.size });
-    this.send({ case: "drain", value: { $typeName: "ctrlhub.v1.Drain" } });
+    const retire = this.owner.internals.retire;
+    this.log.info(retire ? "draining session; retiring the controller" : "draining session", { in_flight: this.inFlight.size });
+    this.send({ case: "drain", value: { $typeName: "ctrlhub.v1.Drain", retire } });
     this.maybeDrained();
   }
 
@@ -522,10 +523,15 @@ export class Session<T> {
       if (msg.object.case === "objectJson") {
         object = decodeObject<T>(msg.object.value);
       } else if (msg.object.case === "tombstone") {
-        tombstone = {
-          object: decodeObject<T>(msg.object.value.objectJson),
-          finalStateUnknown: msg.object.value.finalStateUnknown,
-        };
+        const t = msg.object.value;
+        let last: T | undefined;
+        try {
+          last = decodeObject<T>(t.objectJson);
+        } catch (err) {
+          // Still a deletion the manager saw: the handler learns it, without the last state.
+          this.log.warn(`undecodable tombstone for ${key}; delivering the deletion without its last state: ${describe(err)}`);
+        }
+        tombstone = { object: last, finalStateUnknown: t.finalStateUnknown };
       }
     } catch (err) {
       this.log.error(`undecodable object for ${key}: ${describe(err)}`);

@@ -37,9 +37,7 @@ let manager: Manager;
 
 before(async () => {
   cluster = await startDevcluster();
-  // A controller whose last replica left is removed at once (protocol.md), so that every
-  // start of the restart test begins from the caches.
-  manager = await startManager(cluster, "ts-definitions", ["--controller-grace", "0s"]);
+  manager = await startManager(cluster, "ts-definitions");
 });
 
 after(async () => {

@@ -327,3 +327,24 @@ test("a wrong token is fatal", async () => {
     (err: unknown) => err instanceof RegistrationRejectedError && err.code === 16,
   );
 });
+
+test("stop({ retire: true }) has the manager forget the controller at once; a plain stop keeps it for its grace", async () => {
+  for (const retire of [false, true]) {
+    const name = retire ? "retired" : "kept";
+    const c = controller(name).for(kinds.ConfigMap).inNamespaces("basic").reconcile(() => undefined);
+    const r = await runController(c, manager);
+    await waitFor(`${name} listed`, async () => ((await controllerStatus(manager, name)) === undefined ? undefined : true));
+    c.stop({ retire });
+    await r.done;
+    assert.equal(r.ends.at(-1)?.code, 0, "drained");
+    const entry = await waitFor(`${name}: its session gone`, async () => {
+      const s = await controllerStatus(manager, name);
+      return s === undefined || s["sessions"] === 0 ? { entry: s } : undefined;
+    });
+    if (retire) {
+      assert.equal(entry.entry, undefined, "a retired controller is forgotten");
+    } else {
+      assert.equal(entry.entry?.["sessions"], 0, "kept, without sessions, for --controller-grace");
+    }
+  }
+});

@@ -106,13 +106,14 @@ function request(call: Call, id: string, object: MessageInitShape<typeof Reconci
 
 const utf8 = new TextEncoder();
 
-test("an empty object or tombstone is no object, never a Terminal answer; undecodable JSON is terminal", async () => {
+test("an empty object is no object and an empty or undecodable tombstone still a deletion, never a Terminal answer; an undecodable object is terminal", async () => {
   const seen: Array<ReconcileRequest<unknown>> = [];
   const m = await scripted((call) => {
     request(call, "empty", { case: "objectJson", value: new Uint8Array() });
     request(call, "tombstone", { case: "tombstone", value: { objectJson: new Uint8Array(), finalStateUnknown: true } });
     request(call, "garbage", { case: "objectJson", value: utf8.encode("{not json") });
     request(call, "array", { case: "objectJson", value: utf8.encode("[]") });
+    request(call, "bad-tombstone", { case: "tombstone", value: { objectJson: utf8.encode("{no"), finalStateUnknown: false } });
   });
   const c = controller("wire").for(kinds.ConfigMap).includeObject().concurrency(4).reconcile((req) => {
     seen.push(req);
@@ -120,18 +121,20 @@ test("an empty object or tombstone is no object, never a Terminal answer; undeco
   const log = recordingLogger();
   const running = c.run({ address: m.address, handleSignals: false, logger: log });
   try {
-    await waitFor("four results", () => (m.results.length === 4 ? true : undefined), 10_000);
+    await waitFor("five results", () => (m.results.length === 5 ? true : undefined), 10_000);
     const outcome = (id: string) => m.results.find((r) => r.id === id)?.outcome.case;
     assert.equal(outcome("empty"), "done");
     assert.equal(outcome("tombstone"), "done");
     assert.equal(outcome("garbage"), "terminal");
     assert.equal(outcome("array"), "terminal");
+    assert.equal(outcome("bad-tombstone"), "done");
+    assert.deepEqual(seen.find((q) => q.name === "bad-tombstone")?.tombstone, { object: undefined, finalStateUnknown: false });
     const empty = seen.find((q) => q.name === "empty");
     assert.equal(empty?.object, undefined);
     assert.equal(empty?.tombstone, undefined);
     const tomb = seen.find((q) => q.name === "tombstone");
     assert.deepEqual(tomb?.tombstone, { object: undefined, finalStateUnknown: true });
-    assert.equal(seen.length, 2, "undecodable objects never reach the handler");
+    assert.equal(seen.length, 3, "undecodable objects never reach the handler");
   } finally {
     c.stop();
     m.close();
