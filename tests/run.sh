@@ -86,7 +86,7 @@ cargo test --workspace -- --skip conformance_matrix
 banner "SDK conformance matrix (tests/conformance/README.md; README.md's table must match)"
 # Every SDK of tests/conformance/sdks.json against real managers and devcluster; needs the
 # binaries and .venv above. Prints each column's red rows; logs in target/conformance/<sdk>/.
-cargo test -p ctrlhub-tests --test conformance_sdk -- --nocapture
+cargo test -p ctrlhub-tests --test conformance -- --nocapture
 
 banner "cargo fuzz smoke run (fuzz/: 5 targets, dev profile, fixed seed, stable toolchain via RUSTC_BOOTSTRAP)"
 # Builds the fuzz package in fuzz/target with libFuzzer instrumentation (cargo-fuzz is
