@@ -75,8 +75,9 @@ banner "TypeScript SDK (controllers/typescript-sdk): npm ci, build, typedoc chec
 
 banner "production build (dev profile): the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
 # The same line without --release proves what the image links and refuses, on the workspace
-# build's dependencies (about a minute). The release build itself and the image's 40 MB size
-# check take 9 minutes of a cold run on 2 cores: \`bash tests/production_build.sh\` runs them
+# build's dependencies (under a minute: their feature sets are equal, see rand in Cargo.toml).
+# The release build itself and the image's 40 MB size check take 9 minutes of a cold run on
+# 2 cores: \`bash tests/production_build.sh\` runs them
 # (README: "Release checks").
 CTRLHUB_PRODUCTION_PROFILE=dev bash tests/production_build.sh
 
