@@ -456,6 +456,7 @@ impl Controller {
         Some(Attempt::start(
             AttemptInfo {
                 controller: &self.id,
+                tenant: &self.group,
                 kind,
                 key,
                 attempt,
