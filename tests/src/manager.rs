@@ -39,11 +39,13 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// The suites' launch: `target/debug/ctrlhub`, debug logs in the temporary directory,
-    /// static token `dev`.
+    /// The suites' launch: `target/debug/ctrlhub` (or `CTRLHUB_BIN`, to run a suite against
+    /// another build, e.g. main's), debug logs in the temporary directory, static token `dev`.
     pub fn for_tests() -> Launch {
         Launch {
-            binary: bin("ctrlhub"),
+            binary: std::env::var_os("CTRLHUB_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| bin("ctrlhub")),
             log_dir: std::env::temp_dir(),
             rust_log: "info,ctrlhub=debug".into(),
             token: Some("dev".into()),
