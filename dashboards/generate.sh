@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates prometheusrule.yaml from rules/ctrlhub.rules.yaml, the single source of truth:
 # the PrometheusRule's spec is the rules file itself, indented under `spec:`.
-# tests/tests/dashboards.rs fails when the two drift.
+# tests/tests/artifacts/dashboards.rs fails when the two drift.
 set -euo pipefail
 cd "$(dirname "$0")"
 {

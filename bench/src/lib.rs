@@ -1,6 +1,6 @@
 //! # ctrlhub-bench
 //!
-//! The benchmark harness of issue 6: every scenario runs ctrlhub (the real `ctrlhub` binary and
+//! The benchmark harness: every scenario runs ctrlhub (the real `ctrlhub` binary and
 //! out-of-process controllers over gRPC) side by side with its peer (kube-rs'
 //! `kube::runtime::Controller`, in process or as independent processes) against one in-memory
 //! devcluster in the same run, and reports a table row per figure with the goal it is held to.
@@ -9,11 +9,9 @@
 //! (latency is `-1` when the object carries no timestamp annotation), so the harness observes
 //! ctrlhub's out-of-process replicas and kube-rs' processes through one channel.
 
+pub mod contenders;
 pub mod env;
-pub mod kubert;
-pub mod python_sdk;
 pub mod report;
 pub mod scenarios;
-pub mod typescript;
 
 pub use report::{Outcome, Row, Verdict};

@@ -56,10 +56,12 @@ async fn throughput_smoke_every_object_reconciled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn throughput_smoke_kopf_every_object_reconciled() {
     let n = 300;
-    let f =
-        ctrlhub_bench::scenarios::throughput::measure_kopf(n, ctrlhub_bench::env::KopfMode::Event)
-            .await
-            .expect("kopf reports every object");
+    let f = ctrlhub_bench::scenarios::throughput::measure_kopf(
+        n,
+        ctrlhub_bench::contenders::kopf::KopfMode::Event,
+    )
+    .await
+    .expect("kopf reports every object");
     for run in [f.live, f.backlog] {
         assert_eq!(run.objects, n);
         assert!(run.rate() > 0.0);
@@ -74,13 +76,13 @@ async fn throughput_smoke_kopf_every_object_reconciled() {
 async fn throughput_smoke_python_sdk_every_object_reconciled() {
     ensure_manager();
     let n = 300;
-    let sdk = ctrlhub_bench::python_sdk::install()
+    let sdk = ctrlhub_bench::contenders::python_sdk::install()
         .await
         .expect("the Python SDK installs");
     let c = ctrlhub_bench::env::Cluster::start()
         .await
         .expect("devcluster starts");
-    let f = ctrlhub_bench::python_sdk::measure(&c, &sdk, n)
+    let f = ctrlhub_bench::contenders::python_sdk::measure(&c, &sdk, n)
         .await
         .expect("the Python SDK reports every object");
     for run in [f.live, f.backlog] {

@@ -3,7 +3,6 @@
 its pod template), on the ctrlhub Python SDK, which owns sessions, retries, deadlines and Drain."""
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -85,15 +84,8 @@ def reconcile(key: ctrlhub.Key, obj: dict[str, Any] | None, reader: ctrlhub.Sync
 
 
 def read_configmap(reader: ctrlhub.SyncReader, namespace: str, name: str) -> dict[str, Any] | None:
-    """From the manager's cache; from the API server when the cache holds metadata only."""
-    with contextlib.suppress(ctrlhub.MetadataOnlyError):
-        return reader.get(CONFIGMAP, namespace, name)
-    try:
-        return json.loads(k8s.CoreV1Api(api).read_namespaced_config_map(name, namespace, _preload_content=False).data)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    """From the manager's cache, which holds watched ConfigMaps in full."""
+    return reader.get(CONFIGMAP, namespace, name)
 
 
 def main(argv: list[str] | None = None) -> None:

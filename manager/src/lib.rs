@@ -11,6 +11,8 @@
 //! - `grpc`, `http`: the two edges — the `ctrlhub.v1` service, and probes, metrics and the
 //!   status page.
 //! - `dispatch`: per-controller queues, fair dispatch seats, the dispatcher, the controller table.
+//! - `policy`: tenant limits and weights from `TenantPolicy` objects, applied without a
+//!   restart over the flags' defaults.
 //! - `tenancy`: identities, authentication, authorization and limits.
 //! - `leader`: Lease-based leader election.
 //! - `kubeclient`: the manager's own Kubernetes clients (API-client metrics, QPS and burst).
@@ -28,6 +30,7 @@ pub(crate) mod kubeclient;
 pub(crate) mod leader;
 pub(crate) mod metrics;
 pub(crate) mod net;
+pub(crate) mod policy;
 // Public for the fuzz targets, which drive registration rules and predicates directly.
 pub mod registration;
 // Public for the binary: `ctrlhub run` and `ctrlhub dev`.

@@ -1,4 +1,4 @@
-//! The hostile-tenant bed of issue 14, shared by the suite `tests/tests/hostile.rs` and by
+//! The hostile-tenant bed, shared by the suite `tests/tests/adversity/hostile.rs` and by
 //! `ctrlhub-bench hostile`: a real `ctrlhub run --auth kubernetes` manager with its default
 //! limits on devcluster, two tenants (ServiceAccounts `team-a/ctl` and `team-b/ctl`, each allowed
 //! to list and watch ConfigMaps in its own namespace), team-b's well-behaved controller and the
@@ -30,6 +30,7 @@ use tonic::transport::Channel;
 use crate::cluster::Cluster;
 use crate::manager::{Launch, Manager};
 use crate::objects::{apply, configmap_object, namespace_object};
+use crate::process::rss_bytes;
 use crate::rbac::{configmap_reader, service_account_object};
 use crate::replica::{Replica, configmaps, key, namespace_names, object, register, secs};
 use crate::wait::{PATIENCE, poll_until};
@@ -58,14 +59,6 @@ pub const BYSTANDER: &str = "bystander";
 /// The Kubernetes username (and ctrlhub tenant) of ServiceAccount `ns/sa`.
 pub fn username(ns: &str, sa: &str) -> String {
     format!("system:serviceaccount:{ns}:{sa}")
-}
-
-/// Resident memory of process `pid` in bytes (`VmRSS` of `/proc/PID/status`).
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Mebibytes.

@@ -41,5 +41,7 @@ pub use raw::{RawApi, RawResponse, RawWatch};
 pub use replica::{
     ConnectError, Replica, key, register, register_configmaps, secs, with_authorization,
 };
-pub use wait::{PATIENCE, POLL_INTERVAL, TimedOut, poll_until, wait_for, wait_until, within};
+pub use wait::{
+    PATIENCE, POLL_INTERVAL, SERIAL, TimedOut, poll_until, wait_for, wait_until, within,
+};
 pub use widget::{Widget, WidgetSpec, WidgetStatus, install_widget_crd, rv_num, rv_of, widget};

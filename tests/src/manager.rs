@@ -39,13 +39,11 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// The suites' launch: `target/debug/ctrlhub` (or `CTRLHUB_BIN`, to run a suite against
-    /// another build, e.g. main's), debug logs in the temporary directory, static token `dev`.
+    /// The suites' launch: `target/debug/ctrlhub`, debug logs in the temporary directory,
+    /// static token `dev`.
     pub fn for_tests() -> Launch {
         Launch {
-            binary: std::env::var_os("CTRLHUB_BIN")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| bin("ctrlhub")),
+            binary: bin("ctrlhub"),
             log_dir: std::env::temp_dir(),
             rust_log: "info,ctrlhub=debug".into(),
             token: Some("dev".into()),
@@ -245,6 +243,18 @@ impl Manager {
     /// Send `signal` (a `kill -SIGNAL` name such as "STOP" or "CONT") to the manager process.
     pub fn signal(&self, signal: &str) {
         self.process.signal(signal);
+    }
+
+    /// Waits up to `within` for the process to exit on its own (after a signal); whether it did.
+    pub async fn exited(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if matches!(self.process.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
     }
 
     /// SIGKILL (crash: the lease must expire).

@@ -15,16 +15,32 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
-/// A binary of this workspace in `target/debug`, where `tests/run.sh` builds them first.
-/// Panics with a hint when it is missing.
+/// A binary of this workspace in `target/debug`, where `tests/run.sh` builds them first
+/// (`CTRLHUB_BIN` points the suites at another build of the manager). Panics with a hint when
+/// it is missing.
 pub fn bin(name: &str) -> PathBuf {
-    let path = target_dir().join("debug").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (tests/run.sh does)",
-        path.display()
-    );
-    path
+    bin_in(&target_dir().join("debug"), name).unwrap_or_else(|e| {
+        panic!("{e:#}: run `cargo build --workspace --bins` first (tests/run.sh does)")
+    })
+}
+
+/// Binary `name` in `dir`, checked to exist; `CTRLHUB_BIN` overrides the manager's path (to
+/// measure or test another build of it with the same harness).
+pub fn bin_in(dir: &Path, name: &str) -> Result<PathBuf> {
+    let path = match std::env::var_os("CTRLHUB_BIN") {
+        Some(p) if name == "ctrlhub" => PathBuf::from(p),
+        _ => dir.join(name),
+    };
+    anyhow::ensure!(path.exists(), "{} is missing", path.display());
+    Ok(path)
+}
+
+/// Resident memory of process `pid` in bytes (`VmRSS` of `/proc/PID/status`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// A free loopback port (bound and released; good enough on a test machine).

@@ -1,5 +1,5 @@
 //! Attacks that need no credentials (or only junk ones) on a manager in the hostile bed
-//! ([`crate::hostile::Bed`]), shared by `tests/tests/strangers.rs` and `ctrlhub-bench hostile`:
+//! ([`crate::hostile::Bed`]), shared by `tests/tests/adversity/strangers.rs` and `ctrlhub-bench hostile`:
 //! silent TCP and TLS connections, connection floods, junk-token waves, Connect streams that
 //! never Register and Registers naming kinds that do not exist. Everything here observes the
 //! manager from the outside: sockets closing, its open descriptors and CPU time in `/proc`, and

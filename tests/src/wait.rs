@@ -88,3 +88,7 @@ pub async fn within<T>(what: &str, timeout: Duration, fut: impl Future<Output = 
         Err(_) => panic!("timed out after {timeout:?}: {what}"),
     }
 }
+
+/// Tests that measure time on this 2-core machine (hostile tenants, strangers, fairness,
+/// faults) take turns: each holds this while it runs, whatever module it is in.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

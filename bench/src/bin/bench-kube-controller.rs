@@ -38,7 +38,7 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     let tx = Mutex::new(tx);
-    ctrlhub_bench::kubert::run(
+    ctrlhub_bench::contenders::kube_runtime::run(
         client,
         &args.namespace,
         args.concurrency,

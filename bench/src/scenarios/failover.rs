@@ -1,7 +1,7 @@
 //! Failover: two managers with a 3 s lease (2 s renew deadline, 500 ms retry), three raw gRPC
 //! replicas that follow whichever manager accepts them, and a steady stream of updates. Figures:
 //! time from the leader's SIGTERM, and later from the new leader's SIGKILL, to the first request
-//! dispatched by the successor; and how many times a key was dispatched while another replica
+//! dispatched by the successor; the same crash with the lease deploy/ ships (15 s); and how many times a key was dispatched while another replica
 //! was still working on it (must be 0). Each reconcile "works" 20 ms and finishes that work even
 //! when its session has ended meanwhile, as a real controller would.
 
@@ -20,6 +20,8 @@ const OBJECTS: usize = 200;
 const WORK: Duration = Duration::from_millis(20);
 /// The lease duration the managers run with (FAST_LEASE).
 const LEASE: Duration = Duration::from_secs(3);
+/// The lease deploy/ ships (the flags' default).
+const SHIPPED_LEASE: Duration = Duration::from_secs(15);
 
 #[derive(Default)]
 struct Shared {
@@ -124,6 +126,38 @@ async fn lease_taken_after(m: &Manager, t0: Instant) -> Result<Duration> {
     Ok(t0.elapsed())
 }
 
+/// The lease deploy/ ships (15 s, renew deadline 10 s, retry 2 s: the flags' defaults): a
+/// manager with it takes over from `leader` gracefully, then is SIGKILLed with a standby of the
+/// same settings; the crash handover is measured from the kill to the standby's first dispatch.
+async fn shipped_lease_crash(
+    c: &Cluster,
+    state: &State,
+    leader: Manager,
+) -> Result<(Duration, Duration)> {
+    let shipped = Manager::start(c, "fo-shipped-a", &[]).await?;
+    lock(state).endpoints = vec![leader.grpc.clone(), shipped.grpc.clone()];
+    let mut leader = leader;
+    let t0 = Instant::now();
+    leader.stop().await;
+    lease_taken_after(&shipped, t0).await?;
+    first_dispatch_after(state, &shipped.grpc, t0).await?;
+    let standby = Manager::start(c, "fo-shipped-b", &[]).await?;
+    lock(state).endpoints = vec![shipped.grpc.clone(), standby.grpc.clone()];
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    eprintln!("failover: SIGKILL of a leader with the shipped 15 s lease");
+    let mut shipped = shipped;
+    let t0 = Instant::now();
+    shipped.kill().await;
+    let lease = lease_taken_after(&standby, t0).await?;
+    let first = first_dispatch_after(state, &standby.grpc, t0).await?;
+    eprintln!(
+        "  crash handover with the shipped lease {:.2} s (lease taken over after {:.2} s)",
+        first.as_secs_f64(),
+        lease.as_secs_f64()
+    );
+    Ok((first, lease))
+}
+
 /// Run the scenario.
 pub async fn run() -> Result<Outcome> {
     let c = Cluster::start().await?;
@@ -184,6 +218,7 @@ pub async fn run() -> Result<Outcome> {
         crash_lease.as_secs_f64()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let (shipped, shipped_lease) = shipped_lease_crash(&c, &state, a2).await?;
 
     stop.store(true, Ordering::Relaxed);
     let _ = loader.await;
@@ -226,6 +261,20 @@ pub async fn run() -> Result<Outcome> {
         ),
         Row::new(
             "failover",
+            "crash handover, shipped 15 s lease (SIGKILL → first dispatch)",
+            format!("{:.2} s", shipped.as_secs_f64()),
+            "",
+            "≤ lease 15 s + 2 s",
+            Verdict::of(shipped <= SHIPPED_LEASE + Duration::from_secs(2)),
+        ),
+        Row::info(
+            "failover",
+            "  of which until the successor leads",
+            format!("{:.2} s", shipped_lease.as_secs_f64()),
+            "",
+        ),
+        Row::new(
+            "failover",
             "keys dispatched twice concurrently",
             overlaps.to_string(),
             "",
@@ -239,6 +288,7 @@ pub async fn run() -> Result<Outcome> {
         json: serde_json::json!({"leaseSeconds": LEASE.as_secs(), "renewDeadlineSeconds": 2, "retryPeriodMs": 500,
             "gracefulSeconds": graceful.as_secs_f64(), "crashSeconds": crash.as_secs_f64(),
             "gracefulLeaseSeconds": graceful_lease.as_secs_f64(), "crashLeaseSeconds": crash_lease.as_secs_f64(),
+            "shippedLeaseSeconds": SHIPPED_LEASE.as_secs(), "shippedCrashSeconds": shipped.as_secs_f64(), "shippedCrashLeaseSeconds": shipped_lease.as_secs_f64(),
             "concurrentDuplicates": overlaps, "dispatched": dispatched,
             "writes": sent.load(Ordering::Relaxed), "writeErrors": errors.load(Ordering::Relaxed)}),
     })

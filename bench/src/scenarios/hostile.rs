@@ -35,7 +35,7 @@ const CAP: u64 = 1024 * MIB;
 
 /// The cases: 0 is the quiet baseline, 1–12 the attacks of issue 14, 13–19 the attacks that
 /// need no credentials (the isolation issue's "strangers get nothing free"; drivers shared with
-/// `tests/tests/strangers.rs` in `ctrlhub_tests::strangers`).
+/// `tests/tests/adversity/strangers.rs` in `ctrlhub_tests::strangers`).
 pub const CASES: [u8; 29] = [
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
     26, 27, 28,
@@ -79,7 +79,7 @@ fn case_name(case: u8) -> &'static str {
 
 /// The flags a case adds to the manager's: the issue's own settings for attacks 6 and 8, and
 /// for 5 no registration rate limit, so that the churn reaches the leak it looks for (the same
-/// flags as `tests/tests/hostile.rs`). Tenants are namespaces (the default grouping), so limits
+/// flags as `tests/tests/adversity/hostile.rs`). Tenants are namespaces (the default grouping), so limits
 /// name team-a's group.
 fn case_flags(case: u8) -> Vec<String> {
     let team_a = format!("system:serviceaccounts:{TEAM_A}");

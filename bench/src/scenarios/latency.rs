@@ -4,8 +4,8 @@
 //! controller, one after the other under the same load.
 
 use super::LOAD_PATIENCE;
+use crate::contenders::kube_runtime;
 use crate::env::{Cluster, Collector, Manager, load, sdk_controllers};
-use crate::kubert;
 use crate::report::{Outcome, Row, Verdict, ms, percentiles};
 use anyhow::Result;
 use std::sync::Arc;
@@ -88,7 +88,7 @@ pub async fn run(rate: u32, secs: u64) -> Result<Outcome> {
     );
 
     let (col, tx) = Collector::new();
-    let h = kubert::spawn(c.dc.client().await?, "lat-kube", 16, tx);
+    let h = kube_runtime::spawn(c.dc.client().await?, "lat-kube", 16, tx);
     let b = under_load(&c, "lat-kube", &col, rate, secs).await?;
     h.abort();
     eprintln!(

@@ -10,13 +10,11 @@
 //! a manager of its own, the same runs.
 
 use super::LOAD_PATIENCE;
-use crate::env::{
-    Cluster, Collector, Kopf, KopfMode, Manager, Proc, kopf_operator, sdk_controllers,
-    wait_sessions, widget,
-};
-use crate::kubert;
+use crate::contenders::kopf::{Kopf, KopfMode, kopf_operator};
+use crate::contenders::kube_runtime;
+use crate::contenders::typescript_sdk::TypeScript;
+use crate::env::{Cluster, Collector, Manager, Proc, sdk_controllers, wait_sessions, widget};
 use crate::report::{Outcome, Row, Verdict};
-use crate::typescript::TypeScript;
 use anyhow::{Context, Result, bail};
 use ctrlhub_tests::PATIENCE;
 use kube::api::PostParams;
@@ -86,8 +84,13 @@ async fn start_side(
     Ok(match side {
         Side::Ctrlhub => Running::Ctrlhub(sdk_controllers(m, ns, ns, 3, 16, col_tx)?),
         // Its own client, as an in-process controller in its own binary would have.
-        Side::Kube => Running::Kube(kubert::spawn(c.dc.client().await?, ns, 16, col_tx.clone())),
-        Side::TypeScript(ts) => Running::Ctrlhub(crate::typescript::controllers(
+        Side::Kube => Running::Kube(kube_runtime::spawn(
+            c.dc.client().await?,
+            ns,
+            16,
+            col_tx.clone(),
+        )),
+        Side::TypeScript(ts) => Running::Ctrlhub(crate::contenders::typescript_sdk::controllers(
             ts, m, ns, ns, 3, 16, col_tx,
         )?),
     })
@@ -271,7 +274,7 @@ async fn measure_on(c: &Cluster, n: usize) -> Result<Figures> {
 /// Measure the kopf operator in `mode` with `n` objects per run, on a devcluster of its own;
 /// installs kopf first if needed (see [`crate::env::kopf`]).
 pub async fn measure_kopf(n: usize, mode: KopfMode) -> Result<KopfFigures> {
-    let k = crate::env::kopf().await?;
+    let k = crate::contenders::kopf::kopf().await?;
     let c = Cluster::start().await?;
     measure_kopf_on(&c, &k, n, mode).await
 }
@@ -300,18 +303,18 @@ fn cell(run: &Run) -> String {
 pub async fn run(n: usize, with_kopf: bool, with_typescript: bool) -> Result<Outcome> {
     // Install before anything is timed, so pip's and npm's work cannot overlap a measurement.
     let k = if with_kopf {
-        Some(crate::env::kopf().await?)
+        Some(crate::contenders::kopf::kopf().await?)
     } else {
         None
     };
     // The Python SDK runs beside kopf (it needs the same python3 and PyPI); installed untimed.
     let py = if with_kopf {
-        Some(crate::python_sdk::install().await?)
+        Some(crate::contenders::python_sdk::install().await?)
     } else {
         None
     };
     let ts = if with_typescript {
-        Some(crate::typescript::typescript().await?)
+        Some(crate::contenders::typescript_sdk::typescript().await?)
     } else {
         None
     };
@@ -327,7 +330,7 @@ pub async fn run(n: usize, with_kopf: bool, with_typescript: bool) -> Result<Out
     let python = match &py {
         Some(sdk) => {
             eprintln!("throughput: Python SDK (controllers/python-sdk)");
-            Some(crate::python_sdk::measure(&c, sdk, n).await?)
+            Some(crate::contenders::python_sdk::measure(&c, sdk, n).await?)
         }
         None => None,
     };
@@ -401,7 +404,7 @@ pub async fn run(n: usize, with_kopf: bool, with_typescript: bool) -> Result<Out
     }
     let kopf_event = event.map(|e| (&e.live, &e.backlog));
     if let Some(p) = &python {
-        rows.extend(crate::python_sdk::rows(p, kopf_event));
+        rows.extend(crate::contenders::python_sdk::rows(p, kopf_event));
     }
     if let Some((ts_live, ts_backlog)) = &typescript {
         rows.push(Row::info(
@@ -457,7 +460,7 @@ pub async fn run(n: usize, with_kopf: bool, with_typescript: bool) -> Result<Out
             serde_json::json!(f.ctrlhub_backlog.rate() / e.backlog.rate());
     }
     if let Some(p) = &python {
-        json["pythonSdk"] = crate::python_sdk::json(p, kopf_event);
+        json["pythonSdk"] = crate::contenders::python_sdk::json(p, kopf_event);
     }
     if let (Some(ts), Some((ts_live, ts_backlog))) = (&ts, &typescript) {
         json["typescriptSdk"] = serde_json::json!({"node": ts.version, "replicas": 3,

@@ -5,6 +5,13 @@
 //! of `spec.size` memcached pods, reports an `Available` condition, and uses
 //! the finalizer `cache.example.com/finalizer` to record an Event before the
 //! custom resource goes away.
+//!
+//! The SDK keeps the protocol: exclusive attempts (heartbeats; the process
+//! exits only if a reconcile outlives its session's hold), and rolling
+//! upgrades: `CTRLHUB_REVISION` sets the registration's revision, and a
+//! replica superseded by a newer definition (or refused as outdated) keeps
+//! running without work and registers again every 30 s instead of exiting,
+//! until the rollout replaces it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

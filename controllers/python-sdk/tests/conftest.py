@@ -224,3 +224,62 @@ async def serve() -> AsyncIterator[Callable[..., Running]]:
                 await asyncio.wait_for(r.task, 15)
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - already reported by the test
                 r.task.cancel()
+
+
+class Proxy:
+    """A TCP proxy to a manager's gRPC port whose open connections can be frozen: no byte is
+    forwarded either way and none is closed, as in a network partition. Connections opened
+    after a freeze flow."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.addr = ""
+        self._conns: list[dict[str, Any]] = []
+        self._server: asyncio.base_events.Server | None = None
+        self._closed = False
+
+    async def start(self) -> Proxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.addr = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            writer.close()
+            return
+        conn: dict[str, Any] = {"frozen": False, "writers": (writer, up_writer)}
+        self._conns.append(conn)
+        await asyncio.gather(self._pump(reader, up_writer, conn), self._pump(up_reader, writer, conn), return_exceptions=True)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict[str, Any]) -> None:
+        try:
+            while data := await reader.read(65536):
+                while conn["frozen"] and not self._closed:
+                    await asyncio.sleep(0.01)
+                if self._closed:
+                    break
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    def freeze(self) -> None:
+        for conn in self._conns:
+            conn["frozen"] = True
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for conn in self._conns:
+            for w in conn["writers"]:
+                w.close()
+
+
+@pytest.fixture
+async def proxy(manager: Manager) -> AsyncIterator[Proxy]:
+    p = await Proxy(manager.grpc_port).start()
+    yield p
+    await p.close()

@@ -76,8 +76,8 @@ async def test_requeue_retry_and_terminal(devcluster: Cluster, manager: Manager,
     assert len(seen["requeue"]) == 2 and len(seen["retry"]) == 2
 
 
-async def test_deadline_cancels_the_handler_and_its_result_is_never_sent(
-    devcluster: Cluster, manager: Manager, ns: str, serve: Callable[..., Running]
+async def test_deadline_cancels_the_handler_and_its_next_attempt_waits_for_it(
+    devcluster: Cluster, manager: Manager, ns: str, serve: Callable[..., Running], caplog: pytest.LogCaptureFixture
 ) -> None:
     op = ctrlhub.Operator()
     events: list[tuple[str, str, int, float]] = []
@@ -91,28 +91,35 @@ async def test_deadline_cancels_the_handler_and_its_result_is_never_sent(
                 assert request.deadline is not None
                 events.append(("cancelled", name, attempt, request.deadline.timestamp() - time.time()))
                 raise
-        events.append(("done", name, attempt, 0.0))
+        events.append(("done", name, attempt, time.monotonic()))
 
-    @op.reconcile("v1/ConfigMap", name=f"{ns}-s", namespaces=ns, labels={"style": "sync"}, deadline=1.0)
+    # Two at once, so that nothing but the SDK keeps attempt 2 from starting beside attempt 1.
+    @op.reconcile("v1/ConfigMap", name=f"{ns}-s", namespaces=ns, labels={"style": "sync"}, deadline=1.0, max_concurrent=2)
     def blocks(name: str, attempt: int, cancelled: threading.Event) -> None:
+        events.append(("start", name, attempt, time.monotonic()))
         if attempt == 1:
-            time.sleep(1.5)  # ignores cancellation: its late result must be dropped by the SDK
+            time.sleep(2.0)  # ignores cancellation, past its deadline
             events.append(("late", name, attempt, float(cancelled.is_set())))
-            return
-        events.append(("done", name, attempt, 0.0))
+        events.append(("end", name, attempt, time.monotonic()))
 
+    caplog.set_level("INFO", logger=f"ctrlhub.{ns}-s")
     serve(op, cfg(manager))
     devcluster.configmap(ns, "hang", labels={"style": "async"})
     devcluster.configmap(ns, "block", labels={"style": "sync"})
-    await eventually("both second attempts", lambda: {(e[0], e[1]) for e in events} >= {("done", "hang"), ("done", "block"), ("late", "block")})
+    await eventually("both second attempts", lambda: {(e[0], e[1], e[2]) for e in events} >= {("done", "hang", 2), ("end", "block", 2)})
     cancelled = [e for e in events if e[0] == "cancelled"]
     assert len(cancelled) == 1 and 0 <= cancelled[0][3] <= 0.5, f"cancelled shortly before the deadline: {cancelled}"
     late = [e for e in events if e[0] == "late"]
     assert late[0][3] == 1.0, "the sync handler saw `cancelled` set"
+    sync = [e for e in events if e[1] == "block" and e[0] in ("start", "end")]
+    assert [(e[0], e[2]) for e in sync] == [("start", 1), ("end", 1), ("start", 2), ("end", 2)], f"attempts overlapped: {sync}"
+    starts = [r.getMessage() for r in caplog.records if "reconcile start" in r.getMessage() or "reconcile end" in r.getMessage()]
+    assert starts == [f"reconcile start key={ns}/block attempt=1", f"reconcile end key={ns}/block outcome=cancelled",
+                      f"reconcile start key={ns}/block attempt=2", f"reconcile end key={ns}/block outcome=done"], starts
     for name in (f"{ns}-a", f"{ns}-s"):
         c = await eventually("the manager's counters", lambda: manager.controller(name))
         assert c.get("deadlineMisses", 0) >= 1, c
-        assert c.get("discarded", 0) == 0, f"a late result was sent: {c}"
+        assert c.get("inFlight", 0) == 0, c
 
 
 async def test_drain_lets_in_flight_work_finish(devcluster: Cluster, manager: Manager, ns: str, serve: Callable[..., Running]) -> None:
@@ -134,8 +141,10 @@ async def test_drain_lets_in_flight_work_finish(devcluster: Cluster, manager: Ma
     await running.stop()
     assert log == ["start slow", "end slow"], "the in-flight handler finished rather than being cancelled"
     assert time.monotonic() - t0 < 10, "the manager ended the drained stream"
-    # The last replica left: the manager removes the controller with its (empty) queue.
-    await eventually("the controller to be gone", lambda: manager.controller(ns) is None)
+    # The last replica left with nothing in flight or queued (the manager keeps the controller
+    # for its --controller-grace, or removes it).
+    await eventually("the session gone, nothing left behind", lambda: (c := manager.controller(ns)) is None
+                     or (c.get("sessions"), c.get("inFlight"), c.get("queued")) == (0, 0, 0))
 
 
 async def test_reconnects_after_a_manager_restart_with_the_token_file_re_read(
@@ -181,8 +190,8 @@ async def test_refusals_that_need_a_human_end_serve(devcluster: Cluster, manager
     assert bad_kind.value.code == "INVALID_ARGUMENT" and bad_kind.value.field.startswith("register.primary"), bad_kind.value
 
 
-async def test_superseded_replica_stops_and_cancels_its_handlers(
-    devcluster: Cluster, manager: Manager, ns: str, serve: Callable[..., Running]
+async def test_a_superseded_replica_waits_and_registers_again_once_the_newer_definition_is_gone(
+    devcluster: Cluster, manager: Manager, ns: str, serve: Callable[..., Running], caplog: pytest.LogCaptureFixture
 ) -> None:
     old = ctrlhub.Operator()
     cancelled = asyncio.Event()
@@ -195,16 +204,28 @@ async def test_superseded_replica_stops_and_cancels_its_handlers(
             cancelled.set()
             raise
 
-    running = serve(old, cfg(manager))
+    caplog.set_level("INFO", logger=f"ctrlhub.{ns}")
+    running = serve(old, cfg(manager, outdated_retry=0.5))
     devcluster.configmap(ns, "x")
     await eventually("the request in flight", lambda: (manager.controller(ns) or {}).get("inFlight") == 1)
+    replica = old.controllers[0]
+    assert replica.ready and not replica.outdated
+
+    async def noop(key: ctrlhub.Key) -> None:
+        pass
+
     new = ctrlhub.Operator()
-    new.reconcile("v1/ConfigMap", name=ns, namespaces=ns, deadline=30)(hang)  # another definition
-    serve(new, cfg(manager))
-    with pytest.raises(ctrlhub.FatalError) as err:
-        await asyncio.wait_for(running.task, 30)
-    assert err.value.code == "SUPERSEDED"
-    assert cancelled.is_set()
+    new.reconcile("v1/ConfigMap", name=ns, namespaces=ns, deadline=30, revision=1)(noop)  # a newer definition
+    newer = serve(new, cfg(manager))
+    await asyncio.wait_for(cancelled.wait(), 30)
+    await eventually("the old replica outdated", lambda: replica.outdated and not replica.ready)
+    assert "superseded by a newer definition" in caplog.text
+    # It keeps running, takes no work, and every retry is refused while the newer one runs.
+    await eventually("a retry refused as outdated", lambda: "registration refused as outdated" in caplog.text)
+    assert not running.task.done() and replica.session_id is None
+    await newer.stop()
+    await eventually("the old definition registered again", lambda: replica.ready and not replica.outdated)
+    assert not running.task.done()
 
 
 async def test_events_mode_acknowledges_and_redelivers_on_error(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 import ctrlhub
 from ctrlhub import conditions, finalizers
 from ctrlhub._config import parse_addr
+from ctrlhub._fence import Fence, Verdict, Watchdog
 from ctrlhub._request import RECONCILE_KWARGS, injection
 from ctrlhub._timing import Backoff, time_left
 from ctrlhub._types import outcome
@@ -240,3 +243,118 @@ def test_the_package_is_typed() -> None:
     proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), str(root / "src" / "ctrlhub")],
                           capture_output=True, text=True, cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- exclusive attempts: the fence ---------------------------------------------------------
+
+
+def test_the_anchor_is_when_the_last_answered_heartbeat_was_sent() -> None:
+    fence = Fence(hold=2.0, interval=0.4, since=100.0)
+    assert fence.anchor is None and fence.age(100.5) == 0.5, "before the first echo the fence counts from Registered"
+    one, two, three = fence.beat(100.0), fence.beat(100.4), fence.beat(100.8)
+    assert fence.answered(two) and fence.anchor == 100.4
+    assert not fence.answered(one), "an older nonce than an answered one is forgotten"
+    assert not fence.answered(99), "an unknown nonce is ignored"
+    assert fence.answered(three) and fence.anchor == 100.8
+    assert fence.age(101.0) == pytest.approx(0.2)
+
+
+def test_half_the_hold_expires_a_live_session_and_80_percent_ends_a_running_handler() -> None:
+    fence = Fence(hold=2.0, interval=0.4, since=0.0)
+    fence.answered(fence.beat(10.0))
+    assert fence.verdict(10.99) is Verdict.OK
+    assert fence.verdict(11.0) is Verdict.EXPIRE
+    fence.expired = True
+    assert fence.verdict(11.5) is Verdict.OK, "expired once"
+    assert fence.verdict(11.6) is Verdict.OK, "nothing runs: nothing to stop"
+    fence.running = 1
+    assert fence.verdict(11.55) is Verdict.OK and fence.verdict(11.65) is Verdict.EXIT
+    ended = Fence(hold=2.0, interval=0.4, since=0.0)
+    ended.answered(ended.beat(10.0))
+    ended.live, ended.running = False, 1
+    assert ended.verdict(11.2) is Verdict.OK, "an ended session is not expired again"
+    assert ended.verdict(11.65) is Verdict.EXIT and not ended.done()
+    ended.running = 0
+    assert ended.done()
+
+
+def test_the_watchdog_expires_once_and_exits_for_a_handler_that_outlives_the_hold() -> None:
+    exits: list[str] = []
+    expired: list[float] = []
+    dog = Watchdog("unit", exit=exits.append)
+    t0 = time.monotonic()
+    fence = Fence(hold=0.5, interval=0.1, since=t0)
+    fence.running = 1  # a handler that never returns, and a manager that never answers
+    dog.watch(fence, "s-1", lambda: expired.append(time.monotonic()))
+    while not exits and time.monotonic() < t0 + 10:
+        time.sleep(0.01)
+    exited = time.monotonic()
+    dog.stop()
+    assert len(expired) == 1 and expired[0] - t0 >= 0.25, "not before half the hold"
+    assert exited - t0 >= 0.4, "not before 80 % of the hold"
+    assert len(exits) == 1 and "1 handler(s) of session s-1 still running" in exits[0] and "exits now (status 70)" in exits[0]
+
+
+# ---- requests without an object ------------------------------------------------------------
+
+
+def _request(**fields: Any) -> ctrlhub.Request:
+    msg = pb.ReconcileRequest(id="r1", attempt=1, **fields)
+    msg.key.namespace, msg.key.name = "ns", "n"
+    return ctrlhub.Request(msg, None, logging.getLogger("unit"))  # type: ignore[arg-type]
+
+
+def test_a_missing_or_empty_object_is_not_found_and_an_empty_tombstone_still_a_deletion() -> None:
+    none = _request()
+    assert none.object is None and none.tombstone is None
+    empty = _request(object_json=b"")
+    assert empty.object is None and empty.tombstone is None, "an empty object is no state: NotFound"
+    tomb = _request(tombstone=pb.Tombstone(object_json=b""))
+    assert tomb.object is None and tomb.tombstone == {}, "the manager saw the deletion, without a last state"
+    kwargs = {name: get(tomb) for name, get in RECONCILE_KWARGS.items() if name not in ("reader", "deadline")}
+    assert kwargs["obj"] is None and kwargs["meta"] == {} and kwargs["spec"] == {}
+    with pytest.raises(ctrlhub.PermanentError, match="not valid JSON"):
+        _ = _request(object_json=b"{nope").object
+
+
+# ---- registration: revisions, children, exclusive attempts ---------------------------------
+
+
+def test_revision_from_the_option_or_ctrlhub_revision(monkeypatch: pytest.MonkeyPatch) -> None:
+    op = ctrlhub.Operator()
+    op.reconcile("v1/ConfigMap", name="from-env")(lambda key: None)
+    op.reconcile("v1/ConfigMap", name="pinned", revision=7)(lambda key: None)
+    env_ctrl, pinned = op.controllers
+    monkeypatch.delenv("CTRLHUB_REVISION", raising=False)
+    assert env_ctrl.to_register().revision == 0
+    monkeypatch.setenv("CTRLHUB_REVISION", "3")
+    assert env_ctrl.to_register().revision == 3 and pinned.to_register().revision == 7
+    monkeypatch.setenv("CTRLHUB_REVISION", "v2")
+    with pytest.raises(ctrlhub.ConfigError, match="CTRLHUB_REVISION='v2': the revision must be a whole number"):
+        env_ctrl.to_register()
+
+
+def test_children_in_full_unless_metadata_only_and_attempts_exclusive() -> None:
+    op = ctrlhub.Operator()
+    op.reconcile("example.ctrlhub.io/v1/Website", name="w",
+                 owns=["apps/v1/Deployment", ctrlhub.Owns("v1/Service", metadata_only=True)],
+                 watches=[ctrlhub.Watch("v1/Secret", label="site", metadata_only=True)])(lambda key: None)
+    op.on_event("v1/ConfigMap", name="e")(lambda key: None)
+    reg, events = (c.to_register() for c in op.controllers)
+    assert [o.metadata_only for o in reg.owns] == [False, True] and reg.watches[0].metadata_only
+    assert reg.exclusive_attempts, "reconcile sessions fence their attempts"
+    assert not events.exclusive_attempts, "an event has no answer that confirms a cancelled attempt"
+
+
+def test_metadata_only_kinds_are_read_as_metadata() -> None:
+    lease = ctrlhub.Kind("coordination.k8s.io", "v1", "Lease")
+    reader = ctrlhub.Reader(None, ctrlhub.Config(), "s", {lease: "metadata"})  # type: ignore[arg-type]
+    assert reader.form("coordination.k8s.io/v1/Lease") == "metadata" and reader.form("v1/Secret") is None
+    with pytest.raises(ctrlhub.MetadataOnlyError, match="use|get_metadata"):
+        asyncio.run(reader.get(lease, "ns", "x"))
+    meta = ctrlhub.ObjectMetadata.of({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {
+        "name": "x", "namespace": "ns", "labels": {"a": "b"}, "ownerReferences": [{"kind": "Website", "name": "w"}],
+        "resourceVersion": "7", "finalizers": ["f"], "generation": 2}})
+    assert (meta.name, meta.namespace, meta.labels, meta.resource_version, meta.generation) == ("x", "ns", {"a": "b"}, "7", 2)
+    assert meta.owner_references[0]["name"] == "w" and meta.finalizers == ["f"] and meta.deletion_timestamp is None
+    assert ctrlhub.ObjectMetadata.of({}).labels == {}, "no metadata: empty, never an exception"

@@ -35,6 +35,17 @@ pub struct Config {
     /// How long to wait for the manager to close a draining session after
     /// every in-flight reconcile has answered.
     pub drain_grace: Duration,
+    /// How long a shutdown (SIGTERM) may take: the draining session lets its
+    /// reconciles finish, each at most until its deadline; once this has
+    /// passed since the shutdown began, the session ends and what still runs
+    /// is cancelled. [`Controller::run`](crate::Controller::run) returns only
+    /// when no reconcile runs any more. Default 30 s, Kubernetes' default
+    /// `terminationGracePeriodSeconds`: keep it below the pod's.
+    pub shutdown_grace: Duration,
+    /// How long to wait before registering again after the manager said a
+    /// newer (or conflicting) definition of this controller runs
+    /// (`Revoked(SUPERSEDED)`, or `Rejected` with `outdated`). Default 30 s.
+    pub outdated_wait: Duration,
     /// TLS to the manager (an `https://` address), with a client certificate
     /// when the manager requires mutual TLS.
     pub tls: Option<TlsFiles>,
@@ -79,6 +90,9 @@ pub enum ConfigError {
     /// The TLS settings are incomplete or a PEM file cannot be read.
     #[error("invalid TLS settings: {0}")]
     InvalidTls(String),
+    /// `CTRLHUB_REVISION` is not a non-negative integer.
+    #[error("CTRLHUB_REVISION must be a non-negative integer, got {0:?}")]
+    InvalidRevision(String),
 }
 
 impl Default for Config {
@@ -98,6 +112,8 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(30),
             drain_grace: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+            outdated_wait: Duration::from_secs(30),
             tls: None,
             tracer: None,
         }
@@ -320,6 +336,15 @@ mod tests {
         assert_eq!(tls.uri(), "https://ctrlhub.ctrlhub-system.svc:9090");
         assert!(Config::new("127.0.0.1:9090", "dev").validate().is_ok());
         assert!(Config::new("[::1]:9090", "dev").validate().is_ok());
+    }
+
+    /// The waits the crate docs promise.
+    #[test]
+    fn documented_defaults() {
+        let c = Config::default();
+        assert_eq!(c.outdated_wait, Duration::from_secs(30));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(c.drain_grace, Duration::from_secs(5));
     }
 
     #[test]

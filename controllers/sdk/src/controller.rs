@@ -1,7 +1,9 @@
 //! The controller definition: what it reconciles, owns and watches, where,
 //! with which predicates and concurrency. Turned into `ctrlhub.v1.Register`.
 
+use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ctrlhub_proto::v1 as pb;
@@ -9,7 +11,7 @@ use kube::Resource;
 use kube::core::DynamicObject;
 
 use crate::action::duration_to_proto;
-use crate::{Predicate, Selector};
+use crate::{ConfigError, Predicate, Selector, SessionInfo};
 
 /// The `ctrlhub.v1.ResourceType` of a Rust Kubernetes type (group, version,
 /// kind and plural from [`kube::Resource`]).
@@ -39,6 +41,27 @@ pub fn dynamic_resource_type(
         version: version.into(),
         kind: kind.into(),
         plural: String::new(),
+    }
+}
+
+/// The environment variable [`Controller::run`] takes `Register.revision`
+/// from when the definition sets none (see [`Controller::revision`]).
+pub const REVISION_ENV: &str = "CTRLHUB_REVISION";
+
+/// The revision a definition registers with: the builder's, else the value
+/// of [`REVISION_ENV`] (`env`), else 0.
+pub(crate) fn effective_revision(
+    builder: Option<u64>,
+    env: Option<&str>,
+) -> Result<u64, ConfigError> {
+    if let Some(revision) = builder {
+        return Ok(revision);
+    }
+    match env.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(0),
+        Some(v) => v
+            .parse()
+            .map_err(|_| ConfigError::InvalidRevision(v.to_owned())),
     }
 }
 
@@ -111,7 +134,19 @@ pub struct Controller<K = DynamicObject> {
     pub(crate) resync: Option<Duration>,
     pub(crate) backoff: Option<(Duration, Duration)>,
     pub(crate) include_object: bool,
+    pub(crate) revision: Option<u64>,
+    pub(crate) on_registered: Option<OnRegistered>,
     _primary: PhantomData<fn() -> K>,
+}
+
+/// The callback of [`Controller::on_registered`].
+#[derive(Clone)]
+pub(crate) struct OnRegistered(pub(crate) Arc<dyn Fn(&SessionInfo) + Send + Sync>);
+
+impl fmt::Debug for OnRegistered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnRegistered(..)")
+    }
 }
 
 impl Controller<DynamicObject> {
@@ -134,6 +169,8 @@ impl Controller<DynamicObject> {
             resync: None,
             backoff: None,
             include_object: false,
+            revision: None,
+            on_registered: None,
             _primary: PhantomData,
         }
     }
@@ -155,6 +192,8 @@ impl<K> Controller<K> {
             resync: self.resync,
             backoff: self.backoff,
             include_object: self.include_object,
+            revision: self.revision,
+            on_registered: self.on_registered,
             _primary: PhantomData,
         }
     }
@@ -182,7 +221,9 @@ impl<K> Controller<K> {
     }
 
     /// Owns children of type `C`: a change to a child enqueues its
-    /// controller owner (`ownerReferences[].controller == true`).
+    /// controller owner (`ownerReferences[].controller == true`). The manager
+    /// caches `C` in full, so [`CachedReader::get`](crate::CachedReader::get)
+    /// reads a child's spec and status.
     pub fn owns<C>(self) -> Self
     where
         C: Resource,
@@ -191,25 +232,53 @@ impl<K> Controller<K> {
         self.owns_dynamic(resource_type::<C>(), true, None)
     }
 
+    /// Owns children of type `C` like [`owns`](Controller::owns), but asks
+    /// the manager to cache only their metadata (a fraction of the memory).
+    /// Read them with
+    /// [`CachedReader::get_metadata`](crate::CachedReader::get_metadata),
+    /// which returns a `PartialObjectMeta<C>`. The kind is cached in full
+    /// anyway if another `owns` or `watches` entry of it asks for that
+    /// (`Registered.readable`, logged at registration, says which form it
+    /// got).
+    pub fn owns_metadata<C>(self) -> Self
+    where
+        C: Resource,
+        C::DynamicType: Default,
+    {
+        self.owns_entry(pb::OwnedResource {
+            resource: Some(resource_type::<C>()),
+            controller_only: true,
+            predicate: None,
+            metadata_only: true,
+        })
+    }
+
     /// Owns children of a type named at run time; `controller_only = false`
     /// follows every owner reference to the primary kind; `predicate`
-    /// filters the children's events.
+    /// filters the children's events. Cached in full.
     pub fn owns_dynamic(
-        mut self,
+        self,
         resource: pb::ResourceType,
         controller_only: bool,
         predicate: Option<Predicate>,
     ) -> Self {
-        self.owns.push(pb::OwnedResource {
+        self.owns_entry(pb::OwnedResource {
             resource: Some(resource),
             controller_only,
             predicate: predicate.as_ref().map(Predicate::to_proto),
             metadata_only: false,
-        });
+        })
+    }
+
+    /// Adds an `owns` entry exactly as given (every field of
+    /// `ctrlhub.v1.OwnedResource`, `metadata_only` included).
+    pub fn owns_entry(mut self, entry: pb::OwnedResource) -> Self {
+        self.owns.push(entry);
         self
     }
 
-    /// Watches objects of type `W`, mapped to primaries by `mapping`.
+    /// Watches objects of type `W`, mapped to primaries by `mapping`; cached
+    /// in full.
     pub fn watches<W>(self, mapping: Mapping) -> Self
     where
         W: Resource,
@@ -218,19 +287,43 @@ impl<K> Controller<K> {
         self.watches_dynamic(resource_type::<W>(), mapping, None)
     }
 
-    /// Watches a type named at run time, with an optional event filter.
+    /// Watches objects of type `W` like [`watches`](Controller::watches),
+    /// caching only their metadata (see
+    /// [`owns_metadata`](Controller::owns_metadata)). The manager ignores
+    /// the option with a [`Mapping::FieldPath`], which reads the object.
+    pub fn watches_metadata<W>(self, mapping: Mapping) -> Self
+    where
+        W: Resource,
+        W::DynamicType: Default,
+    {
+        self.watches_entry(pb::WatchedResource {
+            resource: Some(resource_type::<W>()),
+            mapping: Some(mapping.to_proto()),
+            predicate: None,
+            metadata_only: true,
+        })
+    }
+
+    /// Watches a type named at run time, with an optional event filter;
+    /// cached in full.
     pub fn watches_dynamic(
-        mut self,
+        self,
         resource: pb::ResourceType,
         mapping: Mapping,
         predicate: Option<Predicate>,
     ) -> Self {
-        self.watches.push(pb::WatchedResource {
+        self.watches_entry(pb::WatchedResource {
             resource: Some(resource),
             mapping: Some(mapping.to_proto()),
             predicate: predicate.as_ref().map(Predicate::to_proto),
             metadata_only: false,
-        });
+        })
+    }
+
+    /// Adds a `watches` entry exactly as given (every field of
+    /// `ctrlhub.v1.WatchedResource`, `metadata_only` included).
+    pub fn watches_entry(mut self, entry: pb::WatchedResource) -> Self {
+        self.watches.push(entry);
         self
     }
 
@@ -291,7 +384,30 @@ impl<K> Controller<K> {
         self
     }
 
-    /// The registration this definition sends.
+    /// The revision of this definition, for rolling upgrades
+    /// (`Register.revision`): a higher revision replaces a running
+    /// definition that differs, a lower or equal one waits until the
+    /// running one's replicas are gone. Unset, [`run`](Controller::run)
+    /// reads `CTRLHUB_REVISION` (0 when that is unset too). See the crate
+    /// docs, "Rolling upgrades".
+    pub fn revision(mut self, revision: u64) -> Self {
+        self.revision = Some(revision);
+        self
+    }
+
+    /// Calls `f` each time a session registers (once per connection), with
+    /// what the manager answered: the session id, the readable kinds and
+    /// their form, the effective registration. Keep it short: it runs on
+    /// the session's task.
+    pub fn on_registered(mut self, f: impl Fn(&SessionInfo) + Send + Sync + 'static) -> Self {
+        self.on_registered = Some(OnRegistered(Arc::new(f)));
+        self
+    }
+
+    /// The registration this definition sends. `revision` is the builder's
+    /// (0 when unset: [`run`](Controller::run) fills in `CTRLHUB_REVISION`);
+    /// `exclusive_attempts` is always set, because the SDK keeps its side of
+    /// that protocol (docs/protocol.md, "Exclusive attempts").
     pub fn to_register(&self) -> pb::Register {
         pb::Register {
             controller_name: self.name.clone(),
@@ -311,8 +427,8 @@ impl<K> Controller<K> {
                 max: Some(duration_to_proto(max)),
             }),
             include_object: self.include_object,
-            revision: 0,
-            exclusive_attempts: false,
+            revision: self.revision.unwrap_or(0),
+            exclusive_attempts: true,
         }
     }
 }
@@ -384,5 +500,57 @@ mod tests {
         assert_eq!(r.max_in_flight, 1);
         assert_eq!(r.backoff, None);
         assert_eq!(r.request_deadline, None);
+        assert_eq!(r.revision, 0);
+        assert!(
+            r.exclusive_attempts,
+            "every ctrlhub SDK sets exclusive_attempts"
+        );
+        assert!(r.owns.is_empty() && r.watches.is_empty());
+    }
+
+    #[test]
+    fn children_are_full_unless_asked_for_metadata() {
+        let r = Controller::new("x")
+            .reconciles::<ConfigMap>()
+            .owns::<Deployment>()
+            .owns_metadata::<ConfigMap>()
+            .watches::<Deployment>(Mapping::Label("l".into()))
+            .watches_metadata::<ConfigMap>(Mapping::Annotation("a".into()))
+            .to_register();
+        let owns: Vec<(&str, bool, bool)> = r
+            .owns
+            .iter()
+            .map(|o| {
+                let kind = o.resource.as_ref().map_or("", |t| t.kind.as_str());
+                (kind, o.metadata_only, o.controller_only)
+            })
+            .collect();
+        assert_eq!(
+            owns,
+            [("Deployment", false, true), ("ConfigMap", true, true)]
+        );
+        let watches: Vec<(&str, bool)> = r
+            .watches
+            .iter()
+            .map(|w| {
+                let kind = w.resource.as_ref().map_or("", |t| t.kind.as_str());
+                (kind, w.metadata_only)
+            })
+            .collect();
+        assert_eq!(watches, [("Deployment", false), ("ConfigMap", true)]);
+    }
+
+    #[test]
+    fn revision_from_the_builder_or_the_environment() {
+        assert_eq!(Controller::new("x").revision(7).to_register().revision, 7);
+        assert!(matches!(effective_revision(Some(3), Some("9")), Ok(3)));
+        assert!(matches!(effective_revision(None, Some(" 9 ")), Ok(9)));
+        assert!(matches!(effective_revision(None, Some("")), Ok(0)));
+        assert!(matches!(effective_revision(None, None), Ok(0)));
+        assert!(matches!(
+            effective_revision(None, Some("v2")),
+            Err(ConfigError::InvalidRevision(v)) if v == "v2"
+        ));
+        assert!(effective_revision(None, Some("-1")).is_err());
     }
 }

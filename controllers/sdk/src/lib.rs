@@ -4,8 +4,11 @@
 //! controller-runtime one. The manager owns the caches, leader election,
 //! namespace scoping, predicates and the work queue; this crate registers
 //! your controller over gRPC, runs your reconcile function for each request
-//! (up to `max_concurrent_reconciles` at once), answers with its result,
-//! cancels work that outlives its deadline, reconnects with backoff, and
+//! (up to `max_concurrent_reconciles` at once, one attempt of a key at a
+//! time), answers with its result once the reconcile has really stopped,
+//! cancels work that outlives its deadline or its session, keeps the
+//! heartbeats that let the manager guarantee exclusive attempts, reconnects
+//! with backoff, waits out a newer definition during a rolling upgrade, and
 //! drains gracefully on shutdown.
 //!
 //! Controllers write to the Kubernetes API with their own [`kube::Client`]
@@ -85,7 +88,7 @@
 //!     Controller::new("example")
 //!         .reconciles::<ConfigMap>()
 //!         .label_selector(Selector::labels([("app.example.com/deploy", "true")]))
-//!         .owns::<Deployment>()
+//!         .owns::<Deployment>() // cached in full: `req.reader().get::<Deployment>(..)` has its status
 //!         .watches::<Secret>(Mapping::Label("app.example.com/owner".into()))
 //!         .namespaces(Scope::All)
 //!         .predicate(Predicate::generation_changed().or(Predicate::deleting()))
@@ -104,20 +107,125 @@
 //! - [`apply`]: server-side apply of controlled children;
 //! - [`events`]: Kubernetes Events about objects;
 //! - [`traces`]: OpenTelemetry trace export (`OTEL_*` environment) and the
-//!   `reconcile` span that joins the manager's trace.
+//!   `reconcile` span that joins the manager's trace;
+//! - [`blocking`]: blocking work inside a reconcile, which the SDK waits for.
 //!
 //! ## Connection behaviour
 //!
 //! [`Controller::run`] dials [`Config::addr`] (plaintext HTTP/2, keepalive
-//! 30 s) with `authorization: Bearer <token>` on every call, sends
-//! `Register`, and waits for `Registered`. A rejection with
-//! INVALID_ARGUMENT, PERMISSION_DENIED or UNAUTHENTICATED, or a `Revoked`
-//! with reason SUPERSEDED, ends `run` with an [`Error`]; every other end of
+//! 30 s; a new connection for every session) with `authorization: Bearer
+//! <token>` on every call, sends `Register` and waits for `Registered`,
+//! which the manager sends once every cache the registration reads has
+//! listed. It logs that in one INFO line with the session id, the revision
+//! and the kinds readable through the cache with their form (`readable=v1
+//! ConfigMap (full), apps/v1 Deployment (full)`), and passes it to
+//! [`Controller::on_registered`]. A rejection with INVALID_ARGUMENT,
+//! PERMISSION_DENIED or UNAUTHENTICATED before `Registered` ends `run` with
+//! an [`Error`]; a newer definition running (see [Rolling
+//! upgrades](#rolling-upgrades)) makes the replica wait; every other end of
 //! the stream (standby manager, leader change, network) reconnects with
 //! exponential backoff and jitter (100 ms doubling to 10 s, reset after a
-//! session of 30 s). Cancelling the shutdown token sends `Drain`, lets
-//! in-flight reconciles finish and answer, and returns once the manager
-//! closes the stream.
+//! session of 30 s).
+//!
+//! Cancelling the shutdown token (SIGTERM) sends `Drain` and cancels
+//! nothing: running reconciles finish (each at most until its deadline) and
+//! answer, the manager closes the stream, and `run` returns once no
+//! reconcile runs any more. The whole shutdown is bounded by
+//! [`Config::shutdown_grace`] (30 s, Kubernetes' default
+//! `terminationGracePeriodSeconds`): then the session ends and what still
+//! runs is cancelled.
+//!
+//! ## Requests without an object
+//!
+//! With `include_object(true)`, [`Request::object`] is the cached primary.
+//! `None` means the manager's cache holds no such object and it saw no
+//! deletion: NotFound, which is not "deleted". Only a tombstone
+//! ([`Request::tombstone`], reasons DELETED or LEFT_SCOPE) says the manager
+//! saw the object go, and its last state ([`Request::deleted`]) may be
+//! missing. Clean up external state under a finalizer (the
+//! [`finalizer::finalize`] flow), never because a request lacks an object:
+//! the SDK itself never answers Terminal for that.
+//!
+//! ## Children in full, or metadata only
+//!
+//! [`Controller::owns`] and [`Controller::watches`] have the manager cache
+//! the kind in full, so [`CachedReader::get`] and [`CachedReader::list`]
+//! read a child's spec and status (a Deployment's `readyReplicas`, say).
+//! [`Controller::owns_metadata`] and [`Controller::watches_metadata`] ask for
+//! metadata only (a fraction of the memory); the kind is then read with
+//! [`CachedReader::get_metadata`] and [`CachedReader::list_metadata`] as
+//! `PartialObjectMeta<K>`, and `get::<K>` answers
+//! [`ReadError::MetadataOnly`]. A kind is cached in metadata only when every
+//! entry of it asks for that.
+//!
+//! ## Cancellation and blocking work
+//!
+//! A reconcile is cancelled a little before its deadline (5 % of the time
+//! left, at most 500 ms) and when its session ends: [`Request::cancelled`] is
+//! cancelled and the reconcile's future is dropped, so every `.await` in it
+//! stops there. Blocking code cannot be stopped that way: run it through
+//! [`blocking`], and the SDK waits for it before it drops the reconcile,
+//! answers, or starts the key's next attempt. The result of a reconcile that
+//! has stopped is sent then, on its own session while that lives (an attempt
+//! cancelled at its deadline answers just after the manager's deadline, which
+//! the manager counts as a missed deadline and re-delivers as REDELIVERY).
+//! Within the process, a request for a key whose earlier attempt still runs
+//! (from any session) waits for it before it starts.
+//!
+//! ## Exclusive attempts
+//!
+//! The SDK registers with `exclusive_attempts` (docs/protocol.md, "Exclusive
+//! attempts"): the manager never hands a key to another replica while an
+//! attempt of it may still run here. In return, the SDK sends a heartbeat
+//! every `Registered.heartbeat_interval` and anchors on when it sent the last
+//! one the manager answered. Requests start only once a heartbeat was
+//! answered. With no answer for half of `Registered.hold` (the manager is
+//! gone, or the network is cut), it cancels every reconcile of the session,
+//! takes no more work from it, ends it and reconnects. If a reconcile of that
+//! session still runs at 80 % of the hold (blocking code that ignores its
+//! cancellation), a watchdog thread logs one ERROR line naming the keys and
+//! exits the process with [`HOLD_EXIT_CODE`] (70), so that Kubernetes
+//! restarts it before the manager may give the key to another replica. The
+//! hold is the manager's lease duration less its renew deadline (5 s by
+//! default).
+//!
+//! ## Rolling upgrades
+//!
+//! Replicas of one controller share a queue when their definitions (every
+//! `Register` field but `max_in_flight`, `revision` and `exclusive_attempts`)
+//! agree. When a Deployment rollout changes the definition (a new watch, a
+//! new deadline), `Register.revision` decides; it comes from
+//! [`Controller::revision`], else from the `CTRLHUB_REVISION` environment
+//! variable ([`REVISION_ENV`]), else 0:
+//!
+//! - **a higher revision replaces the running definition at once**: the old
+//!   replicas receive `Revoked(SUPERSEDED)`; each cancels its reconciles,
+//!   logs why at WARN, takes no work and registers again every
+//!   [`Config::outdated_wait`] (30 s) without exiting, until the rollout has
+//!   replaced it. Bump `CTRLHUB_REVISION` in the pod template together with
+//!   the image:
+//!
+//!   ```yaml
+//!   env:
+//!     - name: CTRLHUB_REVISION
+//!       value: "7"   # raise it whenever the controller's registration changes
+//!   ```
+//!
+//! - **an equal or lower revision waits**: the new replicas are refused
+//!   (`Rejected` with `outdated`), log why at WARN, and register again every
+//!   30 s; the running definition keeps working until the rollout has
+//!   replaced all its replicas, and then the new one is accepted.
+//!
+//! Either way nothing crash-loops and no two definitions flap. Only
+//! INVALID_ARGUMENT, PERMISSION_DENIED and UNAUTHENTICATED before
+//! `Registered` end `run` with an error.
+//!
+//! ## Example operator
+//!
+//! `examples/website.rs` is a complete operator (a custom resource that owns
+//! a Deployment and a Service, a finalizer guarding external state, a Ready
+//! condition read through the cache), tested end to end against the real
+//! manager in `tests/website.rs`.
 //!
 //! [ctrlhub]: https://example.invalid/ctrlhub
 
@@ -129,6 +237,7 @@ pub mod traces;
 
 mod action;
 mod backoff;
+mod blocking;
 mod config;
 mod controller;
 mod predicate;
@@ -139,12 +248,15 @@ mod selector;
 
 pub use action::{Action, ReconcileError};
 pub use backoff::Backoff;
+pub use blocking::blocking;
 pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN, TlsFiles};
-pub use controller::{Controller, Mapping, Scope, dynamic_resource_type, resource_type};
+pub use controller::{
+    Controller, Mapping, REVISION_ENV, Scope, dynamic_resource_type, resource_type,
+};
 pub use predicate::Predicate;
 pub use reader::{CachedReader, RawObject, ReadError};
 pub use request::{DecodeError, ObjectKey, Reason, Request};
-pub use runtime::Error;
+pub use runtime::{Error, HOLD_EXIT_CODE, Readable, SessionInfo};
 pub use selector::{Requirement, Selector};
 
 /// The generated wire types (`ctrlhub.v1`), e.g. for

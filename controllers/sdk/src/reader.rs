@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use ctrlhub_proto::v1 as pb;
 use ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use kube::core::PartialObjectMeta;
 use serde::de::DeserializeOwned;
 use tonic::transport::Channel;
 
@@ -15,9 +15,16 @@ use crate::{Config, ConfigError, Selector, resource_type};
 /// (`Registered.session_id`). Obtain it from [`Request::reader`](crate::Request::reader).
 ///
 /// Only the session's registered types (primary, owned, watched) are
-/// readable, within its namespace scope and label selector. Reads are
-/// eventually consistent; read the API server when you must see your own
-/// writes.
+/// readable, within its namespace scope and label selector. Each is served
+/// in the form the manager caches it in (`Registered.readable`, logged when
+/// a session registers): in full, so [`get`](CachedReader::get) and
+/// [`list`](CachedReader::list) return `K` with its spec and status; or,
+/// when every `owns`/`watches` entry of the kind asked for metadata only
+/// ([`Controller::owns_metadata`](crate::Controller::owns_metadata)), as
+/// metadata, which [`get_metadata`](CachedReader::get_metadata) and
+/// [`list_metadata`](CachedReader::list_metadata) return as
+/// `PartialObjectMeta<K>` (they read full kinds too). Reads are eventually
+/// consistent; read the API server when you must see your own writes.
 #[derive(Clone, Debug)]
 pub struct CachedReader {
     client: ControllerManagerClient<Channel>,
@@ -34,7 +41,10 @@ pub enum ReadError {
     Status(#[from] tonic::Status),
     /// The type is cached metadata-only; use `get_metadata`, or read the API
     /// server for spec and status.
-    #[error("{kind} is cached metadata-only by the manager; read the API server for full objects")]
+    #[error(
+        "{kind} is cached metadata-only by the manager (every owns/watches entry of it asked for \
+         metadata_only): read it with get_metadata, register it in full, or read the API server"
+    )]
     MetadataOnly {
         /// The kind that was read.
         kind: String,
@@ -167,13 +177,13 @@ impl CachedReader {
         decode_full::<K>(&raw).map(Some)
     }
 
-    /// Reads the metadata of one object of type `K` (works for
-    /// metadata-only caches too).
+    /// Reads the metadata of one object of type `K`, whichever form the
+    /// manager caches `K` in; `Ok(None)` when not found.
     pub async fn get_metadata<K>(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ObjectMeta>, ReadError>
+    ) -> Result<Option<PartialObjectMeta<K>>, ReadError>
     where
         K: Resource,
         K::DynamicType: Default,
@@ -201,12 +211,13 @@ impl CachedReader {
             .collect()
     }
 
-    /// Lists the metadata of objects of type `K`.
+    /// Lists the metadata of objects of type `K`, whichever form the manager
+    /// caches `K` in.
     pub async fn list_metadata<K>(
         &self,
         namespace: Option<&str>,
         selector: Option<&Selector>,
-    ) -> Result<Vec<ObjectMeta>, ReadError>
+    ) -> Result<Vec<PartialObjectMeta<K>>, ReadError>
     where
         K: Resource,
         K::DynamicType: Default,
@@ -232,13 +243,9 @@ where
     Ok(serde_json::from_slice(&raw.json)?)
 }
 
-fn decode_metadata(raw: &RawObject) -> Result<ObjectMeta, ReadError> {
-    #[derive(serde::Deserialize)]
-    struct Partial {
-        #[serde(default)]
-        metadata: ObjectMeta,
-    }
-    Ok(serde_json::from_slice::<Partial>(&raw.json)?.metadata)
+/// The metadata of a full object or of a PartialObjectMetadata, typed as `K`'s.
+fn decode_metadata<K>(raw: &RawObject) -> Result<PartialObjectMeta<K>, ReadError> {
+    Ok(serde_json::from_slice(&raw.json)?)
 }
 
 #[cfg(test)]
@@ -257,8 +264,26 @@ mod tests {
             decode_full::<Deployment>(&raw),
             Err(ReadError::MetadataOnly { kind }) if kind == "Deployment"
         ));
-        let meta = decode_metadata(&raw)?;
-        assert_eq!(meta.uid.as_deref(), Some("u1"));
+        let meta: PartialObjectMeta<Deployment> = decode_metadata(&raw)?;
+        assert_eq!(meta.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(
+            meta.types.map(|t| t.kind).as_deref(),
+            Some("PartialObjectMetadata")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn full_objects_read_as_metadata_too() -> Result<(), ReadError> {
+        let raw = RawObject {
+            json: br#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"d","labels":{"a":"b"}},"spec":{"replicas":2}}"#.to_vec(),
+            resource_version: "5".into(),
+            metadata_only: false,
+        };
+        let meta: PartialObjectMeta<Deployment> = decode_metadata(&raw)?;
+        assert_eq!(meta.metadata.name.as_deref(), Some("d"));
+        let full = decode_full::<Deployment>(&raw)?;
+        assert_eq!(full.spec.and_then(|s| s.replicas), Some(2));
         Ok(())
     }
 }

@@ -52,10 +52,18 @@ impl fmt::Display for ObjectKey {
 
 /// One reconcile request for a key of the primary type `K`.
 ///
-/// The SDK cancels the reconcile future a little before [`Request::deadline`]
-/// (the manager discards late results and re-delivers the key), and also when
-/// the session ends; use [`Request::cancelled`] to stop cooperative work
-/// (e.g. in spawned tasks) at the same moment.
+/// The SDK cancels the reconcile a little before [`Request::deadline`], and
+/// when its session ends: it cancels [`Request::cancelled`] (for work the
+/// reconcile spawned) and drops the reconcile future, so every `.await` in
+/// it stops there. Blocking work cannot be stopped that way: run it through
+/// [`blocking`](crate::blocking), and the SDK waits for it before it
+/// answers and before it starts the key's next attempt.
+///
+/// A request without an object (with `include_object(true)`) means the
+/// manager holds no state for the key: treat it as NotFound. Only a
+/// tombstone ([`Request::tombstone`]) says the manager saw the object go;
+/// neither is a reason to clean up external state on its own (use a
+/// finalizer, see [`finalizer`](crate::finalizer)).
 #[derive(Debug)]
 pub struct Request<K> {
     /// The manager's opaque request id (for logs).
@@ -68,10 +76,16 @@ pub struct Request<K> {
     /// Why the key was enqueued, deduplicated.
     pub reasons: Vec<Reason>,
     /// The current object, when the controller registered with
-    /// `include_object(true)` and the object exists.
+    /// `include_object(true)` and the manager's cache holds it. `None`
+    /// otherwise: NotFound, not "deleted".
     pub object: Option<K>,
-    /// The last known state of a deleted (or out-of-scope) object.
+    /// The last known state of a deleted (or out-of-scope) object, when the
+    /// tombstone carried one that decodes.
     pub deleted: Option<K>,
+    /// The manager sent a tombstone: it saw the object's deletion, or the
+    /// object left the label selector (`deleted` may still be `None` when
+    /// the tombstone's JSON was empty or did not decode).
+    pub tombstone: bool,
     /// For `deleted`: the manager did not observe the deletion itself, so the
     /// state may be older than the object's real final state.
     pub final_state_unknown: bool,
@@ -86,6 +100,11 @@ pub struct Request<K> {
     pub tracestate: String,
     reader: CachedReader,
     cancel: CancellationToken,
+    /// When the result of an attempt cancelled at its deadline may go out: the manager's
+    /// deadline on the local clock plus the safety margin, so that the manager counts the
+    /// missed deadline (and re-delivers as REDELIVERY) instead of taking a "cancelled" error
+    /// for the attempt's outcome.
+    pub(crate) missed_after: Instant,
 }
 
 /// A ReconcileRequest that cannot be turned into a [`Request`].
@@ -118,9 +137,10 @@ impl<K> Request<K> {
         &self.key.name
     }
 
-    /// Whether the manager reports the object as gone (a tombstone).
+    /// Whether the manager reports the object as gone: a tombstone, or
+    /// reason DELETED. A request without an object is not "deleted".
     pub fn is_deleted(&self) -> bool {
-        self.deleted.is_some() || self.reasons.contains(&Reason::Deleted)
+        self.tombstone || self.reasons.contains(&Reason::Deleted)
     }
 
     /// Cached reads through the manager, bound to this request's session.
@@ -161,33 +181,38 @@ impl<K: DeserializeOwned> Request<K> {
             .iter()
             .map(|r| Reason::try_from(*r).unwrap_or(Reason::Unspecified))
             .collect();
-        let (object, deleted, final_state_unknown) = match req.object {
-            None => (None, None, false),
+        let object = match req.object {
+            None => Received::Nothing,
+            // An empty object is no object: NotFound, never a reason to fail the request.
+            Some(pb::reconcile_request::Object::ObjectJson(json)) if json.is_empty() => {
+                Received::Nothing
+            }
             Some(pb::reconcile_request::Object::ObjectJson(json)) => {
                 let obj = serde_json::from_slice(&json).map_err(|source| DecodeError::Object {
                     what: "object",
                     key: key.clone(),
                     source,
                 })?;
-                (Some(obj), None, false)
+                Received::Object(obj)
             }
-            Some(pb::reconcile_request::Object::Tombstone(t)) => {
-                let obj = serde_json::from_slice(&t.object_json).map_err(|source| {
-                    DecodeError::Object {
-                        what: "tombstone",
-                        key: key.clone(),
-                        source,
-                    }
-                })?;
-                (None, Some(obj), t.final_state_unknown)
-            }
+            Some(pb::reconcile_request::Object::Tombstone(t)) => Received::Tombstone(
+                decode_tombstone(&key, &t.object_json),
+                t.final_state_unknown,
+            ),
+        };
+        let (object, deleted, tombstone, final_state_unknown) = match object {
+            Received::Nothing => (None, None, false, false),
+            Received::Object(obj) => (Some(obj), None, false, false),
+            Received::Tombstone(last, unknown) => (None, last, true, unknown),
         };
         let manager_deadline = req.deadline.as_ref().and_then(timestamp_to_system);
         let remaining = match manager_deadline {
             Some(at) => at.duration_since(now).unwrap_or(Duration::ZERO),
             None => fallback_deadline,
         };
-        let deadline = now_instant + remaining - safety_margin(remaining);
+        let margin = safety_margin(remaining);
+        let deadline = now_instant + remaining - margin;
+        let missed_after = now_instant + remaining + margin;
         Ok(Self {
             id: req.id,
             key,
@@ -195,6 +220,7 @@ impl<K: DeserializeOwned> Request<K> {
             reasons,
             object,
             deleted,
+            tombstone,
             final_state_unknown,
             deadline,
             manager_deadline,
@@ -202,7 +228,31 @@ impl<K: DeserializeOwned> Request<K> {
             tracestate: req.tracestate,
             reader,
             cancel,
+            missed_after,
         })
+    }
+}
+
+/// What a request carried in its `object` oneof.
+enum Received<K> {
+    Nothing,
+    Object(K),
+    /// The last known state (when it decodes) and `final_state_unknown`.
+    Tombstone(Option<K>, bool),
+}
+
+/// A tombstone's last known state. The deletion is a fact whatever its JSON holds, so an
+/// empty or undecodable one is `None`, not an error that would fail the request.
+fn decode_tombstone<K: DeserializeOwned>(key: &ObjectKey, json: &[u8]) -> Option<K> {
+    if json.is_empty() {
+        return None;
+    }
+    match serde_json::from_slice(json) {
+        Ok(obj) => Some(obj),
+        Err(err) => {
+            tracing::warn!(%key, "the tombstone's last known state does not decode: {err}");
+            None
+        }
     }
 }
 
@@ -272,6 +322,9 @@ mod tests {
         // 30 s left minus the 500 ms margin.
         let left = req.deadline - start;
         assert!(left >= Duration::from_millis(29_500) && left < Duration::from_millis(29_900));
+        // A cancelled attempt answers only once the manager's deadline has passed.
+        let missed = req.missed_after - start;
+        assert!(missed >= Duration::from_millis(30_500) && missed < Duration::from_millis(30_900));
         assert_eq!(req.traceparent, "00-abc-def-01");
         Ok(())
     }
@@ -293,10 +346,36 @@ mod tests {
         Ok(())
     }
 
+    /// No state is NotFound, not a deletion; an empty tombstone is a deletion with no last
+    /// state. Neither fails the request (which the SDK would answer Terminal).
+    #[tokio::test]
+    async fn empty_objects_and_tombstones_are_not_errors() -> Result<(), DecodeError> {
+        let req = decode(wire(Some(pb::reconcile_request::Object::ObjectJson(
+            Vec::new(),
+        ))))?;
+        assert!(req.object.is_none() && req.deleted.is_none());
+        assert!(!req.tombstone && !req.is_deleted());
+
+        for json in [&b""[..], b"{}", b"not json"] {
+            let mut w = wire(Some(pb::reconcile_request::Object::Tombstone(
+                pb::Tombstone {
+                    object_json: json.to_vec(),
+                    final_state_unknown: false,
+                },
+            )));
+            w.reasons = vec![Reason::Deleted as i32];
+            let req = decode(w)?;
+            assert!(req.tombstone && req.is_deleted(), "{json:?}");
+            assert!(req.object.is_none());
+        }
+        Ok(())
+    }
+
     #[tokio::test]
     async fn no_object_and_errors() -> Result<(), DecodeError> {
         let req = decode(wire(None))?;
         assert!(req.object.is_none() && req.deleted.is_none());
+        assert!(!req.is_deleted(), "no object is NotFound, not deleted");
 
         let bad = decode(wire(Some(pb::reconcile_request::Object::ObjectJson(
             b"{\"kind\":\"Secret\",\"apiVersion\":\"v1\"}".to_vec(),

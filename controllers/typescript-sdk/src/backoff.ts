@@ -52,12 +52,37 @@ export class Limiter {
     this.pump();
   }
 
-  /** Resolves once a slot is free; call the returned function to free it. */
-  async acquire(): Promise<() => void> {
+  /**
+   * Resolves once a slot is free; call the returned function to free it. Resolves with
+   * `undefined`, holding nothing, when `signal` aborts first.
+   */
+  acquire(): Promise<() => void>;
+  acquire(signal: AbortSignal): Promise<(() => void) | undefined>;
+  async acquire(signal?: AbortSignal): Promise<(() => void) | undefined> {
+    if (signal?.aborted) {
+      return undefined;
+    }
     if (this.active < this.limit && this.waiting.length === 0) {
       this.active++;
     } else {
-      await new Promise<void>((resolve) => this.waiting.push(resolve));
+      const admitted = await new Promise<boolean>((resolve) => {
+        const admit = (): void => {
+          signal?.removeEventListener("abort", give);
+          resolve(true);
+        };
+        const give = (): void => {
+          const at = this.waiting.indexOf(admit);
+          if (at >= 0) {
+            this.waiting.splice(at, 1);
+            resolve(false);
+          }
+        };
+        this.waiting.push(admit);
+        signal?.addEventListener("abort", give, { once: true });
+      });
+      if (!admitted) {
+        return undefined;
+      }
     }
     let released = false;
     return () => {

@@ -10,8 +10,8 @@ export class ConfigError extends Error {
 
 /**
  * The manager refused the registration in a way that needs a human (INVALID_ARGUMENT,
- * PERMISSION_DENIED, UNAUTHENTICATED or ALREADY_EXISTS before `Registered`). Reconnecting
- * unchanged cannot help, so {@link Controller.run} rejects with this error.
+ * PERMISSION_DENIED or UNAUTHENTICATED before `Registered`). Reconnecting unchanged cannot
+ * help, so {@link Controller.run} rejects with this error.
  */
 export class RegistrationRejectedError extends Error {
   override readonly name = "RegistrationRejectedError";
@@ -34,9 +34,12 @@ export class RegistrationRejectedError extends Error {
 }
 
 /**
- * A newer definition of this controller (same name, different registration) replaced this
- * one: this replica runs outdated code and should be replaced rather than register again, so
- * {@link Controller.run} rejects with this error.
+ * A newer definition of this controller replaced this one.
+ *
+ * @deprecated {@link Controller.run} no longer rejects with it: a superseded or outdated
+ * replica stops taking work, reports not ready ({@link Controller.ready}) and registers again
+ * 30 s later, so that a rollout converges without crash loops (see the README's "Rolling
+ * upgrades").
  */
 export class SupersededError extends Error {
   override readonly name = "SupersededError";
@@ -77,7 +80,8 @@ export class TerminalError extends Error {
 
 /**
  * The reason a handler's {@link ReconcileRequest.signal} aborts when the request's deadline
- * is near. The manager re-delivers the key (perhaps to another replica); stop acting on it.
+ * is near. Stop acting on it: once the handler has ended, the manager re-delivers the key
+ * (perhaps to another replica).
  */
 export class DeadlineExceededError extends Error {
   override readonly name = "DeadlineExceededError";
@@ -85,8 +89,9 @@ export class DeadlineExceededError extends Error {
 
 /**
  * The reason a handler's {@link ReconcileRequest.signal} aborts when the session that
- * delivered the request ended (the stream broke, or the manager revoked it). The manager
- * re-delivers the key; stop acting on it.
+ * delivered the request ended (the stream broke, the manager revoked it, or it answered no
+ * heartbeat for half the hold). The manager re-delivers the key once the hold is over; stop
+ * acting on it before then.
  */
 export class SessionEndedError extends Error {
   override readonly name = "SessionEndedError";

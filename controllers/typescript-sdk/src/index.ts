@@ -4,8 +4,9 @@
  * Write a [ctrlhub](https://github.com/) controller in TypeScript. The manager owns the
  * caches, leader election, namespace scoping, predicates and the work queue; this package
  * registers your controller over gRPC, runs your Promise-based handler for each request (up
- * to its concurrency), aborts it with an `AbortSignal` at its deadline and never sends a late
- * result, answers, reconnects with backoff, and drains on SIGTERM.
+ * to its concurrency, one attempt of a key at a time), aborts it with an `AbortSignal` at its
+ * deadline or when its session is lost and answers once it has really ended, heartbeats,
+ * reconnects with backoff, waits out a newer definition, and drains on SIGTERM.
  *
  * @example
  * ```ts
@@ -48,10 +49,13 @@ export {
   Controller,
   ControllerBuilder,
   type EventHandler,
+  type OwnsOptions,
+  type ReadableKind,
   type ReconcileHandler,
   type RegisteredInfo,
   type RunOptions,
   type SessionEndInfo,
+  type WatchesOptions,
   controller,
 } from "./controller.js";
 export {
@@ -73,7 +77,7 @@ export {
   removeFinalizerPatch,
 } from "./finalizer.js";
 export { type LogLevel, type Logger, consoleLogger } from "./log.js";
-export { CachedReader, type GetOptions, type ListOptions, ReadError } from "./reader.js";
+export { CachedReader, type CachedObject, type GetOptions, type ListOptions, ReadError } from "./reader.js";
 export type {
   EventType,
   ObjectEvent,
@@ -87,6 +91,8 @@ export {
   type KubernetesObject,
   type Mapping,
   type ObjectMeta,
+  type OwnerReference,
+  type PartialObjectMetadata,
   Predicate,
   type Requirement,
   type ResourceKind,

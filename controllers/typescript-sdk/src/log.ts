@@ -13,7 +13,8 @@ const LEVELS: readonly LogLevel[] = ["debug", "info", "warn", "error", "silent"]
 
 /**
  * The default logger: one line per message on stderr, `LEVEL ctrlhub[name] message k=v ...`,
- * at `level` and above (default: env `CTRLHUB_LOG`, else `info`).
+ * at `level` and above (default: env `CTRLHUB_LOG`, else `info`). A field that JSON cannot
+ * represent (a `bigint`, a cycle) is written as text: logging never throws.
  */
 export function consoleLogger(name: string, level?: LogLevel): Logger {
   const wanted = level ?? (process.env["CTRLHUB_LOG"] as LogLevel | undefined) ?? "info";
@@ -23,7 +24,7 @@ export function consoleLogger(name: string, level?: LogLevel): Logger {
       return;
     }
     const extra = Object.entries(fields ?? {})
-      .map(([k, v]) => ` ${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
+      .map(([k, v]) => ` ${k}=${typeof v === "string" ? v : formatValue(v)}`)
       .join("");
     process.stderr.write(`${new Date().toISOString()} ${lvl.toUpperCase()} ctrlhub[${name}] ${message}${extra}\n`);
   };
@@ -33,4 +34,17 @@ export function consoleLogger(name: string, level?: LogLevel): Logger {
     warn: (m, f) => line("warn", m, f),
     error: (m, f) => line("error", m, f),
   };
+}
+
+/** @internal A log field as JSON, with bigints as numbers' text; never throws. */
+export function formatValue(value: unknown): string {
+  try {
+    return JSON.stringify(value, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)) ?? String(value);
+  } catch {
+    try {
+      return String(value);
+    } catch {
+      return "[unprintable]";
+    }
+  }
 }

@@ -25,9 +25,13 @@ export type Reason =
   | "LEFT_SCOPE"
   | "UNSPECIFIED";
 
-/** The last known state of an object that is gone (deleted, or out of the label selector). */
+/**
+ * An object the manager saw go: deleted, or out of the label selector. Only a tombstone means
+ * a deletion; a request without an object means the cache does not hold it (NotFound).
+ */
 export interface Tombstone<T> {
-  readonly object: T;
+  /** Its last known state; `undefined` when the manager sent none (empty or undecodable JSON). */
+  readonly object: T | undefined;
   /** The manager did not see the deletion itself (a relist found the object missing). */
   readonly finalStateUnknown: boolean;
 }
@@ -46,14 +50,17 @@ export interface WorkContext {
   readonly attempt: number;
   /**
    * When the manager stops waiting (its clock). The SDK aborts {@link WorkContext.signal} a
-   * little earlier and drops any result that comes after.
+   * little earlier; what the handler returns afterwards is not taken as its outcome.
    */
   readonly deadline: Date;
   /**
-   * Aborts when the work must stop: near its deadline ({@link DeadlineExceededError}) or when
-   * the session that delivered it ended ({@link SessionEndedError}). Pass it to everything
-   * that takes one (`fetch`, timers, `@kubernetes/client-node` calls); after it aborts,
-   * nothing the handler returns is sent.
+   * Aborts when the work must stop: near its deadline ({@link DeadlineExceededError}), or when
+   * the session that delivered it ended or lost the manager ({@link SessionEndedError}). Pass
+   * it to everything that takes one (`fetch`, timers, `@kubernetes/client-node` calls). After
+   * it aborts, what the handler returns is not its outcome: at its deadline the SDK reports an
+   * error once the handler's promise has settled (the manager keeps the key until then); when
+   * the session ended, nothing. A handler still running at 80 % of `Registered.hold` after
+   * its session lost the manager ends the process (exit status 70).
    */
   readonly signal: AbortSignal;
   /** Cached Get/List through the session that delivered this work. */
@@ -83,12 +90,16 @@ export interface ReconcileRequest<T> extends WorkContext {
   /** Every reason collapsed into this request, in the order received. */
   readonly reasons: readonly Reason[];
   /**
-   * The object as of dispatch, with `includeObject()`; `undefined` when it is gone (see
-   * {@link ReconcileRequest.tombstone}), when the manager knows no state for the key, or
-   * without `includeObject()`.
+   * The object as of dispatch, with `includeObject()`. `undefined` without `includeObject()`,
+   * when it is gone ({@link ReconcileRequest.tombstone} is set), or when the cache does not
+   * hold it and the manager saw no deletion: treat that as NotFound, not as a deletion (clean
+   * up external state on the object's finalizer, never because a request lacks an object).
    */
   readonly object: T | undefined;
-  /** The last known state of a deleted or out-of-scope object, with `includeObject()`. */
+  /**
+   * With `includeObject()`: set when the manager saw the object's deletion (or its leaving the
+   * label selector), with its last known state.
+   */
   readonly tombstone: Tombstone<T> | undefined;
 }
 

@@ -10,6 +10,16 @@ import {
 import { type Predicate as PredicateMessage, PredicateSchema } from "./gen/ctrlhub/v1/registration_pb.js";
 import { ConfigError } from "./errors.js";
 
+/** One entry of `metadata.ownerReferences`. */
+export interface OwnerReference {
+  apiVersion: string;
+  kind: string;
+  name: string;
+  uid: string;
+  controller?: boolean;
+  blockOwnerDeletion?: boolean;
+}
+
 /** The metadata every Kubernetes object has, as far as the SDK looks at it. */
 export interface ObjectMeta {
   name?: string;
@@ -17,10 +27,24 @@ export interface ObjectMeta {
   uid?: string;
   resourceVersion?: string;
   generation?: number;
+  creationTimestamp?: Date | string;
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
   finalizers?: string[];
+  ownerReferences?: OwnerReference[];
   deletionTimestamp?: Date | string;
+}
+
+/**
+ * An object of a kind the manager caches metadata only (`owns(kind, { metadataOnly: true })`,
+ * or `watches` likewise): a `PartialObjectMetadata`, its metadata without spec, status or
+ * data. As controller-runtime's, its `apiVersion` and `kind` name the object's own kind.
+ * {@link CachedReader.getMetadata} and {@link CachedReader.listMetadata} return it.
+ */
+export interface PartialObjectMetadata {
+  apiVersion?: string;
+  kind?: string;
+  metadata: ObjectMeta;
 }
 
 /** Any Kubernetes object (`@kubernetes/client-node`'s `KubernetesObject` fits). */

@@ -3,7 +3,7 @@
 // cargo target directory (`cargo build --workspace --bins`). Nothing here mocks the manager.
 import { type ChildProcess, spawn } from "node:child_process";
 import { createWriteStream, existsSync, mkdtempSync } from "node:fs";
-import { createServer } from "node:net";
+import { type Server, type Socket, connect, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -15,6 +15,7 @@ import * as k8s from "@kubernetes/client-node";
 import {
   type Controller,
   type LogLevel,
+  type Logger,
   type RegisteredInfo,
   type RunOptions,
   type SessionEndInfo,
@@ -269,4 +270,74 @@ export async function controllerStatus(m: Manager, name: string): Promise<Record
 /** Merge-patches a ConfigMap. */
 export async function mergePatch(c: Cluster, ns: string, name: string, body: object): Promise<k8s.V1ConfigMap> {
   return c.core.patchNamespacedConfigMap({ name, namespace: ns, body }, k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch));
+}
+
+/** The manager flags of a 2 s hold (a 4 s Lease, 2 s renew deadline), as the conformance suite runs it. */
+export const SHORT_HOLD = ["--lease-duration", "4s", "--renew-deadline", "2s", "--retry-period", "500ms"];
+
+/**
+ * A TCP proxy in front of a manager, playing a network that can freeze: once frozen, no byte
+ * is forwarded either way on any connection (old or new), and none is closed.
+ */
+export class TcpProxy {
+  private frozen = false;
+  private readonly sockets = new Set<Socket>();
+
+  private constructor(private readonly server: Server, readonly port: number) {}
+
+  /** Starts forwarding 127.0.0.1:`port` (a free one) to `target` (`host:port`). */
+  static async start(target: string): Promise<TcpProxy> {
+    const [host, port] = [target.slice(0, target.lastIndexOf(":")), Number(target.slice(target.lastIndexOf(":") + 1))];
+    let proxy: TcpProxy | undefined;
+    const server = createServer((client) => {
+      const p = proxy as TcpProxy;
+      const upstream = connect(port, host);
+      for (const [from, to] of [[client, upstream], [upstream, client]] as const) {
+        p.sockets.add(from);
+        from.on("data", (chunk) => {
+          if (!p.frozen) {
+            to.write(chunk);
+          }
+        });
+        from.on("error", () => to.destroy());
+        from.on("close", () => {
+          p.sockets.delete(from);
+          if (!p.frozen) {
+            to.destroy();
+          }
+        });
+      }
+    });
+    await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok));
+    const address = server.address();
+    proxy = new TcpProxy(server, typeof address === "object" && address !== null ? address.port : 0);
+    return proxy;
+  }
+
+  /** `host:port` of the proxy. */
+  get address(): string {
+    return `127.0.0.1:${this.port}`;
+  }
+
+  /** From now on nothing is forwarded; connections stay open. */
+  freeze(): void {
+    this.frozen = true;
+  }
+
+  /** Closes every connection and the listener. */
+  close(): void {
+    for (const s of this.sockets) {
+      s.destroy();
+    }
+    this.server.close();
+  }
+}
+
+/** A logger that keeps every line, for tests that look at what the SDK logs. */
+export function recordingLogger(): Logger & { readonly lines: Array<{ level: string; message: string; fields: Record<string, unknown> }> } {
+  const lines: Array<{ level: string; message: string; fields: Record<string, unknown> }> = [];
+  const at = (level: string) => (message: string, fields: Record<string, unknown> = {}) => {
+    lines.push({ level, message, fields });
+  };
+  return { lines, debug: at("debug"), info: at("info"), warn: at("warn"), error: at("error") };
 }

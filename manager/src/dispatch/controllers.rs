@@ -27,6 +27,46 @@ pub struct Sharing {
     /// How long a controller whose last session ended stays, with its queue and series
     /// (`--controller-grace`; zero: it goes at once).
     pub grace: std::time::Duration,
+    /// Registrations that may be listing new caches at once across tenants
+    /// (`--max-concurrent-first-lists`): after a failover every controller registers again,
+    /// and this paces the relist instead of sending every tenant's lists at once.
+    pub first_lists: usize,
+}
+
+/// A registration's turn to start informers: its tenant's turn and one of the manager's
+/// first-list slots. Held until its first lists are done.
+pub struct FirstListTurn {
+    _tenant: tokio::sync::OwnedMutexGuard<()>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Turns to list new caches: one registration of a tenant at a time, and a number of them
+/// across tenants. The slots are taken in arrival order and a tenant waits for at most one (its
+/// others wait for its turn first), so tenants are served in turn, whatever one of them sends.
+pub struct ListTurns {
+    tenants: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl ListTurns {
+    /// Turns with `slots` registrations listing at once (at least one).
+    pub fn new(slots: usize) -> Self {
+        ListTurns {
+            tenants: Mutex::new(HashMap::new()),
+            slots: Arc::new(tokio::sync::Semaphore::new(slots.max(1))),
+        }
+    }
+
+    /// Waits for `tenant`'s turn, then for a slot.
+    pub async fn take(&self, tenant: String) -> FirstListTurn {
+        let turn = self.tenants.lock().entry(tenant).or_default().clone();
+        let tenant = turn.lock_owned().await;
+        let slot = self.slots.clone().acquire_owned().await.ok();
+        FirstListTurn {
+            _tenant: tenant,
+            _slot: slot,
+        }
+    }
 }
 
 /// What a session brings besides its registration: the revision of its definition and whether
@@ -177,7 +217,8 @@ pub struct ControllerTable {
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
-    limits: TenantLimits,
+    /// Replaced whole when tenant policies change (`set_limits`).
+    limits: RwLock<TenantLimits>,
     /// The namespace-selector scope of each controller that has one.
     selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
     /// Dispatch seats shared by every tenant's controllers.
@@ -197,7 +238,7 @@ pub struct ControllerTable {
     /// One turn per tenant for registrations that start informers: their first lists run one
     /// after another, so a tenant's concurrent registrations cannot list at once what its
     /// budget would refuse one by one.
-    list_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    list_turns: ListTurns,
     /// Cached reads (Get, List) each tenant may have served at once; more wait their turn.
     reads: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
@@ -367,6 +408,7 @@ impl ControllerTable {
             grouping,
             hold,
             grace,
+            first_lists,
         } = sharing;
         Arc::new(ControllerTable {
             cache,
@@ -377,7 +419,7 @@ impl ControllerTable {
             leading,
             stop,
             metrics,
-            limits,
+            limits: RwLock::new(limits),
             selector_scopes: Mutex::new(HashMap::new()),
             seat_pool,
             grouping,
@@ -386,9 +428,20 @@ impl ControllerTable {
             hold,
             grace,
             fenced_until: Mutex::new(None),
-            list_turns: Mutex::new(HashMap::new()),
+            list_turns: ListTurns::new(first_lists),
             reads: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Replace every tenant's limits (tenant policies changed). Limits counted while a
+    /// controller runs (queued keys and bytes) apply to running controllers at once; the others
+    /// (sessions, controllers, informers, cached bytes, deadlines, resync, registration rate)
+    /// to registrations from now on: nothing running is cut off by a policy change.
+    pub fn set_limits(&self, limits: TenantLimits) {
+        for c in self.all() {
+            c.apply_limits(&limits.for_tenant(&c.group));
+        }
+        *self.limits.write() = limits;
     }
 
     /// The tenant `identity`'s limits and seats count against.
@@ -456,7 +509,7 @@ impl ControllerTable {
         }
         let namespaces = self.effective_namespaces(&registration)?;
         let group = self.group_of(tenant);
-        let limits = self.limits.for_tenant(&group);
+        let limits = self.limits.read().for_tenant(&group);
         let held = self.cached_bytes(&group);
         let quota = Quota {
             tenant: &group,
@@ -501,7 +554,7 @@ impl ControllerTable {
         &self,
         identity: &str,
         registration: &Registration,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    ) -> Option<FirstListTurn> {
         let namespaces = self.effective_namespaces(registration).ok()?;
         let starts = self
             .needed_informers(registration, &namespaces)
@@ -510,13 +563,7 @@ impl ControllerTable {
         if !starts {
             return None;
         }
-        let turn = self
-            .list_turns
-            .lock()
-            .entry(self.group_of(identity))
-            .or_default()
-            .clone();
-        Some(turn.lock_owned().await)
+        Some(self.list_turns.take(self.group_of(identity)).await)
     }
 
     /// A turn to serve one cached read for `identity`'s tenant (at most [`READS_PER_TENANT`]
@@ -537,7 +584,7 @@ impl ControllerTable {
     /// that was admitted keeps running as the cluster grows.
     pub fn check_cache_budget(&self, attached: &Attached) -> Result<(), RegisterError> {
         let tenant = &*attached.controller.group;
-        let limits = self.limits.for_tenant(tenant);
+        let limits = self.limits.read().for_tenant(tenant);
         let held = self.cached_bytes(tenant);
         if !attached.created || held <= limits.cached_bytes {
             return Ok(());
@@ -653,6 +700,14 @@ impl ControllerTable {
         };
         let existing = match controllers.get(id) {
             Some(existing) if joinable(existing) => {
+                if existing.sessionless_since().is_some() {
+                    // Every replica had gone (kept for the grace): this is the controller
+                    // starting again, after a crash or a rollout through zero, and a controller
+                    // that starts reconciles every object once, as a new registration would. It
+                    // replays the cache as one does, so it counts as one.
+                    self.check_registration_rate(quota)?;
+                    existing.enqueue(existing.scoped_primary_keys(), Reason::InitialList);
+                }
                 existing.raise_revision(revision);
                 return Ok(existing.clone());
             }
@@ -783,7 +838,7 @@ impl ControllerTable {
             self.metrics.clone(),
             (&self.seat_pool, queued),
         );
-        controller.set_queue_limit(quota.limits.queued_keys);
+        controller.apply_limits(&quota.limits);
         controller.set_hold(self.hold);
         if let Some(names) = namespaces {
             controller.confine_to(names);
@@ -841,7 +896,7 @@ impl ControllerTable {
     /// hold more than its in-flight limit between them. Returns the credits granted.
     pub fn set_credits(&self, controller: &Arc<Controller>, session: u64, asked: u32) -> u32 {
         let tenant = &*controller.group;
-        let limits = self.limits.for_tenant(tenant);
+        let limits = self.limits.read().for_tenant(tenant);
         // Under the table's lock, as attach checks the same sum, so the two cannot race past it.
         let controllers = self.controllers();
         let elsewhere: u64 = controllers
@@ -880,8 +935,11 @@ impl ControllerTable {
         let keep = !self.grace.is_zero()
             && *self.leading.borrow()
             && !self.is_closed()
-            && !controller.is_overflowed();
-        if keep {
+            && !controller.is_overflowed()
+            && !controller.is_retiring();
+        if controller.is_retiring() {
+            self.remove_if_sessionless(controller, "retired by its last replica (Drain retire)");
+        } else if keep {
             controller.mark_sessionless(Instant::now());
             tracing::info!(controller = %controller.id, grace = ?self.grace, "last session left; the controller stays for the grace period, its queue still counting");
         } else {
@@ -933,6 +991,20 @@ impl ControllerTable {
     pub fn close(&self, message: &str) {
         self.closed.store(true, Ordering::SeqCst);
         self.revoke_all(RevokeReason::ShuttingDown, message);
+    }
+
+    /// Shutting down, step 1: no new session attaches and nothing more is handed out, while
+    /// sessions stay open so the attempts already out can report their results.
+    pub fn quiesce(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        for c in self.all() {
+            c.quiesce();
+        }
+    }
+
+    /// Attempts still out on live sessions, across every controller.
+    pub fn live_attempts(&self) -> usize {
+        self.all().iter().map(|c| c.live_attempts()).sum()
     }
 
     fn is_closed(&self) -> bool {
@@ -1367,6 +1439,36 @@ mod tests {
             "an answer arriving after the label was removed does not admit it"
         );
         assert!(scope.matched("a"), "matching again asks for a new check");
+    }
+
+    /// With one slot, a tenant's second registration waits behind another tenant's first:
+    /// after a failover no tenant's many registrations starve the others' lists.
+    #[tokio::test]
+    async fn first_list_turns_go_round_the_tenants() {
+        let turns = Arc::new(ListTurns::new(1));
+        let a1 = turns.take("a".into()).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let wait = |tenant: &'static str, label: &'static str| {
+            let (turns, order) = (turns.clone(), order.clone());
+            tokio::spawn(async move {
+                let turn = turns.take(tenant.into()).await;
+                order.lock().push(label);
+                drop(turn);
+            })
+        };
+        let a2 = wait("a", "a2");
+        tokio::task::yield_now().await;
+        let b1 = wait("b", "b1");
+        // Both wait: a2 for tenant a's turn, b1 for the slot.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(order.lock().is_empty(), "the one slot is taken");
+        drop(a1);
+        let (r1, r2) = tokio::join!(a2, b1);
+        r1.expect("a2 ran");
+        r2.expect("b1 ran");
+        assert_eq!(*order.lock(), vec!["b1", "a2"]);
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! guarantee only borrows what is left after both. A tenant with work therefore always finds its
 //! guaranteed seats free, whatever another tenant holds or how long it holds them.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,6 +107,12 @@ impl Weights {
         })
     }
 
+    /// The same weights with `tenant`'s set to `weight` (a tenant policy).
+    pub fn with(mut self, tenant: &str, weight: u32) -> Self {
+        self.overrides.insert(tenant.to_string(), weight);
+        self
+    }
+
     /// Every tenant given a weight of its own.
     pub fn named(&self) -> impl Iterator<Item = &str> {
         self.overrides.keys().map(String::as_str)
@@ -141,7 +147,8 @@ pub struct TenantSeats {
 pub struct SeatPool {
     /// 0 = unlimited: every request gets a seat at once and nobody ever waits.
     capacity: usize,
-    weights: Weights,
+    /// Swapped whole when tenant policies change (`set_weights`); read once per call.
+    weights: RwLock<Arc<Weights>>,
     inner: Mutex<Inner>,
     next_flow: AtomicU64,
 }
@@ -407,7 +414,7 @@ impl SeatPool {
     pub fn new(capacity: usize, weights: Weights) -> Arc<Self> {
         Arc::new(SeatPool {
             capacity,
-            weights,
+            weights: RwLock::new(Arc::new(weights)),
             inner: Mutex::new(Inner::default()),
             next_flow: AtomicU64::new(1),
         })
@@ -417,6 +424,23 @@ impl SeatPool {
     /// Unlimited seats: nothing waits (tests and embedding without a budget).
     pub fn unlimited() -> Arc<Self> {
         Self::new(0, Weights::default())
+    }
+
+    fn weights(&self) -> Arc<Weights> {
+        self.weights.read().clone()
+    }
+
+    /// Replace the tenants' weights (tenant policies changed): every tenant known so far takes
+    /// its new weight at once, and guarantees are shared out again.
+    pub fn set_weights(&self, weights: Weights) {
+        let weights = Arc::new(weights);
+        *self.weights.write() = weights.clone();
+        let mut inner = self.lock();
+        for (name, t) in inner.tenants.iter_mut() {
+            t.weight = f64::from(weights.of(name));
+        }
+        inner.share_out(self.capacity);
+        inner.serve_waiting(self.capacity, &weights, Instant::now());
     }
 
     /// The seat budget (0 = unlimited).
@@ -468,7 +492,7 @@ impl SeatPool {
     fn release(&self, tenant: &Arc<str>, grant: Grant, held: Option<f64>, now: Instant) {
         let mut inner = self.lock();
         inner.release(tenant, grant, held);
-        inner.serve_waiting(self.capacity, &self.weights, now);
+        inner.serve_waiting(self.capacity, &self.weights(), now);
     }
 }
 
@@ -491,14 +515,15 @@ impl Flow {
     /// [`Flow::acquire`] with the clock given.
     pub fn acquire_at(&self, now: Instant) -> Option<Seat> {
         let s = &self.seat_pool;
+        let weights = s.weights();
         let mut inner = s.lock();
         let grant = match inner.grants.get_mut(&self.id).and_then(Vec::pop) {
             Some(g) => g,
             None if inner.may_take(&self.tenant, s.capacity) => {
-                inner.grant(&self.tenant, &s.weights, now)
+                inner.grant(&self.tenant, &weights, now)
             }
             None => {
-                let t = inner.tenant(&self.tenant, &s.weights);
+                let t = inner.tenant(&self.tenant, &weights);
                 if !t.waiting.iter().any(|w| w.flow == self.id) {
                     t.waiting.push_back(Waiter {
                         flow: self.id,
@@ -527,6 +552,7 @@ impl Flow {
     /// [`Flow::withdraw`] with the clock given.
     pub fn withdraw_at(&self, now: Instant) {
         let s = &self.seat_pool;
+        let weights = s.weights();
         let mut inner = s.lock();
         if let Some(t) = inner.tenants.get_mut(&self.tenant) {
             t.waiting.retain(|w| w.flow != self.id);
@@ -538,7 +564,7 @@ impl Flow {
         for grant in unused {
             inner.release(&self.tenant, grant, None);
         }
-        inner.serve_waiting(s.capacity, &s.weights, now);
+        inner.serve_waiting(s.capacity, &weights, now);
     }
 
     /// How many seats this flow's sessions could hold at once (their credits, capped by the
@@ -550,6 +576,7 @@ impl Flow {
     /// [`Flow::set_demand`] with the clock given.
     pub fn set_demand_at(&self, demand: u64, now: Instant) {
         let s = &self.seat_pool;
+        let weights = s.weights();
         let mut inner = s.lock();
         let old = match demand {
             0 => inner.demands.remove(&self.id),
@@ -559,10 +586,10 @@ impl Flow {
         if old == demand {
             return;
         }
-        let t = inner.tenant(&self.tenant, &s.weights);
+        let t = inner.tenant(&self.tenant, &weights);
         t.demand = t.demand - old + demand;
         inner.share_out(s.capacity);
-        inner.serve_waiting(s.capacity, &s.weights, now);
+        inner.serve_waiting(s.capacity, &weights, now);
     }
 
     #[cfg(test)]
@@ -753,6 +780,30 @@ mod tests {
             "B (weight 3) got {b} of {} grants: share {share:.3}, expected 0.75",
             a + b
         );
+    }
+
+    /// A weight changed by a tenant policy takes effect for tenants already running, without
+    /// a new pool (no restart).
+    #[test]
+    fn changed_weights_apply_to_running_tenants() {
+        let s = SeatPool::new(4, Weights::default());
+        let mut sim = Sim::new(&s, &[("tenant-a", ms(10)), ("tenant-b", ms(10))]);
+        sim.run(&[0, 1], 2_000);
+        s.set_weights(Weights::default().with("tenant-b", 3));
+        let before = (sim.grants[0], sim.grants[1]);
+        sim.run(&[0, 1], 4_000);
+        let (a, b) = (
+            (sim.grants[0] - before.0) as f64,
+            (sim.grants[1] - before.1) as f64,
+        );
+        let share = b / (a + b);
+        assert!(
+            (0.72..=0.78).contains(&share),
+            "after the change B (weight 3) got {b} of {} grants: share {share:.3}, expected 0.75",
+            a + b
+        );
+        let weights: Vec<u32> = s.tenants().iter().map(|t| t.weight).collect();
+        assert_eq!(weights, vec![1, 3]);
     }
 
     #[test]

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct QueuedBytes {
     tenant: Arc<AtomicU64>,
     own: AtomicU64,
-    limit: u64,
+    /// Changes when tenant policies change.
+    limit: AtomicU64,
 }
 
 impl QueuedBytes {
@@ -23,7 +24,7 @@ impl QueuedBytes {
         QueuedBytes {
             tenant,
             own: AtomicU64::new(0),
-            limit,
+            limit: AtomicU64::new(limit),
         }
     }
 
@@ -38,7 +39,7 @@ impl QueuedBytes {
         self.tenant
             .load(Ordering::Relaxed)
             .saturating_add(bytes as u64)
-            <= self.limit
+            <= self.limit()
     }
 
     /// Count a change of `delta` bytes (negative: given back). Returns whether the tenant is
@@ -47,7 +48,7 @@ impl QueuedBytes {
         let n = delta.unsigned_abs() as u64;
         if delta >= 0 {
             self.own.fetch_add(n, Ordering::Relaxed);
-            self.tenant.fetch_add(n, Ordering::Relaxed) + n <= self.limit
+            self.tenant.fetch_add(n, Ordering::Relaxed) + n <= self.limit()
         } else {
             self.own.fetch_sub(n, Ordering::Relaxed);
             self.tenant.fetch_sub(n, Ordering::Relaxed);
@@ -62,7 +63,12 @@ impl QueuedBytes {
 
     /// The limit it is counted against.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Count against a new limit from now on (what is held stays held).
+    pub fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 }
 

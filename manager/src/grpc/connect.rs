@@ -26,10 +26,6 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 /// then, so this bounds how long a silent tenant keeps them.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a registration's informers may take to complete their first list before the
-/// registration is refused (UNAVAILABLE: try again later).
-const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Messages encoded for a session and not yet taken by the transport. Small, because the
 /// session's outbox already buffers requests: a controller that stops reading pins at most this
 /// plus the outbox plus HTTP/2's flow-control window.
@@ -153,8 +149,12 @@ impl Service {
     /// manager, a selector the API server refuses, a list that does not finish) fails this
     /// registration alone: the session is detached and the controller told why.
     async fn wait_first_lists(&self, attached: &Attached) -> Result<(), Rejection> {
+        // One deadline for all of them: the timeout is what the controller waits, however many
+        // caches its registration reads.
+        let deadline = tokio::time::Instant::now() + self.first_list_timeout;
         for informer in attached.controller.informers() {
-            if let Err(e) = informer.wait_synced(FIRST_LIST_TIMEOUT).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if let Err(e) = informer.wait_synced(left).await {
                 self.controllers
                     .detach_refused(&attached.controller, attached.session);
                 tracing::warn!(controller = %attached.controller.id, error = %e, "registration refused: its informer could not start");
@@ -166,6 +166,10 @@ impl Service {
                             "{e}; the registration was not kept: share informers between controllers (same kinds, namespaces and label selectors), narrow namespaces or selectors, or ask for a higher limit"
                         ))
                     }
+                    SyncError::TimedOut { .. } => Status::unavailable(format!(
+                        "{e}: a registration's caches get {:?} in all for their first lists (the manager's --first-list-timeout); the registration was not kept. A very large kind through a slow API server needs a longer timeout or a narrower registration (namespaces, label selector); retry later",
+                        self.first_list_timeout
+                    )),
                     _ => Status::unavailable(format!(
                         "{e}; the registration was not kept. Check the kind, namespaces and label selector, or retry later"
                     )),
@@ -591,7 +595,12 @@ impl Pump {
                     .controllers
                     .set_credits(c, self.session, credit.max_in_flight);
             }
-            Some(M::Drain(_)) => c.drain(self.session),
+            Some(M::Drain(d)) => {
+                if d.retire {
+                    c.mark_retiring();
+                }
+                c.drain(self.session)
+            }
             Some(M::Heartbeat(beat)) => {
                 // Answered at once, beside any work waiting; a replica that does not read its
                 // stream gets no answer, and stops on its own within the hold.

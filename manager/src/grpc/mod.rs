@@ -55,7 +55,14 @@ pub struct ServiceState {
     identity: String,
     /// One refusal log line per second per tenant and code.
     refusal_logs: Mutex<HashMap<(String, String), crate::throttle::LogEvery>>,
+    /// How long a registration waits for the first lists of all its caches.
+    first_list_timeout: Duration,
 }
+
+/// How long a registration waits for its caches' first lists by default (controller-runtime
+/// waits 2 minutes for its caches to sync): a list of a large kind through a slow API server
+/// finishes; one that cannot (forbidden, a refused selector) is reported to the controller.
+pub const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Failed authentications a peer address may make at once, then per second: a controller with
 /// a stale token retries a few times; a flood of junk tokens is cut off before each one costs a
@@ -126,7 +133,15 @@ impl ServiceState {
             discovery: registering::DiscoveryBudget::default(),
             identity: String::new(),
             refusal_logs: Mutex::new(HashMap::new()),
+            first_list_timeout: FIRST_LIST_TIMEOUT,
         }
+    }
+
+    /// How long a registration waits for the first lists of all its caches before it is
+    /// refused with UNAVAILABLE (`--first-list-timeout`).
+    pub fn with_first_list_timeout(mut self, timeout: Duration) -> Self {
+        self.first_list_timeout = timeout;
+        self
     }
 
     /// This manager's Lease identity.

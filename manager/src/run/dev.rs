@@ -166,6 +166,11 @@ impl DevArgs {
             dev_stall_on_sigusr1: None,
             hold_period: None,
             controller_grace: Duration::from_secs(15 * 60),
+            first_list_timeout: crate::grpc::FIRST_LIST_TIMEOUT,
+            max_concurrent_first_lists: 8,
+            tenant_policies: true,
+            // Ctrl-C in a terminal should end dev quickly; a demo reconcile is short.
+            shutdown_grace: Duration::from_secs(2),
             max_queued_bytes_per_tenant: limits.queued_bytes,
             tenant_limits: Vec::new(),
             tenant_grouping: crate::tenancy::TenantGrouping::default(),

@@ -227,6 +227,26 @@ pub struct RunArgs {
     /// where it was. 0 removes it at once.
     #[arg(long, env = "CTRLHUB_CONTROLLER_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub controller_grace: Duration,
+    /// How long a registration waits for the first lists of all the caches it reads before it
+    /// is refused with UNAVAILABLE (controller-runtime's cache sync timeout is 2 minutes too).
+    #[arg(long, env = "CTRLHUB_FIRST_LIST_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub first_list_timeout: Duration,
+    /// Watch TenantPolicy objects (ctrlhub.io/v1alpha1, deploy/base/tenantpolicy-crd.yaml) for
+    /// per-tenant limits and weights, applied without a restart over the flags' values; `false`
+    /// takes limits and weights from the flags only.
+    #[arg(long, env = "CTRLHUB_TENANT_POLICIES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub tenant_policies: bool,
+    /// Registrations that may list new caches at once, across tenants (a tenant's own lists
+    /// go one registration at a time): after a failover every controller registers again, and
+    /// this paces the relist, tenants served in turn.
+    #[arg(long, env = "CTRLHUB_MAX_CONCURRENT_FIRST_LISTS", default_value_t = 8)]
+    pub max_concurrent_first_lists: usize,
+    /// On SIGTERM, how long the manager keeps its sessions open for the attempts already out to
+    /// report their results (nothing new is handed out meanwhile) before it ends them and hands
+    /// over. With the hold period it must fit in the pod's terminationGracePeriodSeconds (30 s
+    /// in deploy/).
+    #[arg(long, env = "CTRLHUB_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     /// Fault injection for tests, in the `dev` build only: on SIGUSR1, block every worker thread
     /// of the dispatch runtime for this long, as a loop that never yields would.
     #[cfg(feature = "dev")]
@@ -404,7 +424,7 @@ impl RunArgs {
     /// table → leadership follower → gRPC service → listeners → servers → wait → shutdown.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         self.check_timings()?;
-        let sharing = self.sharing()?;
+        let (sharing, policy_base) = self.sharing()?;
         self.check_static_auth()?;
         self.log_ceiling();
         let metrics = Arc::new(Metrics::new());
@@ -431,6 +451,7 @@ impl RunArgs {
             &metrics,
         )?;
         let cache = Cache::new(client.clone());
+        let seats = sharing.seat_pool.clone();
         let controllers = ControllerTable::new(
             cache.clone(),
             self.ceiling(),
@@ -440,6 +461,16 @@ impl RunArgs {
             sharing,
         );
         sweep_sessionless(controllers.clone(), stop.clone());
+        if self.tenant_policies {
+            let applier = crate::policy::watch::Applier {
+                client: client.clone(),
+                controllers: controllers.clone(),
+                seats,
+                base: policy_base,
+                leading: election.leading.clone(),
+            };
+            crate::policy::watch::spawn(applier, stop.child_token());
+        }
         follow_leadership(
             controllers.clone(),
             election.leading.clone(),
@@ -478,7 +509,12 @@ impl RunArgs {
         );
 
         stop.cancelled().await;
-        shut_down(&controllers, grpc, pod_label.as_deref(), election, http).await;
+        let handover = Handover {
+            grace: self.shutdown_grace,
+            pod_label: pod_label.as_deref(),
+            election,
+        };
+        shut_down(&controllers, grpc, handover, http).await;
         Ok(())
     }
 
@@ -699,7 +735,9 @@ impl RunArgs {
 
     /// How tenants share the manager, from the flags: limits, seats and grouping. Checked
     /// before anything starts, so a configuration mistake is the first thing an operator sees.
-    fn sharing(&self) -> anyhow::Result<Sharing> {
+    /// How tenants share the manager, and the flags' limits and weights tenant policies are
+    /// applied over.
+    fn sharing(&self) -> anyhow::Result<(Sharing, crate::policy::Base)> {
         let limits = TenantLimits::new(Limits {
             sessions: self.max_sessions_per_tenant,
             controllers: self.max_controllers_per_tenant,
@@ -724,13 +762,20 @@ impl RunArgs {
                 .check_configured(tenant, flag)
                 .map_err(anyhow::Error::msg)?;
         }
-        Ok(Sharing {
+        let base = crate::policy::Base {
+            limits: limits.clone(),
+            weights: weights.clone(),
+            grouping: self.tenant_grouping,
+        };
+        let sharing = Sharing {
             limits,
             seat_pool: SeatPool::new(self.max_dispatch_seats, weights),
             grouping: self.tenant_grouping,
             hold: self.hold(),
             grace: self.controller_grace,
-        })
+            first_lists: self.max_concurrent_first_lists,
+        };
+        Ok((sharing, base))
     }
 
     /// The gRPC service with the authenticator and authorizer `--auth` selects.
@@ -772,7 +817,11 @@ impl RunArgs {
             .with_rbac(self.authz_allow_ttl)
             .with_token_recheck(self.token_cache_ttl),
         };
-        Service(Arc::new(state.with_identity(identity)))
+        Service(Arc::new(
+            state
+                .with_identity(identity)
+                .with_first_list_timeout(self.first_list_timeout),
+        ))
     }
 
     /// Who may read the HTTP port: anyone with static auth; with Kubernetes auth, callers whose
@@ -990,14 +1039,32 @@ fn serve_http(
 
 /// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each
 /// task a bounded time to finish.
+/// What a shutdown hands over, and how long it lets attempts already out finish first.
+struct Handover<'a> {
+    grace: Duration,
+    pod_label: Option<&'a PodLabel>,
+    election: Election,
+}
+
 async fn shut_down(
     controllers: &ControllerTable,
     grpc: Server,
-    pod_label: Option<&PodLabel>,
-    election: Election,
+    handover: Handover<'_>,
     http: tokio::task::JoinHandle<()>,
 ) {
-    tracing::info!("shutting down: revoking sessions, releasing the lease");
+    let Handover {
+        grace,
+        pod_label,
+        election,
+    } = handover;
+    tracing::info!(
+        ?grace,
+        "shutting down: waiting for attempts already out, then revoking sessions and releasing the lease"
+    );
+    // Nothing new goes out, but sessions stay open: an attempt that finishes within the grace
+    // reports its result here instead of being done again by the successor.
+    controllers.quiesce();
+    await_attempts(controllers, grace).await;
     // Closed, not only revoked: a controller told to reconnect must not attach here again in
     // the moments before the gRPC server stops, or it would wait for that server's graceful
     // timeout instead of reaching the successor.
@@ -1020,6 +1087,29 @@ async fn shut_down(
     let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
+}
+
+/// Waits until no attempt is out on a live session, or the grace is over.
+async fn await_attempts(controllers: &ControllerTable, grace: Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    // Polled: a shutdown happens once, and results arrive on many sessions' tasks.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let out = controllers.live_attempts();
+        if out == 0 {
+            tracing::info!("every attempt already out has reported its result");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                out,
+                ?grace,
+                "shutdown grace over with attempts still out: they are re-delivered by the next leader (exclusive ones once the hold is over)"
+            );
+            return;
+        }
+    }
 }
 
 #[cfg(test)]

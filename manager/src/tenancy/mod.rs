@@ -387,6 +387,38 @@ pub struct LimitSpecError {
     why: &'static str,
 }
 
+/// Set the limit called `name` (as `--tenant-limit` and tenant policies spell it) to `value`;
+/// the error says what is wrong with it.
+pub fn set_limit(limits: &mut Limits, name: &str, value: &str) -> Result<(), &'static str> {
+    let duration = || {
+        humantime::parse_duration(value)
+            .map_err(|_| "the value is not a duration such as 500ms, 30s or 1h")
+    };
+    match name {
+        "min-deadline" => limits.min_deadline = duration()?,
+        "max-deadline" => limits.max_deadline = duration()?,
+        "min-resync" => limits.min_resync = duration()?,
+        _ => {
+            let value: u64 = value
+                .parse()
+                .map_err(|_| "the value is not a whole number")?;
+            let as_usize = usize::try_from(value).unwrap_or(usize::MAX);
+            match name {
+                "sessions" => limits.sessions = as_usize,
+                "controllers" => limits.controllers = as_usize,
+                "queued-keys" => limits.queued_keys = as_usize,
+                "in-flight" => limits.in_flight = value,
+                "informers" => limits.informers = as_usize,
+                "cached-bytes" => limits.cached_bytes = value,
+                "queued-bytes" => limits.queued_bytes = value,
+                "registrations-per-second" => limits.registrations_per_second = value,
+                _ => return Err("unknown limit"),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Limits for every tenant: defaults plus per-tenant overrides from the configuration.
 #[derive(Debug, Clone, Default)]
 pub struct TenantLimits {
@@ -422,43 +454,15 @@ impl TenantLimits {
                 .overrides
                 .entry(tenant.to_string())
                 .or_insert(self.defaults);
-            let duration = || {
-                humantime::parse_duration(value.trim())
-                    .map_err(|_| err("the value is not a duration such as 500ms, 30s or 1h"))
-            };
-            match name.trim() {
-                "min-deadline" => {
-                    limits.min_deadline = duration()?;
-                    continue;
-                }
-                "max-deadline" => {
-                    limits.max_deadline = duration()?;
-                    continue;
-                }
-                "min-resync" => {
-                    limits.min_resync = duration()?;
-                    continue;
-                }
-                _ => {}
-            }
-            let value: u64 = value
-                .trim()
-                .parse()
-                .map_err(|_| err("the value is not a whole number"))?;
-            let as_usize = usize::try_from(value).unwrap_or(usize::MAX);
-            match name.trim() {
-                "sessions" => limits.sessions = as_usize,
-                "controllers" => limits.controllers = as_usize,
-                "queued-keys" => limits.queued_keys = as_usize,
-                "in-flight" => limits.in_flight = value,
-                "informers" => limits.informers = as_usize,
-                "cached-bytes" => limits.cached_bytes = value,
-                "queued-bytes" => limits.queued_bytes = value,
-                "registrations-per-second" => limits.registrations_per_second = value,
-                _ => return Err(err("unknown limit")),
-            }
+            set_limit(limits, name.trim(), value.trim()).map_err(err)?;
         }
         Ok(self)
+    }
+
+    /// The same limits with `tenant`'s replaced (a tenant policy).
+    pub fn with_tenant(mut self, tenant: &str, limits: Limits) -> Self {
+        self.overrides.insert(tenant.to_string(), limits);
+        self
     }
 
     /// Every tenant named by an override.

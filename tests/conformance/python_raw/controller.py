@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A ctrlhub conformance controller on the raw grpcio stubs, with no SDK.
 
-Written from tests/conformance/README.md (sections 1-5) and the proto alone, to show that the
-interface is language-neutral and how much a controller author must implement without an SDK:
-sessions on a fresh channel each, per-request tasks, cancellation at the deadline and at the
-end of a session, reconnecting with backoff, the token file re-read on every connect, Drain on
+Written from tests/conformance/README.md (sections 1-5), docs/protocol.md and the proto alone,
+to show that the interface is language-neutral and how much a controller author must implement
+without an SDK: sessions on a fresh channel each, per-request tasks, heartbeats with the anchor
+and the hold (exclusive attempts), cancellation at the deadline and at the end of a session with
+the result sent once the handler has really stopped, one attempt of a key at a time, reconnecting
+with backoff, waiting out a newer definition, the token file re-read on every connect, Drain on
 SIGTERM, cached reads and trace context. The stubs come from controllers/python/gen.py.
 
-The numbered comments (B1..B9) point at the rules of README section 5.
+The numbered comments (B1..B11) point at the rules of README section 5.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import random
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,14 +43,21 @@ log = logging.getLogger("conformance-python-raw")
 
 SCOPE_LABEL = "conformance.ctrlhub.io/scope"
 CONFIGMAP = resource_pb2.ResourceType(group="", version="v1", kind="ConfigMap")
+LEASE = resource_pb2.ResourceType(group="coordination.k8s.io", version="v1", kind="Lease")
 # B5: first delay 100 ms (jittered to 50-100 ms), doubling, at most 2 s.
 BACKOFF_BASE_S = 0.1
 BACKOFF_MAX_S = 2.0
+# B6: how long an outdated replica waits before registering again.
+OUTDATED_WAIT_S = 30.0
 # B3: stop 5 % of the time left before the deadline, at most 500 ms.
 DEADLINE_MARGIN = 0.05
 DEADLINE_MARGIN_MAX_S = 0.5
 # B7: how long to wait for the manager to end a drained stream once our work is done.
 DRAIN_CLOSE_GRACE_S = 10.0
+# B10: end a session whose anchor is this much of the hold old; exit if a handler still runs
+# when it is that much old.
+EXPIRE_AT = 0.5
+EXIT_AT = 0.8
 # B6: statuses that need a human when they come before Registered.
 FATAL_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -55,10 +65,15 @@ FATAL_CODES = {
     grpc.StatusCode.UNAUTHENTICATED,
 }
 EXIT_FATAL = 3
+EXIT_STUCK = 4
 
 
 class Fatal(Exception):
-    """Registering again cannot help (superseded, or refused in a way that needs a human)."""
+    """Registering again cannot help: refused in a way that needs a human."""
+
+
+class Outdated(Exception):
+    """B6: a newer (or conflicting) definition runs; wait, then register again."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +90,16 @@ class Settings:
     backoff_max_ms: int
     report: Path
     replica: str
+    owns: str
+    revision: int
 
     @classmethod
     def from_env(cls) -> "Settings":
         env = os.environ
         addr = env["CTRLHUB_ADDR"]
+        owns = env.get("CONFORMANCE_OWNS", "")
+        if owns not in ("", "leases", "leases-metadata"):
+            raise ValueError(f"CONFORMANCE_OWNS={owns!r}: expected leases or leases-metadata")
         return cls(
             target=addr.removeprefix("http://"),
             token_file=Path(env["CTRLHUB_TOKEN_FILE"]),
@@ -91,6 +111,8 @@ class Settings:
             backoff_max_ms=int(env["CONFORMANCE_BACKOFF_MAX_MS"]),
             report=Path(env["CONFORMANCE_REPORT"]),
             replica=env["CONFORMANCE_REPLICA"],
+            owns=owns,
+            revision=int(env.get("CTRLHUB_REVISION") or 0),
         )
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -118,9 +140,13 @@ def millis(ms: int) -> duration_pb2.Duration:
     return d
 
 
+def seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
 def registration(s: Settings) -> registration_pb2.Register:
     """README section 2."""
-    return registration_pb2.Register(
+    reg = registration_pb2.Register(
         controller_name=s.controller,
         mode=registration_pb2.Register.MODE_RECONCILE,
         primary=CONFIGMAP,
@@ -133,20 +159,26 @@ def registration(s: Settings) -> registration_pb2.Register:
         request_deadline=millis(s.deadline_ms),
         backoff=registration_pb2.Backoff(base=millis(s.backoff_base_ms), max=millis(s.backoff_max_ms)),
         max_in_flight=s.max_in_flight,
+        exclusive_attempts=True,
+        revision=s.revision,
     )
+    if s.owns:
+        reg.owns.append(registration_pb2.OwnedResource(
+            resource=LEASE, controller_only=True, metadata_only=s.owns == "leases-metadata"))
+    return reg
 
 
 # ---- one request --------------------------------------------------------------------------
 
 
 def request_object(req: pb.ReconcileRequest) -> tuple[str, dict[str, Any]]:
-    """('object' | 'tombstone' | 'none', the object as JSON)."""
+    """('object' | 'tombstone' | 'none', the object as JSON; {} when empty or not JSON)."""
     which = req.WhichOneof("object")
     raw = {"object_json": req.object_json, "tombstone": req.tombstone.object_json}.get(which or "")
     if raw is None:
         return "none", {}
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw) if raw else {}
     except ValueError:
         obj = {}
     return ("object" if which == "object_json" else "tombstone"), obj if isinstance(obj, dict) else {}
@@ -164,8 +196,8 @@ class Directives:
         items = [v.strip() for v in str(self.data[key]).split(",")]
         return items[min(max(attempt, 1), len(items)) - 1]
 
-    def sleep_s(self, attempt: int) -> float:
-        value = self.entry("sleep_ms", attempt)
+    def millis(self, key: str, attempt: int) -> float:
+        value = self.entry(key, attempt)
         return int(value) / 1000 if value else 0.0
 
     def result(self, req_id: str, attempt: int) -> tuple[pb.ReconcileResult, str]:
@@ -208,7 +240,61 @@ def deadline_us(req: pb.ReconcileRequest) -> int:
     return req.deadline.seconds * 1_000_000 + req.deadline.nanos // 1000
 
 
+async def blocking_sleep(seconds: float) -> bool:
+    """`block_ms`: a blocking sleep on a thread of its own, which no cancellation interrupts;
+    returns once it is over, and whether the task was cancelled meanwhile. (A daemon thread:
+    it must not keep the process alive at exit.)"""
+    loop = asyncio.get_running_loop()
+    over = loop.create_future()
+
+    def sleep() -> None:
+        time.sleep(seconds)
+        try:
+            loop.call_soon_threadsafe(lambda: over.done() or over.set_result(None))
+        except RuntimeError:
+            pass  # the loop is gone: the process is exiting
+
+    threading.Thread(target=sleep, daemon=True).start()
+    cancelled = False
+    while not over.done():
+        try:
+            await asyncio.shield(over)
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
+
+
 # ---- one session --------------------------------------------------------------------------
+
+
+class Fence:
+    """B10: heartbeats, the anchor and the hold of one session."""
+
+    def __init__(self, hold: float, interval: float) -> None:
+        self.hold = hold
+        self.interval = interval
+        self.since = time.monotonic()  # Registered; no handler starts before the first echo
+        self.anchor: Optional[float] = None  # when we sent the last heartbeat the manager echoed
+        self.sent: dict[int, float] = {}
+        self.nonce = 0
+        self.running = 0  # handlers of the session that have not stopped
+
+    def beat(self) -> int:
+        self.nonce += 1
+        self.sent[self.nonce] = time.monotonic()  # before it is written: an earlier anchor is safe
+        return self.nonce
+
+    def echoed(self, nonce: int) -> bool:
+        sent = self.sent.pop(nonce, None)
+        if sent is None:
+            return False
+        for older in [n for n in self.sent if n < nonce]:
+            del self.sent[older]
+        self.anchor = sent if self.anchor is None else max(self.anchor, sent)
+        return True
+
+    def age(self) -> float:
+        return time.monotonic() - (self.since if self.anchor is None else self.anchor)
 
 
 class Session:
@@ -229,14 +315,17 @@ class Session:
         )
         self.stub = pb_grpc.ControllerManagerStub(self.channel)
         self.outbox: asyncio.Queue[Optional[pb.ControllerMessage]] = asyncio.Queue()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.slots = asyncio.Semaphore(settings.max_in_flight)
+        self.requests: set[asyncio.Task[None]] = set()  # one per request: answers it (B2)
+        self.handlers: set[asyncio.Task[Any]] = set()  # the handlers those run (B3, B4)
         self.session_id = ""
         self.registered = False
         self.closed = False
         self.drained = False
         self.abandoned = False
+        self.expired = False
         self.ended = asyncio.Event()
+        self.echoed = asyncio.Event()  # the first heartbeat was answered: handlers may start
+        self.fence: Optional[Fence] = None
         self.call: Optional[Any] = None
 
     async def messages(self) -> AsyncIterator[pb.ControllerMessage]:
@@ -262,13 +351,12 @@ class Session:
             self.call.cancel()
 
     async def close(self) -> None:
-        """B4: the session is over; cancel its handlers, their results are never sent."""
+        """B4: the session is over; cancel its handlers (their results are never sent). They
+        may take a while to stop (a blocking call): B10 and B11 cover that, not a wait here."""
         self.closed = True
         self.outbox.put_nowait(None)
-        for task in list(self.tasks):
+        for task in list(self.handlers):
             task.cancel()
-        if self.tasks:
-            await asyncio.gather(*self.tasks, return_exceptions=True)
         self.ended.set()
         await self.channel.close()
 
@@ -282,6 +370,17 @@ class Controller:
         self.stopping = asyncio.Event()
         self.session: Optional[Session] = None
         self.failures = 0
+        # B2: at most max_in_flight handlers at once in the process, of any session.
+        self.slots = asyncio.Semaphore(settings.max_in_flight)
+        # B11: the attempt of each key that runs in this process (set when it has ended).
+        self.running: dict[str, asyncio.Event] = {}
+        self.background: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
 
     def on_sigterm(self) -> None:
         """B7: drain the live session; between sessions, just stop."""
@@ -292,14 +391,14 @@ class Controller:
             return
         if session.registered:
             session.drain()
-            asyncio.get_running_loop().create_task(self.drain_watch(session))
+            self.spawn(self.drain_watch(session))
         else:
             session.abandon()  # nothing is in flight before Registered
 
     async def drain_watch(self, session: Session) -> None:
         """B7: once our work is done, give the manager a while to end the stream."""
-        while session.tasks:
-            await asyncio.wait(set(session.tasks))
+        while session.requests:
+            await asyncio.wait(set(session.requests))
         try:
             await asyncio.wait_for(session.ended.wait(), DRAIN_CLOSE_GRACE_S)
         except TimeoutError:
@@ -317,11 +416,27 @@ class Controller:
                 log.error("giving up: %s", err)
                 self.report.write({"event": "exit", "ok": False})
                 return EXIT_FATAL
+            except Outdated as err:  # B6: no exit; wait, then try again
+                log.warning("%s; taking no work, registering again in %.0f s", err, OUTDATED_WAIT_S)
+                await self.pause(OUTDATED_WAIT_S)
+                continue
             if self.stopping.is_set():
                 break
             await self.back_off(registered)
         self.report.write({"event": "exit", "ok": True})
+        if self.running:
+            # Handlers of an ended session still blocking: leaving asyncio.run would wait for
+            # them (it cancels every task and waits). Their keys are fenced by the hold anyway.
+            log.warning("exiting with %d handler(s) still blocked: %s", len(self.running), ", ".join(self.running))
+            logging.shutdown()
+            os._exit(0)
         return 0
+
+    async def pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def back_off(self, registered: bool) -> None:
         """B5: exponential backoff with equal jitter, reset after a session that registered."""
@@ -329,10 +444,7 @@ class Controller:
         step = min(BACKOFF_BASE_S * 2 ** (self.failures - 1), BACKOFF_MAX_S)
         delay = random.uniform(step / 2, step)
         log.info("reconnecting in %.0f ms", delay * 1000)
-        try:
-            await asyncio.wait_for(self.stopping.wait(), delay)
-        except TimeoutError:
-            pass
+        await self.pause(delay)
 
     async def one_session(self) -> bool:
         """One Connect stream, from Register until it ends. Returns whether it registered."""
@@ -360,16 +472,17 @@ class Controller:
         assert session.call is not None
         async for msg in session.call:
             kind = msg.WhichOneof("message")
-            if kind == "registered":
-                session.registered = True
-                session.session_id = msg.registered.session_id
-                self.report.write({"event": "registered", "session_id": session.session_id})
+            if kind == "reconcile":
+                task = asyncio.create_task(self.request(session, msg.reconcile))
+                session.requests.add(task)
+                task.add_done_callback(session.requests.discard)
+            elif kind == "heartbeat":
+                if session.fence is not None and session.fence.echoed(msg.heartbeat.nonce):
+                    session.echoed.set()
+            elif kind == "registered":
+                self.registered(session, msg.registered)
                 if self.stopping.is_set():
                     self.on_sigterm()
-            elif kind == "reconcile":
-                task = asyncio.create_task(self.handle(session, msg.reconcile))
-                session.tasks.add(task)
-                task.add_done_callback(session.tasks.discard)
             elif kind == "rejected":
                 self.rejected(session, msg.rejected)
                 return
@@ -380,12 +493,56 @@ class Controller:
                 log.info("ignoring a manager message of kind %r", kind)
         log.info("the manager ended the stream")
 
+    def registered(self, session: Session, r: registration_pb2.Registered) -> None:
+        session.registered = True
+        session.session_id = r.session_id
+        readable = {x.resource.kind: "metadata" if x.metadata_only else "full" for x in r.readable}
+        log.info("registered: session %s, readable %s, hold %.1f s", r.session_id, readable, seconds(r.hold))
+        self.report.write({"event": "registered", "session": r.session_id, "revision": self.s.revision, "readable": readable})
+        if seconds(r.hold) > 0 and seconds(r.heartbeat_interval) > 0:
+            session.fence = Fence(seconds(r.hold), seconds(r.heartbeat_interval))
+            self.spawn(self.heartbeats(session, session.fence))
+            self.spawn(self.watch(session, session.fence))
+        else:
+            session.echoed.set()  # a manager without exclusive attempts
+
+    async def heartbeats(self, session: Session, fence: Fence) -> None:
+        """B10: a heartbeat now, then every heartbeat_interval, while the session lives."""
+        while not session.closed:
+            session.send(pb.ControllerMessage(heartbeat=pb.Heartbeat(nonce=fence.beat())))
+            await asyncio.sleep(fence.interval)
+
+    async def watch(self, session: Session, fence: Fence) -> None:
+        """B10: end the session at half the hold without a new anchor; exit if a handler of it
+        still runs at 80 % of the hold. Watches until the session ended and its handlers
+        stopped."""
+        while not (session.closed and fence.running == 0):
+            age = fence.age()
+            if fence.running > 0 and age >= EXIT_AT * fence.hold:
+                log.error(
+                    "a handler of session %s still runs %.2f s after the last heartbeat the manager answered "
+                    "(hold %.1f s): the manager may hand its key to another replica now; exiting",
+                    session.session_id, age, fence.hold,
+                )
+                self.report.write({"event": "exit", "ok": False, "why": "a handler outlived the hold"})
+                os._exit(EXIT_STUCK)
+            if not session.closed and not session.expired and age >= EXPIRE_AT * fence.hold:
+                session.expired = True
+                log.warning("no heartbeat answer for %.2f s (hold %.1f s): ending session %s", age, fence.hold, session.session_id)
+                for task in list(session.handlers):
+                    task.cancel()
+                session.abandon()
+            await asyncio.sleep(fence.hold / 50)
+
     def rejected(self, session: Session, r: registration_pb2.Rejected) -> None:
         code = grpc.StatusCode.UNKNOWN
         for c in grpc.StatusCode:
             if c.value[0] == r.code:
                 code = c
-        log.warning("rejected: %s field=%s: %s", code.name, r.field or "-", r.message)
+        log.warning("rejected: %s field=%s outdated=%s: %s", code.name, r.field or "-", r.outdated, r.message)
+        self.report.write({"event": "rejected", "code": code.name, "outdated": r.outdated})
+        if r.outdated:
+            raise Outdated(f"registration refused as outdated: {r.message}")
         if code in FATAL_CODES and not session.registered:
             raise Fatal(f"registration rejected: {code.name}: {r.message}")
 
@@ -397,51 +554,106 @@ class Controller:
         self.report.write({"event": "revoked", "reason": reason, "code": r.code})
         log.warning("revoked: %s code=%d: %s", reason, r.code, r.message)
         if r.reason == registration_pb2.Revoked.REASON_SUPERSEDED:
-            raise Fatal(f"superseded: {r.message}")  # B6
+            raise Outdated(f"superseded by a newer definition: {r.message}")  # B6
 
     # ---- one request ----------------------------------------------------------------------
 
-    async def handle(self, session: Session, req: pb.ReconcileRequest) -> None:
-        """B2-B4: start line, the directives under the deadline, end line, the result."""
-        async with session.slots:
-            kind, obj = request_object(req)
-            data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
-            directives = Directives(data or {})
-            key = f"{req.key.namespace}/{req.key.name}"
-            self.report.write({
-                "event": "start", "key": key, "id": req.id, "attempt": req.attempt,
-                "reasons": reason_names(req), "object": kind,
-                "rv": str((obj.get("metadata") or {}).get("resourceVersion", "")),
-                "deadline_us": deadline_us(req), "traceparent": req.traceparent,
-                "span_traceparent": child_traceparent(req.traceparent),
-            })
-            end: dict[str, Any] = {"event": "end", "key": key, "id": req.id, "attempt": req.attempt, "outcome": "cancelled"}
-            try:
-                async with asyncio.timeout(self.time_left(req)):
-                    reads = await self.work(session, req, directives)
-            except TimeoutError:  # B3: the deadline is near; the manager re-delivers the key
-                self.report.write(end)
-                return
-            except asyncio.CancelledError:  # B4: the session ended
-                self.report.write(end)
-                raise
-            result, end["outcome"] = directives.result(req.id, req.attempt)
-            if reads is not None:
-                end["reads"] = reads
-            self.report.write(end)
-            session.send(pb.ControllerMessage(result=result))
+    async def request(self, session: Session, req: pb.ReconcileRequest) -> None:
+        """B2, B3: run the handler under the deadline; answer once it has really stopped, on
+        this session only."""
+        started: list[bool] = []
+        handler = asyncio.create_task(self.attempt(session, req, started))
+        session.handlers.add(handler)
+        handler.add_done_callback(session.handlers.discard)
+        if session.closed:
+            handler.cancel()
+        at_deadline: list[bool] = []
 
-    def time_left(self, req: pb.ReconcileRequest) -> float:
+        def deadline() -> None:
+            at_deadline.append(True)
+            handler.cancel()
+
+        timer = asyncio.get_running_loop().call_at(self.stop_at(req), deadline)
+        try:
+            await asyncio.wait((handler,))  # not a timeout: a cancelled handler may still run
+        finally:
+            timer.cancel()
+        if handler.cancelled():
+            # B3: the handler stopped (or never started): the attempt is over. The manager keeps
+            # the key until this result, discards it as an outcome and hands the key out again.
+            result = pb.ReconcileResult(id=req.id)
+            result.error.message = "cancelled" if started else "not started before the deadline: an earlier attempt still ran"
+            if at_deadline:
+                # Sent once the deadline has passed, so that it confirms the end of an attempt
+                # whose deadline the manager counts as missed (REDELIVERY next), rather than
+                # reporting an error (RETRY next).
+                await asyncio.sleep(max(0.0, deadline_us(req) / 1e6 + 0.02 - time.time()))
+        else:
+            result = handler.result()
+        session.send(pb.ControllerMessage(result=result))
+
+    def stop_at(self, req: pb.ReconcileRequest) -> float:
+        """B3: when to cancel, on the event loop's clock."""
         if req.HasField("deadline"):
             remaining = deadline_us(req) / 1e6 - time.time()
         else:
             remaining = self.s.deadline_ms / 1000
-        return max(0.0, remaining - min(remaining * DEADLINE_MARGIN, DEADLINE_MARGIN_MAX_S))
+        remaining = max(0.0, remaining - min(max(remaining, 0.0) * DEADLINE_MARGIN, DEADLINE_MARGIN_MAX_S))
+        return asyncio.get_running_loop().time() + remaining
 
-    async def work(self, session: Session, req: pb.ReconcileRequest, d: Directives) -> Optional[dict[str, Any]]:
-        await asyncio.sleep(d.sleep_s(req.attempt))
-        name = d.data.get("read")
-        return await self.reads(session, req.key.namespace, str(name)) if name else None
+    async def attempt(self, session: Session, req: pb.ReconcileRequest, started: list[bool]) -> pb.ReconcileResult:
+        """B11: wait for the key's earlier attempt (of any session) and a slot, then run."""
+        key = f"{req.key.namespace}/{req.key.name}"
+        await session.echoed.wait()
+        while (earlier := self.running.get(key)) is not None:
+            await earlier.wait()
+        ended = asyncio.Event()
+        self.running[key] = ended
+        try:
+            async with self.slots:
+                started.append(True)
+                fence = session.fence
+                if fence is not None:
+                    fence.running += 1
+                try:
+                    return await self.handle(session, req, key)
+                finally:
+                    if fence is not None:
+                        fence.running -= 1
+        finally:
+            del self.running[key]
+            ended.set()
+
+    async def handle(self, session: Session, req: pb.ReconcileRequest, key: str) -> pb.ReconcileResult:
+        """README section 3: start line, sleep, block, reads, end line."""
+        kind, obj = request_object(req)
+        data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
+        directives = Directives(data or {})
+        base = {"key": key, "id": req.id, "attempt": req.attempt, "session": session.session_id}
+        self.report.write({
+            "event": "start", **base, "reasons": reason_names(req), "object": kind,
+            "rv": str((obj.get("metadata") or {}).get("resourceVersion", "")),
+            "deadline_us": deadline_us(req), "traceparent": req.traceparent,
+            "span_traceparent": child_traceparent(req.traceparent),
+        })
+        end: dict[str, Any] = {"event": "end", **base, "outcome": "cancelled"}
+        try:
+            await asyncio.sleep(directives.millis("sleep_ms", req.attempt))
+            block = directives.millis("block_ms", req.attempt)
+            if block and await blocking_sleep(block):
+                raise asyncio.CancelledError()  # cancelled while it blocked: it ends cancelled now
+            if directives.data.get("read"):
+                end["reads"] = await self.reads(session, req.key.namespace, str(directives.data["read"]))
+            if directives.data.get("read_child"):
+                end["child"] = await self.child(session, req.key.namespace, str(directives.data["read_child"]))
+        except asyncio.CancelledError:  # B3, B4, B10: the deadline, the session's end, silence
+            end.pop("reads", None)
+            end.pop("child", None)
+            self.report.write(end)
+            raise
+        result, end["outcome"] = directives.result(req.id, req.attempt)
+        self.report.write(end)
+        return result
 
     async def reads(self, session: Session, namespace: str, name: str) -> dict[str, Any]:
         """B8: Get and List through the manager's cache, on this session."""
@@ -473,6 +685,21 @@ class Controller:
                 return {"name": name, "found": False}
             raise
         return {"name": name, "found": True, "data": json.loads(resp.object_json).get("data") or {}}
+
+    async def child(self, session: Session, namespace: str, name: str) -> dict[str, Any]:
+        """`read_child`: Get the owned Lease through the session."""
+        try:
+            resp = await session.stub.Get(
+                read_pb2.GetRequest(session_id=session.session_id, resource=LEASE, namespace=namespace, name=name),
+                metadata=self.s.metadata(),
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return {"name": name, "found": False, "metadata_only": False, "holder": ""}
+            return {"error": f"{err.code().name}: {err.details()}"}
+        lease = json.loads(resp.object_json)
+        holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+        return {"name": name, "found": True, "metadata_only": resp.metadata_only, "holder": holder}
 
 
 def main() -> int:

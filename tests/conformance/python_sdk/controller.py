@@ -2,16 +2,19 @@
 """The ctrlhub conformance controller on the Python SDK (controllers/python-sdk).
 
 Written from tests/conformance/README.md sections 1-4: the environment, the registration, the
-ConfigMap directives and the report. Everything in section 5 (sessions, deadlines, reconnect,
-token file, Drain, Revoked, cached reads, traces) is the SDK's job, so none of it is here.
+ConfigMap directives and the report. Everything in section 5 (sessions, heartbeats and the
+hold, deadlines, one attempt of a key at a time, reconnect, token file, Drain, Revoked and
+outdated definitions, cached reads, traces) is the SDK's job, so none of it is here. The
+handler is a sync one, so that `block_ms` is what it is for Python users: a blocking call on
+the handler's thread that no cancellation interrupts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -20,6 +23,8 @@ import ctrlhub
 env = os.environ
 REPLICA = env["CONFORMANCE_REPLICA"]
 REPORT = os.open(env["CONFORMANCE_REPORT"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+LEASE = ctrlhub.Kind("coordination.k8s.io", "v1", "Lease")
+OWNS = env.get("CONFORMANCE_OWNS", "")
 
 
 def report(line: dict[str, Any]) -> None:
@@ -36,11 +41,14 @@ def entry(data: dict[str, Any], key: str, attempt: int) -> str | None:
     return items[min(max(attempt, 1), len(items)) - 1]
 
 
-def deadline_us(request: ctrlhub.Request) -> int:
-    return int(request.deadline.timestamp() * 1_000_000) if request.deadline else 0
+def millis(data: dict[str, Any], key: str, attempt: int) -> float:
+    return int(entry(data, key, attempt) or 0) / 1000
 
 
-@ctrlhub.reconcile(
+operator = ctrlhub.Operator()
+
+
+@operator.reconcile(
     "v1/ConfigMap",
     name=env["CONFORMANCE_CONTROLLER"],
     namespaces=[env["CONFORMANCE_NAMESPACE"]],
@@ -50,28 +58,31 @@ def deadline_us(request: ctrlhub.Request) -> int:
     deadline=int(env["CONFORMANCE_DEADLINE_MS"]) / 1000,
     backoff=(int(env["CONFORMANCE_BACKOFF_BASE_MS"]) / 1000, int(env["CONFORMANCE_BACKOFF_MAX_MS"]) / 1000),
     max_concurrent=int(env["CONFORMANCE_MAX_IN_FLIGHT"]),
+    owns=[ctrlhub.Owns(LEASE, metadata_only=OWNS == "leases-metadata")] if OWNS else [],
 )
-async def conformance(request: ctrlhub.Request, reader: ctrlhub.Reader) -> ctrlhub.Result:
-    body = request.object or request.tombstone
-    data = (body or {}).get("data") or {}
-    base = {"key": str(request.key), "id": request.id, "attempt": request.attempt}
+def conformance(request: ctrlhub.Request, reader: ctrlhub.SyncReader, cancelled: threading.Event) -> ctrlhub.Result:
+    body = request.object or request.tombstone or {}
+    data = body.get("data") or {}
+    base = {"key": str(request.key), "id": request.id, "attempt": request.attempt, "session": request.session_id}
     report({
         "event": "start", **base,
         "reasons": [r.name if isinstance(r, ctrlhub.Reason) else r for r in request.reasons],
         "object": "object" if request.object is not None else "tombstone" if request.tombstone is not None else "none",
-        "rv": str(((body or {}).get("metadata") or {}).get("resourceVersion", "")),
-        "deadline_us": deadline_us(request),
+        "rv": str((body.get("metadata") or {}).get("resourceVersion", "")),
+        "deadline_us": int(request.deadline.timestamp() * 1_000_000) if request.deadline else 0,
         "traceparent": request.traceparent,
         "span_traceparent": request.span_traceparent,
     })
     end: dict[str, Any] = {"event": "end", **base, "outcome": "cancelled"}
-    try:
-        await asyncio.sleep(int(entry(data, "sleep_ms", request.attempt) or 0) / 1000)
-        if data.get("read"):
-            end["reads"] = await reads(reader, request.key.namespace, str(data["read"]))
-    except asyncio.CancelledError:  # the deadline is near, or the session ended
+    if not cancelled.wait(millis(data, "sleep_ms", request.attempt)):  # wakes at once when cancelled
+        time.sleep(millis(data, "block_ms", request.attempt))  # deaf to cancellation
+    if not cancelled.is_set() and data.get("read"):
+        end["reads"] = reads(reader, request.key.namespace, str(data["read"]))
+    if not cancelled.is_set() and data.get("read_child"):
+        end["child"] = child(reader, request.key.namespace, str(data["read_child"]))
+    if cancelled.is_set():  # the deadline is near, the session ended, or the manager went silent
         report(end)
-        raise
+        raise ctrlhub.TemporaryError("cancelled")
     outcome = entry(data, "outcome", request.attempt) or "done"
     end["outcome"] = outcome.partition(":")[0]
     report(end)
@@ -84,16 +95,33 @@ async def conformance(request: ctrlhub.Request, reader: ctrlhub.Reader) -> ctrlh
     return ctrlhub.Done()
 
 
-async def reads(reader: ctrlhub.Reader, namespace: str, name: str) -> dict[str, Any]:
+def reads(reader: ctrlhub.SyncReader, namespace: str, name: str) -> dict[str, Any]:
     try:
-        got = await reader.get("v1/ConfigMap", namespace, name)
-        listed = await reader.list("v1/ConfigMap", namespace)
+        got = reader.get("v1/ConfigMap", namespace, name)
+        listed = reader.list("v1/ConfigMap", namespace)
     except ctrlhub.ReadError as err:
         return {"error": str(err)}
     get = {"name": name, "found": False} if got is None else {"name": name, "found": True, "data": got.get("data") or {}}
     return {"get": get, "list": sorted(o["metadata"]["name"] for o in listed)}
 
 
+def child(reader: ctrlhub.SyncReader, namespace: str, name: str) -> dict[str, Any]:
+    try:
+        got = reader.get_raw(LEASE, namespace, name)
+    except ctrlhub.ReadError as err:
+        return {"error": str(err)}
+    if got is None:
+        return {"name": name, "found": False, "metadata_only": False, "holder": ""}
+    holder = (got.object.get("spec") or {}).get("holderIdentity") or ""
+    return {"name": name, "found": True, "metadata_only": got.metadata_only, "holder": holder}
+
+
+@operator.controllers[0].on_registered
+def registered(r: ctrlhub.Registration) -> None:
+    report({"event": "registered", "session": r.session_id, "revision": r.revision,
+            "readable": {k.kind: form for k, form in r.readable.items()}})
+
+
 if __name__ == "__main__":
-    ctrlhub.run()
+    operator.run()
     sys.exit(0)

@@ -1,9 +1,11 @@
 //! `conformance-rust`: the Rust SDK's conformance controller. It implements the interface of
 //! tests/conformance/README.md with `ctrlhub-sdk` doing every protocol step (sessions,
-//! deadlines, cancellation, reconnects, Drain, the token file, traces); this file only reads
-//! the environment, follows each ConfigMap's directives and writes the report lines.
+//! deadlines, cancellation, reconnects, Drain, the token file, traces, heartbeats and the hold,
+//! one attempt of a key at a time, revisions and SUPERSEDED); this file only reads the
+//! environment, follows each ConfigMap's directives and writes the report lines.
 
 use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -15,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ctrlhub_sdk::{
     Action, Backoff, CancellationToken, Config, Controller, ReconcileError, Request, Scope,
-    Selector,
+    Selector, SessionInfo, resource_type,
 };
 
 /// The label selector every conformance controller registers.
@@ -29,6 +31,39 @@ struct Settings {
     max_in_flight: u32,
     deadline: Duration,
     backoff: (Duration, Duration),
+    owns: Owns,
+}
+
+/// `CONFORMANCE_OWNS`: which Lease children the controller owns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owns {
+    Nothing,
+    Leases,
+    LeaseMetadata,
+}
+
+impl Owns {
+    fn from_env() -> Result<Owns> {
+        match std::env::var("CONFORMANCE_OWNS")
+            .unwrap_or_default()
+            .as_str()
+        {
+            "" => Ok(Owns::Nothing),
+            "leases" => Ok(Owns::Leases),
+            "leases-metadata" => Ok(Owns::LeaseMetadata),
+            other => {
+                bail!("CONFORMANCE_OWNS must be unset, leases or leases-metadata, not {other:?}")
+            }
+        }
+    }
+
+    fn apply<K>(self, controller: Controller<K>) -> Controller<K> {
+        match self {
+            Owns::Nothing => controller,
+            Owns::Leases => controller.owns::<Lease>(),
+            Owns::LeaseMetadata => controller.owns_metadata::<Lease>(),
+        }
+    }
 }
 
 fn var(name: &str) -> Result<String> {
@@ -55,6 +90,7 @@ impl Settings {
                 millis("CONFORMANCE_BACKOFF_BASE_MS")?,
                 millis("CONFORMANCE_BACKOFF_MAX_MS")?,
             ),
+            owns: Owns::from_env()?,
         })
     }
 }
@@ -119,8 +155,9 @@ impl Directives {
         Some(list[i - 1])
     }
 
-    fn sleep(&self, attempt: u32) -> Duration {
-        let ms = self.entry("sleep_ms", attempt).and_then(|v| v.parse().ok());
+    /// `sleep_ms` or `block_ms` for this attempt.
+    fn millis(&self, key: &str, attempt: u32) -> Duration {
+        let ms = self.entry(key, attempt).and_then(|v| v.parse().ok());
         Duration::from_millis(ms.unwrap_or(0))
     }
 
@@ -172,10 +209,24 @@ fn start_line<K>(req: &Request<K>, cm: Option<&ConfigMap>) -> Value {
     });
     // The SDK runs the handler inside its `reconcile` span, the current context here.
     let (span_traceparent, _) = ctrlhub_sdk::traces::inject(&opentelemetry::Context::current());
-    json!({"event": "start", "key": req.key.to_string(), "id": req.id, "attempt": req.attempt,
-        "reasons": reasons, "object": object, "rv": rv.unwrap_or_default(),
-        "deadline_us": deadline_us, "traceparent": req.traceparent,
+    json!({"event": "start", "session": req.reader().session_id(), "key": req.key.to_string(),
+        "id": req.id, "attempt": req.attempt, "reasons": reasons, "object": object,
+        "rv": rv.unwrap_or_default(), "deadline_us": deadline_us, "traceparent": req.traceparent,
         "span_traceparent": span_traceparent})
+}
+
+/// The `registered` line of a session.
+fn registered_line(info: &SessionInfo) -> Value {
+    let readable: serde_json::Map<String, Value> = info
+        .readable
+        .iter()
+        .map(|r| {
+            let form = if r.metadata_only { "metadata" } else { "full" };
+            (r.resource.kind.clone(), json!(form))
+        })
+        .collect();
+    json!({"event": "registered", "session": info.session_id, "revision": info.revision,
+        "readable": readable})
 }
 
 async fn reconcile(req: Request<ConfigMap>, report: Arc<Report>) -> Result<Action, ReconcileError> {
@@ -184,17 +235,52 @@ async fn reconcile(req: Request<ConfigMap>, report: Arc<Report>) -> Result<Actio
     report.write(start_line(&req, cm));
     let mut end = EndLine {
         report: report.clone(),
-        line: json!({"event": "end", "key": req.key.to_string(), "id": req.id,
-            "attempt": req.attempt, "outcome": "cancelled"}),
+        line: json!({"event": "end", "session": req.reader().session_id(),
+            "key": req.key.to_string(), "id": req.id, "attempt": req.attempt,
+            "outcome": "cancelled"}),
     };
-    tokio::time::sleep(directives.sleep(req.attempt)).await;
+    // Cancellable: the SDK drops this future when it cancels the handler.
+    tokio::time::sleep(directives.millis("sleep_ms", req.attempt)).await;
+    // Not cancellable: a blocking sleep on a worker thread, which the SDK waits for.
+    let block = directives.millis("block_ms", req.attempt);
+    if !block.is_zero() {
+        ctrlhub_sdk::blocking(move || std::thread::sleep(block)).await?;
+        if req.cancelled().is_cancelled() {
+            drop(end); // outcome "cancelled"
+            return Err(ReconcileError::retry("cancelled while blocked"));
+        }
+    }
     if let Some(name) = directives.data.get("read") {
         end.line["reads"] = reads(&req, name).await;
+    }
+    if let Some(name) = directives.data.get("read_child") {
+        end.line["child"] = read_child(&req, name).await;
     }
     let (result, outcome) = directives.outcome(req.attempt);
     end.line["outcome"] = json!(outcome);
     drop(end);
     result
+}
+
+/// Get the owned Lease `name` of the request's namespace through the manager's cache.
+async fn read_child(req: &Request<ConfigMap>, name: &str) -> Value {
+    let ns = req.namespace().unwrap_or_default();
+    match req
+        .reader()
+        .get_raw(resource_type::<Lease>(), ns, name)
+        .await
+    {
+        Ok(Some(raw)) => {
+            let object: Value = serde_json::from_slice(&raw.json).unwrap_or_default();
+            let holder = object["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or_default();
+            json!({"name": name, "found": true, "metadata_only": raw.metadata_only,
+                "holder": holder})
+        }
+        Ok(None) => json!({"name": name, "found": false, "metadata_only": false, "holder": ""}),
+        Err(e) => json!({"error": format!("Get Lease {ns}/{name}: {e}")}),
+    }
 }
 
 /// Get `name` and List the namespace through the manager's cache.
@@ -241,8 +327,14 @@ async fn run(settings: Settings, report: Arc<Report>) -> Result<()> {
     );
     let shutdown = CancellationToken::new();
     on_signals(shutdown.clone())?;
-    let result = Controller::new(settings.controller)
+    let registered = report.clone();
+    let controller = Controller::new(settings.controller)
         .reconciles::<ConfigMap>()
+        .on_registered(move |info| registered.write(registered_line(info)));
+    // Register.revision comes from CTRLHUB_REVISION, which the SDK reads itself.
+    let result = settings
+        .owns
+        .apply(controller)
         .namespaces(Scope::Names(vec![settings.namespace]))
         .label_selector(Selector::labels([(SCOPE_LABEL, "in")]))
         .include_object(true)

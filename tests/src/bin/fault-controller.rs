@@ -1,5 +1,5 @@
 //! `fault-controller`: a no-op ConfigMap controller built on ctrlhub-sdk for the fault suite
-//! (tests/tests/faults.rs). It logs every reconcile start and end, one line each, so the test
+//! (tests/tests/adversity/faults.rs). It logs every reconcile start and end, one line each, so the test
 //! can prove after the fact that no key was lost and no key ran twice at once.
 //!
 //! Each replica is its own process (so a test can SIGKILL it) with its own log file:

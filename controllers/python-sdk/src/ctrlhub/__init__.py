@@ -3,9 +3,11 @@
 The manager owns the caches, leader election, namespace scoping, predicates and the work
 queue; this package registers your handlers over gRPC, runs them (async, or sync in a thread)
 with at most ``max_concurrent`` at once, answers each request with the handler's result,
-cancels a handler at its deadline and never sends its late result, reconnects with backoff
-(honouring the manager's leader answers), re-reads the token file on every connect, drains on
-SIGTERM, and continues the manager's trace.
+keeps attempts of a key from overlapping (heartbeats, a handler cancelled at its deadline and
+answered once it has returned, the process stopped before the manager may move its keys),
+reconnects with backoff (honouring the manager's leader answers), waits out a newer
+definition during a rollout, re-reads the token file on every connect, drains on SIGTERM, and
+continues the manager's trace.
 
     import ctrlhub
 
@@ -26,18 +28,20 @@ Helpers: ``ctrlhub.finalizers`` (add/remove a finalizer, the finalize flow),
 from ._config import DEFAULT_ADDR, DEFAULT_TOKEN, TLS, Config, ConfigError
 from ._controller import Controller
 from ._operator import JsonFormatter, Operator, on_event, reconcile, run, serve
-from ._reader import CachedObject, MetadataOnlyError, Reader, ReadError, SyncReader
+from ._reader import CachedObject, MetadataOnlyError, ObjectMetadata, Reader, ReadError, SyncReader
 from ._request import Event, Request
 from ._types import (
     Done,
     EventType,
     FatalError,
+    Form,
     Key,
     Kind,
     Owns,
     PermanentError,
     Predicate,
     Reason,
+    Registration,
     RequeueAfter,
     Requirement,
     Result,
@@ -58,10 +62,12 @@ __all__ = [
     "Event",
     "EventType",
     "FatalError",
+    "Form",
     "JsonFormatter",
     "Key",
     "Kind",
     "MetadataOnlyError",
+    "ObjectMetadata",
     "Operator",
     "Owns",
     "PermanentError",
@@ -69,6 +75,7 @@ __all__ = [
     "ReadError",
     "Reader",
     "Reason",
+    "Registration",
     "Request",
     "RequeueAfter",
     "Requirement",

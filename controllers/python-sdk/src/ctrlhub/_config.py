@@ -10,6 +10,9 @@ from pathlib import Path
 
 import grpc
 
+REVISION_ENV = "CTRLHUB_REVISION"
+"""The environment variable an unset ``revision`` of a controller is read from."""
+
 DEFAULT_ADDR = "127.0.0.1:9090"
 """The manager of ``ctrlhub dev``."""
 DEFAULT_TOKEN = "dev"
@@ -119,6 +122,16 @@ class Config:
     drain_grace: float = 10.0
     """After a Drain, how long to wait for the manager to end the stream once every handler
     has answered."""
+    shutdown_grace: float = 25.0
+    """After SIGTERM (``stop``), how long running handlers may take to finish (those reaching
+    their deadline are cancelled then, as always). Handlers still running after it are
+    cancelled; one still running a second later is left behind and ``run`` exits with status 1.
+    The default fits Kubernetes' default ``terminationGracePeriodSeconds`` of 30 s: keep the
+    pod's grace period a few seconds longer than this."""
+    outdated_retry: float = 30.0
+    """After ``Revoked(SUPERSEDED)`` or ``Rejected`` with ``outdated`` (another definition of
+    the controller runs under a higher or equal revision), how long to wait before registering
+    again, in seconds."""
     target: str = field(init=False, repr=False)
     secure: bool = field(init=False, repr=False)
 
@@ -139,6 +152,8 @@ class Config:
             _check_token(self.token)
         if self.reconnect_initial <= 0 or self.reconnect_max < self.reconnect_initial:
             raise ConfigError("reconnect delays must be positive, the initial one at most the maximum")
+        if self.shutdown_grace < 0 or self.drain_grace < 0 or self.outdated_retry <= 0:
+            raise ConfigError("shutdown_grace and drain_grace must not be negative, outdated_retry must be positive")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -204,6 +219,17 @@ class Config:
         if tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
         return grpc.aio.secure_channel(self.target, tls.credentials(), options=options)
+
+
+def revision_from_env(env: Mapping[str, str] | None = None) -> int:
+    """``Register.revision`` from ``CTRLHUB_REVISION`` (0 when unset or empty)."""
+    env = os.environ if env is None else env
+    text = env.get(REVISION_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) >= 2**64:
+        raise ConfigError(f"{REVISION_ENV}={text!r}: the revision must be a whole number from 0 to 2^64-1, e.g. 2")
+    return int(text)
 
 
 def _check_token(token: str, what: str = "token") -> None:

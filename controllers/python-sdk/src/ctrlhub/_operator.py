@@ -69,6 +69,7 @@ class Operator:
         resync: float | timedelta | None = None,
         backoff: tuple[float | timedelta, float | timedelta] | None = None,
         include_object: bool | None = None,
+        revision: int | None = None,
     ) -> Callable[[F], F]:
         """Declares the decorated function as the reconcile handler of ``kind``.
 
@@ -81,6 +82,16 @@ class Operator:
         ``RequeueAfter(seconds)``; it raises ``TemporaryError`` (retried with backoff, as is any
         other exception) or ``PermanentError`` (not retried until the object changes).
 
+        ``obj`` is None both when the object is gone and when the manager's cache does not hold
+        it (NotFound); only a ``tombstone`` says the manager saw it deleted. Clean up external
+        state under a finalizer (``ctrlhub.finalizers``), not on a missing object.
+
+        Attempts of a key never overlap: not across replicas (the manager), and not in this
+        process either, even when a handler overruns its deadline. A handler is cancelled
+        shortly before its deadline (an async one with ``asyncio.CancelledError``, a sync one
+        through ``cancelled``) and its request is answered once it has returned; the key's
+        next attempt starts only then.
+
         Parameters:
             kind: ``"v1/ConfigMap"``, ``"apps/v1/Deployment"`` or a ``Kind``.
             name: the controller's name (a DNS-1123 label, unique in your tenant, shared by
@@ -89,17 +100,20 @@ class Operator:
                 default all (or the manager's ``WATCH_NAMESPACE``).
             labels: only objects matching this label selector (a dict means matchLabels).
             predicate: only events passing this filter, evaluated by the manager.
-            owns: child kinds whose changes wake their owner.
+            owns: child kinds whose changes wake their owner; cached and readable in full
+                unless ``Owns(kind, metadata_only=True)``.
             watches: other kinds mapped to primaries by a label, annotation or field path.
             max_concurrent: handlers running at once in this process (default 1).
             max_in_flight: this replica's credit; default ``max_concurrent``.
             controller_wide_limit: reconciles at once across all replicas.
             deadline: how long a handler may take (manager default 60 s); it is cancelled
-                shortly before, and its result is never sent.
+                shortly before (5 % of the time, at most 0.5 s).
             resync: how often every object is reconciled anyway (manager default 10 h; 0: off).
             backoff: ``(base, max)`` of the per-key retry backoff (manager default 5 ms, 1000 s).
             include_object: send the object with each request; default: whether the handler
                 takes an argument that needs it.
+            revision: ``Register.revision`` of this definition, for rolling upgrades (see the
+                SDK's README); default ``CTRLHUB_REVISION``, else 0.
         """
 
         def decorate(fn: F) -> F:
@@ -108,7 +122,7 @@ class Operator:
                     name or _default_name(fn), kind, fn, mode="reconcile", namespaces=namespaces, labels=labels,
                     predicate=predicate, owns=owns, watches=watches, max_concurrent=max_concurrent,
                     max_in_flight=max_in_flight, controller_wide_limit=controller_wide_limit, deadline=deadline,
-                    resync=resync, backoff=backoff, include_object=include_object,
+                    resync=resync, backoff=backoff, include_object=include_object, revision=revision,
                 )
             )
             return fn
@@ -127,6 +141,7 @@ class Operator:
         max_in_flight: int | None = None,
         deadline: float | timedelta | None = None,
         resync: float | timedelta | None = None,
+        revision: int | None = None,
     ) -> Callable[[F], F]:
         """Declares the decorated function as the event handler of ``kind`` (MODE_EVENTS): it
         sees every change (``type``: ADDED, MODIFIED, DELETED, SYNC), in order per key and at
@@ -141,17 +156,22 @@ class Operator:
                 Controller(
                     name or _default_name(fn), kind, fn, mode="events", namespaces=namespaces, labels=labels,
                     predicate=predicate, max_concurrent=max_concurrent, max_in_flight=max_in_flight,
-                    deadline=deadline, resync=resync, include_object=True,
+                    deadline=deadline, resync=resync, include_object=True, revision=revision,
                 )
             )
             return fn
 
         return decorate
 
+    @property
+    def ready(self) -> bool:
+        """Whether every controller takes work (``Controller.ready``): for a readiness probe."""
+        return bool(self.controllers) and all(c.ready for c in self.controllers)
+
     async def serve(self, config: Config | None = None, stop: asyncio.Event | None = None) -> None:
         """Runs every controller until ``stop`` is set (each drains: in-flight handlers finish
-        and answer) and returns; raises ``FatalError`` when the manager refuses one for good,
-        after draining the others."""
+        and answer, within ``Config.shutdown_grace``) and returns; raises ``FatalError`` when the
+        manager refuses one for good, after draining the others."""
         if not self.controllers:
             raise ValueError("no controllers declared: decorate a handler with @reconcile or @on_event")
         config = Config.from_env() if config is None else config
@@ -175,8 +195,11 @@ class Operator:
     def run(self, config: Config | None = None, *, log_level: int | str | None = logging.INFO,
             log_format: str = "text") -> None:
         """Runs the controllers as the process's main loop: SIGTERM or SIGINT drains and
-        returns. Exits the process with status 1 and a one-line reason on a ``FatalError`` or a
-        ``ConfigError`` (e.g. a bad ``CTRLHUB_ADDR``). Configures logging to stderr at
+        returns once every handler has returned (at most ``Config.shutdown_grace``, 25 s by
+        default). Exits the process with status 1 and a one-line reason on a ``FatalError``, a
+        ``ConfigError`` (e.g. a bad ``CTRLHUB_ADDR``), or when a handler would not return after
+        the grace; with status 70 when a handler outlives the hold of its session (see
+        ``Registration.hold``). Configures logging to stderr at
         ``log_level`` unless the root logger already has handlers (None: leave it alone);
         ``log_format="json"`` writes one JSON object per line (see ``JsonFormatter``)."""
         if log_format not in ("text", "json"):
@@ -191,6 +214,8 @@ class Operator:
         except (FatalError, ConfigError) as err:
             log.error("%s", err)
             raise SystemExit(1) from None
+        if any(c.unfinished for c in self.controllers):
+            raise SystemExit(1)  # the reason was logged; the daemon threads end with the process
 
     async def _main(self, config: Config | None) -> None:
         config = Config.from_env() if config is None else config

@@ -6,14 +6,14 @@ import asyncio
 import builtins
 import json
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 
 from ._config import Config
-from ._types import Kind, KindLike, Selector, SelectorLike
+from ._types import Form, Kind, KindLike, Selector, SelectorLike
 from .v1 import controller_pb2_grpc as pb_grpc
 from .v1 import read_pb2
 
@@ -31,8 +31,18 @@ class ReadError(Exception):
 
 
 class MetadataOnlyError(ReadError):
-    """The manager caches this type metadata-only: use ``get_raw``/``list_raw`` for the
-    metadata, or read the API server for the full object."""
+    """``get``/``list`` of a kind the session reads as metadata only (every ``owns``/``watches``
+    entry of it set ``metadata_only=True``): read it with ``get_metadata``/``list_metadata``,
+    or drop ``metadata_only`` to have it cached, and read, in full."""
+
+
+def _metadata_only(kind: KindLike, what: str) -> MetadataOnlyError:
+    return MetadataOnlyError(
+        f"{what}: {kind} is readable as metadata only, because every owns/watches entry of it sets "
+        "metadata_only=True; read it with reader.get_metadata()/list_metadata(), or drop metadata_only "
+        "to read it in full",
+        "METADATA_ONLY",
+    )
 
 
 @dataclass(frozen=True)
@@ -47,18 +57,109 @@ class CachedObject:
     """Whether the manager caches the type metadata-only."""
 
 
+@dataclass(frozen=True)
+class ObjectMetadata:
+    """The metadata of a cached object: what ``get_metadata``/``list_metadata`` return, for a
+    kind read in full or as metadata only (``meta.k8s.io/v1`` PartialObjectMetadata)."""
+
+    api_version: str
+    """``apiVersion`` of the object (``meta.k8s.io/v1`` for a PartialObjectMetadata)."""
+    kind: str
+    """``kind`` of the object (``PartialObjectMetadata`` for one)."""
+    metadata: dict[str, Any]
+    """``metadata`` as Kubernetes JSON."""
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ObjectMetadata:
+        """The metadata part of a Kubernetes object or PartialObjectMetadata."""
+        meta = obj.get("metadata")
+        return cls(str(obj.get("apiVersion") or ""), str(obj.get("kind") or ""), dict(meta) if isinstance(meta, dict) else {})
+
+    def _text(self, field: str) -> str:
+        value = self.metadata.get(field)
+        return value if isinstance(value, str) else ""
+
+    def _strings(self, field: str) -> dict[str, str]:
+        value = self.metadata.get(field)
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+    @property
+    def name(self) -> str:
+        """``metadata.name``."""
+        return self._text("name")
+
+    @property
+    def namespace(self) -> str:
+        """``metadata.namespace`` (``""`` when cluster-scoped)."""
+        return self._text("namespace")
+
+    @property
+    def uid(self) -> str:
+        """``metadata.uid``."""
+        return self._text("uid")
+
+    @property
+    def resource_version(self) -> str:
+        """``metadata.resourceVersion``."""
+        return self._text("resourceVersion")
+
+    @property
+    def generation(self) -> int | None:
+        """``metadata.generation``, when set."""
+        value = self.metadata.get("generation")
+        return value if isinstance(value, int) else None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """``metadata.labels``."""
+        return self._strings("labels")
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        """``metadata.annotations``."""
+        return self._strings("annotations")
+
+    @property
+    def owner_references(self) -> list[dict[str, Any]]:
+        """``metadata.ownerReferences``."""
+        value = self.metadata.get("ownerReferences")
+        return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+
+    @property
+    def finalizers(self) -> list[str]:
+        """``metadata.finalizers``."""
+        value = self.metadata.get("finalizers")
+        return [str(f) for f in value] if isinstance(value, list) else []
+
+    @property
+    def deletion_timestamp(self) -> str | None:
+        """``metadata.deletionTimestamp`` (RFC 3339), when the object is being deleted."""
+        return self._text("deletionTimestamp") or None
+
+
 class Reader:
     """Reads the manager's caches through one session (``Registered.session_id``): only the
     types that session registered (primary, owned, watched), within its namespaces and label
     selector. Reads are eventually consistent; read the API server to see your own writes.
 
-    A handler receives the reader of the session that delivered its request (``reader``)."""
+    A handler receives the reader of the session that delivered its request (``reader``).
+    Kinds are read in full (``get``, ``list``) unless every ``owns``/``watches`` entry of a
+    kind asked for ``metadata_only``; ``readable`` says which, and ``get_metadata`` /
+    ``list_metadata`` read the metadata of either form."""
 
-    def __init__(self, stub: pb_grpc.ControllerManagerStub, config: Config, session_id: str) -> None:
+    def __init__(self, stub: pb_grpc.ControllerManagerStub, config: Config, session_id: str,
+                 readable: Mapping[Kind, Form] | None = None) -> None:
         self._stub = stub
         self._config = config
         self.session_id = session_id
         """The session this reader reads through."""
+        self.readable: Mapping[Kind, Form] = dict(readable or {})
+        """Every kind the session may read, with its form (``Registered.readable``)."""
+
+    def form(self, kind: KindLike) -> Form | None:
+        """``full`` or ``metadata`` for a kind the session reads; None for one it does not."""
+        k = Kind.of(kind)
+        return self.readable.get(Kind(k.group, k.version, k.kind))
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         try:
@@ -79,14 +180,22 @@ class Reader:
         return CachedObject(_decode(resp.object_json), resp.resource_version, resp.metadata_only)
 
     async def get(self, kind: KindLike, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any] | None:
-        """One full object, or None when it does not exist. Raises ``MetadataOnlyError`` when
-        the type is cached metadata-only."""
+        """One full object, or None when it does not exist (or is out of the session's scope).
+        Raises ``MetadataOnlyError`` for a kind read as metadata only."""
+        if self.form(kind) == "metadata":
+            raise _metadata_only(kind, f"get {namespace}/{name}")
         got = await self.get_raw(kind, namespace, name, timeout=timeout)
         if got is None:
             return None
         if got.metadata_only:
-            raise MetadataOnlyError(f"{kind} is cached metadata-only by the manager; read the API server for {namespace}/{name}", "")
+            raise _metadata_only(kind, f"get {namespace}/{name}")
         return got.object
+
+    async def get_metadata(self, kind: KindLike, namespace: str, name: str, *, timeout: float | None = None) -> ObjectMetadata | None:
+        """The metadata of one object of a kind read in either form, or None when it does not
+        exist."""
+        got = await self.get_raw(kind, namespace, name, timeout=timeout)
+        return None if got is None else ObjectMetadata.of(got.object)
 
     async def list_raw(
         self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None, *, timeout: float | None = None
@@ -113,12 +222,20 @@ class Reader:
     async def list(
         self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None, *, timeout: float | None = None
     ) -> builtins.list[dict[str, Any]]:
-        """Full objects, like ``list_raw``. Raises ``MetadataOnlyError`` for a metadata-only
-        type."""
+        """Full objects, like ``list_raw``. Raises ``MetadataOnlyError`` for a kind read as
+        metadata only."""
+        if self.form(kind) == "metadata":
+            raise _metadata_only(kind, "list")
         items = await self.list_raw(kind, namespace, labels, timeout=timeout)
         if any(i.metadata_only for i in items):
-            raise MetadataOnlyError(f"{kind} is cached metadata-only by the manager; read the API server for full objects")
+            raise _metadata_only(kind, "list")
         return [i.object for i in items]
+
+    async def list_metadata(
+        self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None, *, timeout: float | None = None
+    ) -> builtins.list[ObjectMetadata]:
+        """The metadata of every object, like ``list_raw``, for a kind read in either form."""
+        return [ObjectMetadata.of(i.object) for i in await self.list_raw(kind, namespace, labels, timeout=timeout)]
 
 
 class SyncReader:
@@ -130,6 +247,8 @@ class SyncReader:
         self._loop = loop
         self._deadline = deadline  # time.monotonic()
         self.session_id = reader.session_id
+        self.readable = reader.readable
+        self.form = reader.form
 
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
         timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
@@ -147,6 +266,14 @@ class SyncReader:
     def get(self, kind: KindLike, namespace: str, name: str) -> dict[str, Any] | None:
         """See ``Reader.get``."""
         return self._wait(self._reader.get(kind, namespace, name))
+
+    def get_metadata(self, kind: KindLike, namespace: str, name: str) -> ObjectMetadata | None:
+        """See ``Reader.get_metadata``."""
+        return self._wait(self._reader.get_metadata(kind, namespace, name))
+
+    def list_metadata(self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None) -> builtins.list[ObjectMetadata]:
+        """See ``Reader.list_metadata``."""
+        return self._wait(self._reader.list_metadata(kind, namespace, labels))
 
     def list_raw(self, kind: KindLike, namespace: str | None = None, labels: SelectorLike | None = None) -> builtins.list[CachedObject]:
         """See ``Reader.list_raw``."""

@@ -18,6 +18,8 @@ from .v1 import controller_pb2 as pb
 
 
 def _decode(raw: bytes, what: str) -> dict[str, Any]:
+    """A JSON object from the manager. Never called on empty bytes: an empty object means no
+    state (NotFound), an empty tombstone a deletion whose last state is unknown."""
     try:
         obj = json.loads(raw)
     except ValueError as err:
@@ -32,27 +34,18 @@ def _timestamp(ts: Any) -> float | None:
 
 
 class _Cancellable:
-    __slots__ = ("_cancelled",)
+    __slots__ = ("cancelled",)
 
     def __init__(self) -> None:
-        self._cancelled: threading.Event | bool = False
-
-    @property
-    def cancelled(self) -> threading.Event:
-        """Set when the handler must stop (its deadline is near, or its session ended); sync
-        handlers, which cannot be interrupted, should check it between steps."""
-        if not isinstance(self._cancelled, threading.Event):
-            event = threading.Event()
-            if self._cancelled:
-                event.set()
-            self._cancelled = event
-        return self._cancelled
+        self.cancelled = threading.Event()
+        """Set when the handler must stop (its deadline is near, its session ended, or the
+        manager stopped answering heartbeats); sync handlers, which cannot be interrupted, must
+        check it between steps and return soon after it is set: the SDK answers the request only
+        once the handler has returned, and exits the process if a handler outlives the hold
+        (``Registration.hold``)."""
 
     def _cancel(self) -> None:
-        if isinstance(self._cancelled, threading.Event):
-            self._cancelled.set()
-        else:
-            self._cancelled = True
+        self.cancelled.set()
 
 
 class Request(_Cancellable):
@@ -82,6 +75,11 @@ class Request(_Cancellable):
         return self._pb.id
 
     @property
+    def session_id(self) -> str:
+        """The session that delivered the request (``Registered.session_id``)."""
+        return self.reader.session_id
+
+    @property
     def attempt(self) -> int:
         """1, plus the consecutive attempts of this key that did not succeed."""
         return self._pb.attempt
@@ -95,17 +93,25 @@ class Request(_Cancellable):
 
     @property
     def object(self) -> dict[str, Any] | None:
-        """The object as Kubernetes JSON, or None when it is gone (see ``tombstone``), when the
-        manager knows no state for the key, or when the controller does not include objects."""
+        """The object as Kubernetes JSON, or None: it is gone (a ``tombstone`` says the manager
+        saw it deleted), the manager's cache does not hold it (NotFound: nothing says it was
+        deleted, so do not clean up after it), or the controller does not include objects."""
         if self._object is ...:
-            self._object = _decode(self._pb.object_json, "object") if self._pb.HasField("object_json") else None
+            raw = self._pb.object_json if self._pb.HasField("object_json") else b""
+            self._object = _decode(raw, "object") if raw else None
         return self._object  # type: ignore[no-any-return]
 
     @property
     def tombstone(self) -> dict[str, Any] | None:
-        """The last known state of an object that was deleted or left the controller's scope."""
+        """The last known state of an object the manager saw deleted (or leave the controller's
+        scope, reason ``LEFT_SCOPE``); ``{}`` when it kept no state of it; None when the request
+        carries no tombstone, which is the only case where the object is known to be gone."""
         if self._tombstone is ...:
-            self._tombstone = _decode(self._pb.tombstone.object_json, "tombstone") if self._pb.HasField("tombstone") else None
+            if not self._pb.HasField("tombstone"):
+                self._tombstone = None
+            else:
+                raw = self._pb.tombstone.object_json
+                self._tombstone = _decode(raw, "tombstone") if raw else {}
         return self._tombstone  # type: ignore[no-any-return]
 
     @property

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import NamedTuple, Union
+from typing import Literal, NamedTuple, Union
 
 from google.protobuf import duration_pb2
 
@@ -57,6 +57,11 @@ class Kind:
 
     def to_proto(self) -> resource_pb2.ResourceType:
         return resource_pb2.ResourceType(group=self.group, version=self.version, kind=self.kind, plural=self.plural)
+
+    @classmethod
+    def from_proto(cls, msg: resource_pb2.ResourceType) -> Kind:
+        """The kind a ``ResourceType`` names, without its plural (so it equals ``Kind.of``)."""
+        return cls(msg.group, msg.version, msg.kind)
 
     def __str__(self) -> str:
         return f"{self.group}/{self.version}/{self.kind}" if self.group else f"{self.version}/{self.kind}"
@@ -194,14 +199,22 @@ class Predicate:
 @dataclass(frozen=True)
 class Owns:
     """Children of ``kind``: a change to one enqueues its owner. ``controller_only`` follows
-    only the controller owner reference (``ownerReferences[].controller``)."""
+    only the controller owner reference (``ownerReferences[].controller``).
+
+    Children are cached, and readable through ``reader.get``/``list``, in full (spec and
+    status). ``metadata_only=True`` caches only their metadata, a fraction of the memory; it
+    takes effect when every ``owns``/``watches`` entry of the kind asks for it, and then the
+    kind is read with ``reader.get_metadata``/``list_metadata`` (``reader.get`` raises
+    ``MetadataOnlyError``)."""
 
     kind: KindLike
     controller_only: bool = True
     predicate: Predicate | None = None
+    metadata_only: bool = False
 
     def to_proto(self) -> registration_pb2.OwnedResource:
-        msg = registration_pb2.OwnedResource(resource=Kind.of(self.kind).to_proto(), controller_only=self.controller_only)
+        msg = registration_pb2.OwnedResource(resource=Kind.of(self.kind).to_proto(), controller_only=self.controller_only,
+                                             metadata_only=self.metadata_only)
         if self.predicate is not None:
             msg.predicate.CopyFrom(self.predicate.to_proto())
         return msg
@@ -211,20 +224,24 @@ class Owns:
 class Watch:
     """Objects of ``kind`` that name the primary they concern, by exactly one of: a label whose
     value is the primary's name (same namespace), an annotation holding ``namespace/name`` or
-    ``name``, or a dot-separated field path holding either (or a list of them)."""
+    ``name``, or a dot-separated field path holding either (or a list of them).
+
+    Watched objects are cached, and read, in full unless ``metadata_only=True`` (see ``Owns``;
+    a ``field_path`` mapping always needs the full object)."""
 
     kind: KindLike
     label: str | None = None
     annotation: str | None = None
     field_path: str | None = None
     predicate: Predicate | None = None
+    metadata_only: bool = False
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.label, self.annotation, self.field_path)) != 1:
             raise ValueError(f"Watch({self.kind}): give exactly one of label=, annotation= or field_path=")
 
     def to_proto(self) -> registration_pb2.WatchedResource:
-        msg = registration_pb2.WatchedResource(resource=Kind.of(self.kind).to_proto())
+        msg = registration_pb2.WatchedResource(resource=Kind.of(self.kind).to_proto(), metadata_only=self.metadata_only)
         if self.label is not None:
             msg.label_key = self.label
         elif self.annotation is not None:
@@ -305,15 +322,46 @@ class PermanentError(Exception):
     changes."""
 
 
+Form = Literal["full", "metadata"]
+"""How the manager caches a readable kind: ``full`` objects, or their ``metadata`` only."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the manager answered a session's Register with (``Registered``)."""
+
+    session_id: str
+    """The session's id (``Registered.session_id``); it changes on every reconnect."""
+    leader: str
+    """The identity of the manager replica that leads."""
+    revision: int
+    """The ``Register.revision`` this replica sent."""
+    readable: Mapping[Kind, Form]
+    """Every kind the session may read (primary, owned, watched), each once, with its form."""
+    heartbeat_interval: float | None
+    """Seconds between heartbeats (None: the manager does not fence this session's attempts)."""
+    hold: float | None
+    """How long after its last answered heartbeat every handler of the session must have
+    stopped (None as above)."""
+    effective: registration_pb2.Register
+    """The registration as the manager completed it with its defaults."""
+
+    def describe_readable(self) -> str:
+        """``v1/ConfigMap (full), coordination.k8s.io/v1/Lease (metadata)``."""
+        return ", ".join(f"{k} ({form})" for k, form in self.readable.items()) or "nothing"
+
+
 class FatalError(Exception):
-    """The manager refused this controller in a way only a human can fix (a rejected
-    registration, a bad token, a newer definition superseding this replica); ``run`` ends
-    with it instead of reconnecting."""
+    """The manager refused this controller in a way only a human can fix (a registration
+    rejected as INVALID_ARGUMENT, PERMISSION_DENIED or ALREADY_EXISTS, or a token refused as
+    UNAUTHENTICATED, before ``Registered``); ``run`` ends with it instead of
+    reconnecting. A newer definition superseding this replica is not fatal: see
+    ``Controller.outdated``."""
 
     def __init__(self, message: str, code: str = "", field: str = "") -> None:
         super().__init__(message)
         self.code = code
-        """The gRPC status code name, e.g. ``INVALID_ARGUMENT``, or ``SUPERSEDED``."""
+        """The gRPC status code name, e.g. ``INVALID_ARGUMENT``."""
         self.field = field
         """The offending Register field, when the manager named one."""
 

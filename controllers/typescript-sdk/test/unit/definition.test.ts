@@ -67,3 +67,47 @@ test("run refuses a bad address before connecting", async () => {
   const c = controller("addr").for(kinds.ConfigMap).reconcile(() => undefined);
   await assert.rejects(c.run({ address: "localhost", handleSignals: false }), /the port is missing/);
 });
+
+test("owns and watches entries ask for metadata only when told; reconcilers set exclusive attempts", () => {
+  const r = controller("forms")
+    .for(kinds.ConfigMap)
+    .owns(kinds.Deployment)
+    .owns(kinds.Secret, { metadataOnly: true })
+    .watches(kinds.Pod, { label: "x" }, { metadataOnly: true })
+    .reconcile(() => undefined)
+    .registration();
+  assert.deepEqual(r.owns.map((o) => o.metadataOnly), [false, true], "children in full by default");
+  assert.equal(r.watches[0]?.metadataOnly, true);
+  assert.equal(r.exclusiveAttempts, true);
+  const events = controller("ev").for(kinds.ConfigMap).onEvent(() => undefined).registration();
+  assert.equal(events.exclusiveAttempts, false, "an event has no negative acknowledgement");
+});
+
+test("the revision comes from the option, else CTRLHUB_REVISION, else 0; a bad one says what to change", () => {
+  const of = (env: NodeJS.ProcessEnv, revision?: number | bigint) => {
+    const saved = process.env["CTRLHUB_REVISION"];
+    try {
+      if (env["CTRLHUB_REVISION"] === undefined) {
+        delete process.env["CTRLHUB_REVISION"];
+      } else {
+        process.env["CTRLHUB_REVISION"] = env["CTRLHUB_REVISION"];
+      }
+      const b = controller("rev").for(kinds.ConfigMap);
+      return (revision === undefined ? b : b.revision(revision)).reconcile(() => undefined).registration().revision;
+    } finally {
+      if (saved === undefined) {
+        delete process.env["CTRLHUB_REVISION"];
+      } else {
+        process.env["CTRLHUB_REVISION"] = saved;
+      }
+    }
+  };
+  assert.equal(of({}), 0n);
+  assert.equal(of({ CTRLHUB_REVISION: " 42 " }), 42n);
+  assert.equal(of({ CTRLHUB_REVISION: "18446744073709551615" }), 2n ** 64n - 1n);
+  assert.equal(of({ CTRLHUB_REVISION: "42" }, 7), 7n, "the option wins");
+  assert.throws(() => of({ CTRLHUB_REVISION: "v2" }), /CTRLHUB_REVISION must be a non-negative integer.*not "v2"/);
+  assert.throws(() => of({ CTRLHUB_REVISION: "18446744073709551616" }), ConfigError);
+  assert.throws(() => controller("rev").revision(-1), /revision must be a non-negative integer/);
+  assert.throws(() => controller("rev").revision(1.5), ConfigError);
+});

@@ -4,6 +4,7 @@ import { test } from "node:test";
 import {
   type Condition,
   addFinalizerPatch,
+  consoleLogger,
   findCondition,
   finalizerStep,
   finalizersPatch,
@@ -66,4 +67,24 @@ test("the finalizer flow's steps", () => {
   assert.equal(finalizerStep({ metadata: { finalizers: [f] } }, f), "apply");
   assert.equal(finalizerStep({ metadata: { finalizers: [f], deletionTimestamp: new Date() } }, f), "cleanup");
   assert.equal(finalizerStep({ metadata: { deletionTimestamp: "2024-01-01T00:00:00Z" } }, f), "none");
+});
+
+test("the console logger writes bigints and cycles as text instead of throwing", () => {
+  const written: string[] = [];
+  const write = process.stderr.write.bind(process.stderr);
+  process.stderr.write = ((chunk: string | Uint8Array) => {
+    written.push(String(chunk));
+    return true;
+  }) as typeof process.stderr.write;
+  try {
+    const cyclic: Record<string, unknown> = {};
+    cyclic["self"] = cyclic;
+    const log = consoleLogger("x", "debug");
+    log.debug("effective", { effective: { revision: 5n, nested: [1n] } });
+    log.info("cycle", { cyclic });
+  } finally {
+    process.stderr.write = write;
+  }
+  assert.match(written[0] ?? "", /effective effective=\{"revision":"5","nested":\["1"\]\}/);
+  assert.match(written[1] ?? "", /cycle cyclic=\[object Object\]/);
 });

@@ -108,6 +108,12 @@ pub struct Controller {
     queued: QueuedBytes,
     /// Set once every informer it uses has its first list: nothing is dispatched before.
     synced: std::sync::atomic::AtomicBool,
+    /// Set when the manager shuts down: nothing more is handed out, so the attempts already
+    /// out can finish within the shutdown grace.
+    quiesced: std::sync::atomic::AtomicBool,
+    /// Its last replica said it is retired on purpose (Drain with `retire`): when no session
+    /// is left it goes at once instead of staying for the grace. A session attaching clears it.
+    retiring: std::sync::atomic::AtomicBool,
     /// The highest `Register.revision` among its sessions: a different definition needs a
     /// higher one to supersede it.
     revision: AtomicU64,
@@ -198,6 +204,8 @@ impl Controller {
             retired: tokio_util::sync::CancellationToken::new(),
             queued,
             synced: std::sync::atomic::AtomicBool::new(false),
+            quiesced: std::sync::atomic::AtomicBool::new(false),
+            retiring: std::sync::atomic::AtomicBool::new(false),
             revision: AtomicU64::new(0),
             sessionless: Mutex::new(None),
             hold: std::sync::atomic::AtomicU64::new(0),
@@ -359,6 +367,13 @@ impl Controller {
         self.queue_limit.store(limit, Ordering::Relaxed);
     }
 
+    /// Take its tenant's limits as they are now (set at start, and again when tenant policies
+    /// change): the ones counted while it runs; the others apply when a registration comes.
+    pub fn apply_limits(&self, limits: &crate::tenancy::Limits) {
+        self.set_queue_limit(limits.queued_keys);
+        self.queued.set_limit(limits.queued_bytes);
+    }
+
     /// Past its limit the controller is revoked (RESOURCE_EXHAUSTED) and stops taking keys, so
     /// the memory a tenant's flood can pin stays bounded; it goes away with its sessions.
     fn check_queue_limit(&self, queued: usize) {
@@ -511,6 +526,8 @@ impl Controller {
     /// attempts stay in flight until it confirms they ended (see [`Phase`]).
     pub fn add_session(&self, session: u64, credits: u32, exclusive: bool) -> Outbox {
         let (tx, outbox) = messages::mailbox(self.wake.clone());
+        // A replica attaching means the controller runs again, whatever an earlier one said.
+        self.retiring.store(false, Ordering::Relaxed);
         let mut st = self.lock();
         st.sessions.insert(
             session,
@@ -567,6 +584,36 @@ impl Controller {
     /// Whether dispatch may begin (every informer has its first list).
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
+    }
+
+    /// Hand out nothing more (the manager is shutting down); attempts already out may finish.
+    pub fn quiesce(&self) {
+        self.quiesced.store(true, Ordering::Relaxed);
+    }
+
+    /// A replica said the controller is retired on purpose (Drain with `retire`).
+    pub fn mark_retiring(&self) {
+        self.retiring.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it goes at once when its last session ends.
+    pub fn is_retiring(&self) -> bool {
+        self.retiring.load(Ordering::Relaxed)
+    }
+
+    /// Whether the manager stopped handing out this controller's work.
+    pub fn is_quiesced(&self) -> bool {
+        self.quiesced.load(Ordering::Relaxed)
+    }
+
+    /// Attempts out on a live session whose results have not come back (expired and orphaned
+    /// ones are not waited for: their sessions may never answer).
+    pub fn live_attempts(&self) -> usize {
+        self.lock()
+            .in_flight
+            .values()
+            .filter(|f| matches!(f.phase, state::Phase::Live))
+            .count()
     }
 
     /// Sets how long an exclusive session's unfinished keys stay fenced after its last

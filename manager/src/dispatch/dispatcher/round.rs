@@ -195,6 +195,10 @@ impl Controller {
             // know. Syncing wakes the loop.
             return (Vec::new(), Stop::Blocked);
         }
+        if self.is_quiesced() {
+            // Shutting down: what is out may finish, nothing new starts.
+            return (Vec::new(), Stop::Blocked);
+        }
         let max = match self.registration.max_concurrent {
             0 => usize::MAX,
             n => n as usize,

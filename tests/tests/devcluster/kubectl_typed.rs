@@ -1,4 +1,4 @@
-//! kubectl 1.32's typed commands against devcluster (issue 18): every `kubectl create`
+//! kubectl 1.32's typed commands against devcluster: every `kubectl create`
 //! subcommand, `run`, `expose`, `scale` and `create token` send protobuf bodies; `explain`
 //! reads the OpenAPI v3 documents; `apply --server-side` after `apply` upgrades from
 //! client-side apply; and invalid objects are refused as a real server refuses them.

@@ -1,6 +1,6 @@
 //! The protocol exactly as `proto/ctrlhub/v1/*.proto` and `docs/protocol.md` document it: one
 //! test per place a stranger writing a controller from those docs found the manager doing
-//! something else (issue 15), each over raw gRPC against the real `ctrlhub` binary on
+//! something else, each over raw gRPC against the real `ctrlhub` binary on
 //! devcluster, reading only what a controller receives (and `/status` and `/metrics`).
 
 use ctrlhub_proto::v1 as pb;
@@ -98,7 +98,7 @@ async fn drain_ends_with_ok_after_the_last_request_misses_its_deadline() {
     assert_eq!(key(&first), "default/slow");
     r.answers()
         .send(pb::ControllerMessage {
-            message: Some(pb::controller_message::Message::Drain(pb::Drain {})),
+            message: Some(pb::controller_message::Message::Drain(pb::Drain::default())),
         })
         .await
         .expect("drain sent");

@@ -1,4 +1,4 @@
-//! Built-in kinds are validated as kube-apiserver validates them (issue 18): wrong JSON types
+//! Built-in kinds are validated as kube-apiserver validates them: wrong JSON types
 //! are 400 with the Go decoder's message, unknown fields follow `fieldValidation`, invalid
 //! objects are 422 with `field.ErrorList` causes, and watch-list options are checked. Driven
 //! through kube-rs (what controllers use) and raw HTTPS (headers and exact bodies).

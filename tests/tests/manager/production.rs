@@ -212,11 +212,13 @@ async fn memcached_with_an_empty_namespace_list_watches_all_namespaces() {
             "still running (not refused) with {flag:?} / {env:?}"
         );
         let _ = controller.kill().await;
+        // The controller stays (for --controller-grace) with no session.
         wait_for("the session ends", || async {
             m.try_status().await.is_ok_and(|s| {
-                !s["controllers"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["name"] == "memcached"))
+                !s["controllers"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["name"] == "memcached" && c["sessions"] != 0)
+                })
             })
         })
         .await;

@@ -1,4 +1,4 @@
-//! The hostile-tenant suite (issue 14, item 9): one test per attack a tenant made on the others,
+//! The hostile-tenant suite: one test per attack a tenant made on the others,
 //! each against a real `ctrlhub run --auth kubernetes` manager with its default limits on
 //! devcluster. Two tenants, ServiceAccounts `team-a/ctl` and `team-b/ctl`, may each list and
 //! watch ConfigMaps in their own namespace; team-b runs a well-behaved controller that answers
@@ -35,7 +35,7 @@ const RSS_BOUND: u64 = 256 * MIB;
 const TEST_LIMIT: Duration = Duration::from_secs(120);
 
 /// One test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use ctrlhub_tests::SERIAL;
 
 /// team-b probed every 100 ms while an attack runs, for at most 15 s.
 const DURING: ProbePlan = ProbePlan {
@@ -403,7 +403,7 @@ async fn attack_04_owns_flood_cannot_stall_the_manager() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_05_session_churn_does_not_leak() {
     serial(async {
-        // New registrations are rate limited per tenant (tests/tests/security.rs); the leak is
+        // New registrations are rate limited per tenant (tests/tests/manager/security.rs); the leak is
         // measured over thousands of cycles, so team-a's rate is lifted here.
         let unlimited = format!("system:serviceaccounts:{TEAM_A}/registrations-per-second=0");
         let mut run = Run::start("hostile-05", &["--tenant-limit", &unlimited]).await;

@@ -1,4 +1,4 @@
-//! Fault suite (issue 6, item 3): a real manager, a real SDK controller (`fault-controller`,
+//! Fault suite: a real manager, a real SDK controller (`fault-controller`,
 //! several replica processes) and 1,000+ ConfigMaps, under one fault per test:
 //!
 //! - `replica_sigkill_repeatedly`: controller replicas are SIGKILLed and restarted, round after
@@ -389,7 +389,7 @@ pub mod reconcile_log {
 }
 
 /// The tests take turns: each measures timing (deadlines, handovers) on a small machine.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use ctrlhub_tests::SERIAL;
 
 const NS: &str = "faults";
 const OBJECTS: usize = 1000;

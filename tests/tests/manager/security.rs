@@ -854,7 +854,10 @@ async fn service_accounts_of_one_namespace_share_its_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_re_registering_in_a_loop_is_slowed_down() {
     let c = start_cluster().await;
-    let m = limited_manager(&c, "sec-churn", &[]).await;
+    // With no grace, closing the only replica removes the controller, so each connection is
+    // a new registration (within the grace it would rejoin the kept controller, which replays
+    // nothing and is not counted).
+    let m = limited_manager(&c, "sec-churn", &["--controller-grace", "0s"]).await;
     let mut refused_with = None;
     for _ in 0..60 {
         match Replica::connect(&m.grpc, register_configmaps("churn", 1)).await {
@@ -938,4 +941,128 @@ async fn a_controller_name_is_held_by_one_identity_per_tenant() {
     .expect("another name is fine");
     put_configmap(&c.client, "team-a", "plan", &[("k", "v2")]).await;
     assert_eq!(key(&first.expect().await), "team-a/plan");
+}
+
+/// `kubectl` against `cluster`, as a user runs it; stdout on success, stderr as the error.
+fn kubectl(cluster: &Cluster, args: &[&str], input: Option<&str>) -> Result<String, String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("kubectl: {e}"))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn tenant_policy(limits: &str) -> String {
+    format!(
+        "apiVersion: ctrlhub.io/v1alpha1\nkind: TenantPolicy\nmetadata:\n  name: dev\nspec:\n  tenant: dev\n  limits: {{{limits}}}\n"
+    )
+}
+
+/// The `Accepted` condition of TenantPolicy `dev`: "status reason message".
+fn accepted(c: &Cluster) -> String {
+    kubectl(
+        c,
+        &[
+            "get",
+            "tenantpolicy",
+            "dev",
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Accepted")].status} {.status.conditions[?(@.type=="Accepted")].reason} {.status.conditions[?(@.type=="Accepted")].message}"#,
+        ],
+        None,
+    )
+    .unwrap_or_default()
+}
+
+/// Limits from a TenantPolicy applied with kubectl change without a restart: a policy lowers
+/// the tenant's sessions, raising it lets another replica in, and a misspelt limit is refused
+/// on the policy's status and in the log while the generation before stays in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_policies_change_limits_without_a_restart() {
+    let c = start_cluster().await;
+    let crd = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/base/tenantpolicy-crd.yaml"
+    );
+    kubectl(&c, &["apply", "-f", crd], None).expect("the CRD applies");
+    wait_for("TenantPolicy is served", || async {
+        kubectl(&c, &["get", "tenantpolicies"], None).is_ok()
+    })
+    .await;
+    kubectl(
+        &c,
+        &["apply", "-f", "-"],
+        Some(&tenant_policy("sessions: 1")),
+    )
+    .expect("applies");
+    let m = limited_manager(&c, "sec-policy", &[]).await;
+    wait_for("the policy is accepted on its status", || async {
+        accepted(&c).starts_with("True Accepted")
+    })
+    .await;
+    let _a = Replica::connect(&m.grpc, register_configmaps("p", 1))
+        .await
+        .expect("first session");
+    let second = refused(&m, register_configmaps("p", 1), Some("Bearer dev")).await;
+    assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
+    assert!(second.message().contains("sessions"), "{second:?}");
+
+    kubectl(
+        &c,
+        &["apply", "-f", "-"],
+        Some(&tenant_policy("sessions: 2")),
+    )
+    .expect("applies");
+    let second = poll_until(
+        "a second replica is let in once the policy says 2",
+        PATIENCE,
+        || async {
+            Replica::connect(&m.grpc, register_configmaps("p", 1))
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    kubectl(
+        &c,
+        &["apply", "-f", "-"],
+        Some(&tenant_policy("sesions: 5")),
+    )
+    .expect("applies");
+    wait_for("the misspelt limit is refused on the status", || async {
+        let condition = accepted(&c);
+        condition.starts_with("False Invalid")
+            && condition.contains("spec.limits.sesions: unknown limit")
+            && condition.contains("stays in force")
+    })
+    .await;
+    let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+    assert!(
+        log.contains("tenant policy refused") && log.contains("sesions"),
+        "the refusal is logged"
+    );
+    let third = refused(&m, register_configmaps("p", 1), Some("Bearer dev")).await;
+    assert_eq!(
+        third.code(),
+        Code::ResourceExhausted,
+        "the accepted generation (2 sessions) stays in force: {third:?}"
+    );
+    drop(second);
 }

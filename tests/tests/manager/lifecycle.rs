@@ -845,3 +845,90 @@ async fn the_managers_client_keeps_to_its_qps_and_burst() {
         "every request went through the limiter: {waited}"
     );
 }
+
+/// A controller retired on purpose (its last replica drains with `retire`) is forgotten at
+/// once, series and all, while one whose last replica merely went stays for the grace.
+#[tokio::test]
+async fn a_retired_controller_goes_at_once_and_a_dead_one_stays() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "retire", &[]).await;
+    m.wait_leading().await;
+    let dead = Replica::connect(&m.grpc, register_configmaps("dead", 1))
+        .await
+        .expect("registered");
+    drop(dead);
+    let mut retired = Replica::connect(&m.grpc, register_configmaps("retired", 1))
+        .await
+        .expect("registered");
+    let drain = pb::controller_message::Message::Drain(pb::Drain { retire: true });
+    retired
+        .answers()
+        .send(pb::ControllerMessage {
+            message: Some(drain),
+        })
+        .await
+        .expect("sent");
+    assert!(
+        retired.ended(PATIENCE).await.is_some(),
+        "drained: the stream ends"
+    );
+    poll_until("only the dead controller is kept", PATIENCE, || async {
+        let kept = status_entry(&m, "dead").await;
+        let gone = status_entry(&m, "retired").await;
+        let series = m.try_metrics().await.map_err(|e| e.to_string())?;
+        (kept.is_some_and(|e| e["sessions"] == 0)
+            && gone.is_none()
+            && !series.contains(r#"controller="retired""#)
+            && !series.contains(r#"name="retired""#))
+        .then_some(())
+        .ok_or_else(|| format!("retired still listed: {gone:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A registration whose caches cannot finish their first lists within `--first-list-timeout`
+/// is refused with UNAVAILABLE naming the flag, after that long in all (not per cache), and
+/// registers once the API server answers in time again.
+#[tokio::test]
+async fn a_first_list_past_its_timeout_refuses_the_registration_and_names_the_flag() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "first-list", &["--first-list-timeout", "2s"]).await;
+    m.wait_leading().await;
+    let secrets = pb::ResourceType {
+        version: "v1".into(),
+        kind: "Secret".into(),
+        ..Default::default()
+    };
+    let mut registration = register("slow-lists", secrets, 1, None);
+    // Two caches (the primary and an owned kind), each listed slowly: one deadline covers both.
+    registration.owns = vec![pb::OwnedResource {
+        resource: Some(replica::configmaps()),
+        ..Default::default()
+    }];
+    let faults = c.dc.faults();
+    faults.add_latency("list", "secrets", Duration::from_secs(5));
+    faults.add_latency("list", "configmaps", Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let refused = Replica::connect(&m.grpc, registration.clone())
+        .await
+        .err()
+        .expect("a registration whose lists take 5 s is refused with a 2 s timeout");
+    let waited = started.elapsed();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("--first-list-timeout"),
+        "{refused:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(4),
+        "refused after {waited:?}: the timeout is for all caches together"
+    );
+    faults.clear();
+    wait_for("it registers once lists are fast again", || async {
+        Replica::connect(&m.grpc, registration.clone())
+            .await
+            .is_ok()
+    })
+    .await;
+}

@@ -4,7 +4,7 @@
 //! spend" in `docs/architecture.md`, each against a real `ctrlhub run --auth kubernetes` on
 //! devcluster in the hostile bed (`ctrlhub_tests::hostile`), at the row's bound.
 //!
-//! As in `tests/tests/hostile.rs`, team-b's well-behaved controller is measured during each
+//! As in `tests/tests/adversity/hostile.rs`, team-b's well-behaved controller is measured during each
 //! attack and after it (every update within [`BOUND`], its session never ended), the manager
 //! keeps its Lease and `/readyz` answers 200 throughout, and a test reports every expectation
 //! it saw broken. Attackers connect from 127.0.0.2 and 127.0.0.3 ([`ATTACKER`]), as another
@@ -50,7 +50,7 @@ mod defaults {
 }
 
 /// One test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use ctrlhub_tests::SERIAL;
 
 /// team-b probed every 100 ms while an attack runs, for at most 30 s.
 const DURING: ProbePlan = ProbePlan {
@@ -80,7 +80,7 @@ fn launch() -> Launch {
 }
 
 /// A test's bed with team-b running and measured quiet, the watchdog started, and the broken
-/// expectations collected so far (as in `tests/tests/hostile.rs`).
+/// expectations collected so far (as in `tests/tests/adversity/hostile.rs`).
 struct Run {
     bed: Bed,
     meter: Meter,

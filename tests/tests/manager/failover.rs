@@ -360,3 +360,56 @@ async fn the_leader_label_follows_the_leader_after_a_crash() {
     wait_labelled(&c, &["route-b"]).await;
     assert!(b.leading().await, "route-b still leads");
 }
+
+/// SIGTERM lets the attempts already out finish: for the shutdown grace nothing new is handed
+/// out and the session stays open, the replica's late result is taken, and only then are
+/// sessions revoked and the manager exits — well before the grace when nothing is left out.
+#[tokio::test]
+async fn a_shutdown_waits_for_attempts_already_out() {
+    let c = start_cluster().await;
+    let mut args: Vec<&str> = FAST_LEASE.to_vec();
+    args.extend(["--shutdown-grace", "30s"]);
+    namespace(&c.client, "graceful", &[]).await;
+    let mut m = Manager::start(&c, "graceful", &args).await;
+    m.wait_leading().await;
+    let registration = replica::register("graceful", replica::configmaps(), 2, Some("graceful"));
+    let mut replica = Replica::connect(&m.grpc, registration)
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "graceful", "slow", &[("a", "1")]).await;
+    let slow = replica.expect().await;
+    assert_eq!(key(&slow), "graceful/slow");
+
+    m.signal("TERM");
+    let terminated = std::time::Instant::now();
+    put_configmap(&c.client, "graceful", "later", &[("a", "1")]).await;
+    // The handler keeps working for 3 s of the 30 s grace: its session must stay open and
+    // nothing new may arrive (before, Revoked came within 200 ms of SIGTERM).
+    let window = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match tokio::time::timeout_at(window, replica.recv()).await {
+            Err(_) => break,
+            Ok(Ok(None)) => continue,
+            Ok(Ok(Some(r))) => panic!("{} was handed out while shutting down", key(&r)),
+            Ok(Err(())) => panic!(
+                "the session ended {:?} after SIGTERM, with its attempt still out",
+                terminated.elapsed()
+            ),
+        }
+    }
+    replica.done(&slow.id).await;
+    let ended = replica.ended(PATIENCE).await;
+    assert!(
+        ended.is_some(),
+        "the session is revoked once its result is in"
+    );
+    assert!(
+        m.exited(Duration::from_secs(15)).await,
+        "the manager exits once nothing is out"
+    );
+    assert!(
+        terminated.elapsed() < Duration::from_secs(20),
+        "it did not wait out the 30 s grace: {:?}",
+        terminated.elapsed()
+    );
+}

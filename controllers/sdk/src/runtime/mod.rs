@@ -1,0 +1,422 @@
+//! The runtime: [`Controller::run`] keeps a session with the manager (reconnecting with
+//! backoff, waiting while a newer definition runs), runs reconciles, and returns once shut down
+//! and no reconcile runs any more.
+//!
+//! - `session`: one session as named steps (open, registered, serve);
+//! - `attempt`: one request, from waiting for its key to sending its result;
+//! - `fence`: heartbeats, the anchor and the hold watchdog (exclusive attempts);
+//! - `keys`: one attempt of a key at a time in the process;
+//! - `info`: what a registration answered ([`SessionInfo`]).
+
+mod attempt;
+mod fence;
+mod info;
+mod keys;
+mod session;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctrlhub_proto::v1 as pb;
+use ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient;
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{error, info, warn};
+
+pub use fence::HOLD_EXIT_CODE;
+pub use info::{Readable, SessionInfo};
+
+use crate::controller::{OnRegistered, REVISION_ENV, effective_revision};
+use crate::{Action, Config, ConfigError, Controller, ReconcileError, Request};
+use fence::round_ms;
+use keys::Attempts;
+
+/// Why [`Controller::run`] gave up. Everything else (manager restarts, leader changes, network
+/// errors, a newer definition running) is waited out.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Invalid connection settings (or an invalid `CTRLHUB_REVISION`).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The definition has no primary type.
+    #[error(
+        "controller {0:?} has no primary type: call .reconciles::<K>() or .reconciles_dynamic(..)"
+    )]
+    NoPrimary(String),
+    /// The manager refused the registration in a way that needs a human
+    /// (INVALID_ARGUMENT, PERMISSION_DENIED or UNAUTHENTICATED).
+    #[error("registration rejected with {code:?}{}: {message}", field_suffix(.field))]
+    Rejected {
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The manager's explanation.
+        message: String,
+        /// The offending field (e.g. `register.watches[2].field_path`), or
+        /// empty.
+        field: String,
+    },
+}
+
+fn field_suffix(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!(" (field {field})")
+    }
+}
+
+impl Error {
+    /// A stable, low-cardinality label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "config",
+            Self::NoPrimary(_) => "no_primary",
+            Self::Rejected { .. } => "rejected",
+        }
+    }
+}
+
+/// How one session ended.
+#[derive(Debug)]
+pub(crate) enum SessionEnd {
+    /// Shutdown requested before a session was established, or a drain completed: `run`
+    /// returns Ok.
+    Stopped,
+    /// Needs a human: `run` returns this error.
+    Fatal(Error),
+    /// Reconnect with backoff. `registered` tells whether the session got going (for the
+    /// backoff reset).
+    Retry { reason: String, registered: bool },
+    /// A newer (or conflicting) definition runs: take no work, register again after
+    /// [`Config::outdated_wait`].
+    Outdated { reason: String },
+}
+
+/// What every session and reconcile of one `run` shares.
+pub(crate) struct Shared<F, C> {
+    name: String,
+    register: pb::Register,
+    reconcile: F,
+    ctx: Arc<C>,
+    workers: Arc<Semaphore>,
+    fallback_deadline: Duration,
+    config: Arc<Config>,
+    attempts: Arc<Attempts>,
+    on_registered: Option<OnRegistered>,
+}
+
+impl<K> Controller<K>
+where
+    K: DeserializeOwned + Send + 'static,
+{
+    /// Runs the controller until `shutdown` is cancelled (then drains and returns `Ok`) or a
+    /// registration is rejected in a way that needs a human (returns `Err`).
+    ///
+    /// Connects to the manager, registers (with `Register.revision` from
+    /// [`revision`](Controller::revision) or `CTRLHUB_REVISION`, and `exclusive_attempts`),
+    /// runs up to `max_concurrent_reconciles` reconciles at once, one attempt of a key at a
+    /// time, and answers each request once its reconcile has really stopped. It cancels a
+    /// reconcile shortly before its deadline, and every reconcile of a session that ends or
+    /// whose heartbeats go unanswered for half the hold. It reconnects with exponential backoff
+    /// and jitter when a session ends, and waits [`Config::outdated_wait`] when a newer
+    /// definition runs. It returns only once no reconcile runs any more (see the crate docs).
+    pub async fn run<C, F, Fut>(
+        self,
+        config: Config,
+        reconcile: F,
+        ctx: Arc<C>,
+        shutdown: CancellationToken,
+    ) -> Result<(), Error>
+    where
+        C: Send + Sync + 'static,
+        F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+    {
+        config.validate()?;
+        if self.primary.is_none() {
+            return Err(Error::NoPrimary(self.name));
+        }
+        let endpoint = endpoint(&config)?;
+        let env = std::env::var(REVISION_ENV).ok();
+        let mut register = self.to_register();
+        register.revision = effective_revision(self.revision, env.as_deref())?;
+        let shared = Arc::new(Shared {
+            name: self.name.clone(),
+            register,
+            reconcile,
+            ctx,
+            workers: Arc::new(Semaphore::new(self.concurrency as usize)),
+            fallback_deadline: self.deadline.unwrap_or(Duration::from_secs(60)),
+            config: Arc::new(config),
+            attempts: Arc::new(Attempts::default()),
+            on_registered: self.on_registered,
+        });
+        let end = sessions::<K, C, F, Fut>(&shared, &endpoint, &shutdown).await;
+        wait_for_reconciles(&shared).await;
+        match &end {
+            Ok(()) => {
+                info!(controller = %shared.name, "controller stopped: drained, and no reconcile runs")
+            }
+            Err(err) => error!(controller = %shared.name, error = %err, "giving up: {err}"),
+        }
+        end
+    }
+}
+
+/// Sessions one after another until a shutdown or a fatal refusal.
+async fn sessions<K, C, F, Fut>(
+    shared: &Arc<Shared<F, C>>,
+    endpoint: &Endpoint,
+    shutdown: &CancellationToken,
+) -> Result<(), Error>
+where
+    K: DeserializeOwned + Send + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    let mut backoff = shared.config.reconnect.clone();
+    loop {
+        let started = Instant::now();
+        // A new connection for every session: a Kubernetes Service picks the backend per TCP
+        // connection, so re-opening the stream on the old one would keep asking a manager
+        // that stepped down (and answers UNAVAILABLE) instead of reaching the new leader.
+        let end = match dial(endpoint, &shared.config) {
+            Ok(channel) => {
+                let client = ControllerManagerClient::new(channel);
+                session::run::<K, C, F, Fut>(shared, client, shutdown).await
+            }
+            // Certificates may not be mounted yet, or be mid-rotation: retry with backoff.
+            Err(e) => SessionEnd::Retry {
+                reason: e.to_string(),
+                registered: false,
+            },
+        };
+        let pause = match end {
+            SessionEnd::Stopped => return Ok(()),
+            SessionEnd::Fatal(err) => return Err(err),
+            SessionEnd::Retry { reason, registered } => {
+                let lasted = if registered {
+                    started.elapsed()
+                } else {
+                    Duration::ZERO
+                };
+                let delay = backoff.next_delay(lasted, &mut rand::rng());
+                warn!(
+                    controller = %shared.name,
+                    failures = backoff.failures(),
+                    "session ended: {reason}; reconnecting in {}",
+                    humantime::format_duration(round_ms(delay))
+                );
+                delay
+            }
+            SessionEnd::Outdated { reason } => {
+                backoff.reset();
+                let wait = shared.config.outdated_wait;
+                warn!(
+                    controller = %shared.name,
+                    revision = shared.register.revision,
+                    "{reason}; this replica takes no work and registers again in {} (a rollout \
+                     replaces it meanwhile, or the newer definition's replicas go away)",
+                    humantime::format_duration(wait)
+                );
+                wait
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                info!(controller = %shared.name, "shutdown requested while disconnected");
+                return Ok(());
+            }
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// Waits until no reconcile of any session runs, at most [`Config::shutdown_grace`]. The
+/// sessions have ended, so every one of them is cancelled; blocking work may hold one up.
+async fn wait_for_reconciles<F, C>(shared: &Shared<F, C>) {
+    let running = shared.attempts.running();
+    if running == 0 {
+        return;
+    }
+    info!(controller = %shared.name, running, "waiting for the cancelled reconciles to stop");
+    let grace = shared.config.shutdown_grace;
+    if tokio::time::timeout(grace, shared.attempts.all_stopped())
+        .await
+        .is_err()
+    {
+        warn!(
+            controller = %shared.name,
+            running = shared.attempts.running(),
+            "reconciles still run {} after the end of the last session; returning anyway",
+            humantime::format_duration(grace)
+        );
+    }
+}
+
+/// The manager's endpoint with this SDK's connection settings.
+fn endpoint(config: &Config) -> Result<Endpoint, ConfigError> {
+    let endpoint = Endpoint::from_shared(config.uri()).map_err(|e| ConfigError::InvalidAddr {
+        addr: config.addr.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(endpoint
+        .connect_timeout(config.connect_timeout)
+        .http2_keep_alive_interval(config.keepalive_interval)
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true))
+}
+
+/// A lazily connecting channel to the manager, with TLS read from its files now.
+fn dial(endpoint: &Endpoint, config: &Config) -> Result<Channel, Error> {
+    let endpoint = match config.client_tls()? {
+        Some(tls) => endpoint
+            .clone()
+            .tls_config(tls)
+            .map_err(|e| ConfigError::InvalidTls(e.to_string()))?,
+        None => endpoint.clone(),
+    };
+    Ok(endpoint.connect_lazy())
+}
+
+/// How a stream's status ends the session.
+fn classify_status(status: &tonic::Status, registered: bool) -> SessionEnd {
+    classify_code(
+        status.code(),
+        status.message(),
+        "",
+        leader_hint(status),
+        registered,
+    )
+}
+
+fn leader_hint(status: &tonic::Status) -> Option<String> {
+    status
+        .metadata()
+        .get("ctrlhub-leader")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// How a `Rejected` ends the session: outdated (a newer or conflicting definition runs), fatal
+/// before registration for refusals only a human can fix, otherwise retried.
+fn classify(rej: &pb::Rejected, registered: bool) -> SessionEnd {
+    if rej.outdated {
+        return SessionEnd::Outdated {
+            reason: format!(
+                "another definition of this controller runs at a higher or equal revision: {}",
+                rej.message
+            ),
+        };
+    }
+    let code = tonic::Code::from_i32(rej.code);
+    classify_code(code, &rej.message, &rej.field, None, registered)
+}
+
+fn classify_code(
+    code: tonic::Code,
+    message: &str,
+    field: &str,
+    leader: Option<String>,
+    registered: bool,
+) -> SessionEnd {
+    use tonic::Code;
+    match code {
+        Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated if !registered => {
+            SessionEnd::Fatal(Error::Rejected {
+                code,
+                message: message.to_owned(),
+                field: field.to_owned(),
+            })
+        }
+        Code::Unavailable => SessionEnd::Retry {
+            reason: match leader {
+                Some(leader) => format!("manager unavailable (leader is {leader}): {message}"),
+                None => format!("manager unavailable: {message}"),
+            },
+            registered,
+        },
+        _ => SessionEnd::Retry {
+            reason: format!("{code:?}: {message}{}", field_suffix(field)),
+            registered,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn rejected(code: Code, field: &str, outdated: bool) -> pb::Rejected {
+        pb::Rejected {
+            code: code as i32,
+            message: "no".into(),
+            field: field.into(),
+            outdated,
+        }
+    }
+
+    #[test]
+    fn rejections_needing_a_human_are_fatal() {
+        for code in [
+            Code::InvalidArgument,
+            Code::PermissionDenied,
+            Code::Unauthenticated,
+        ] {
+            assert!(matches!(
+                classify(&rejected(code, "register.primary", false), false),
+                SessionEnd::Fatal(Error::Rejected { code: c, ref field, .. }) if c == code && field == "register.primary"
+            ));
+            // After registration (e.g. a stream error later) they are retried:
+            // re-registering re-checks access.
+            assert!(matches!(
+                classify(&rejected(code, "", false), true),
+                SessionEnd::Retry {
+                    registered: true,
+                    ..
+                }
+            ));
+        }
+        for code in [
+            Code::Unavailable,
+            Code::ResourceExhausted,
+            Code::FailedPrecondition,
+            Code::Internal,
+        ] {
+            assert!(matches!(
+                classify(&rejected(code, "", false), false),
+                SessionEnd::Retry { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn an_outdated_definition_waits_and_never_fails() {
+        for registered in [false, true] {
+            assert!(matches!(
+                classify(&rejected(Code::FailedPrecondition, "", true), registered),
+                SessionEnd::Outdated { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn unavailable_names_the_leader() {
+        let mut status = tonic::Status::unavailable("standby");
+        status.metadata_mut().insert(
+            "ctrlhub-leader",
+            tonic::metadata::MetadataValue::from_static("mgr-0"),
+        );
+        let SessionEnd::Retry { reason, .. } = classify_status(&status, false) else {
+            panic!("expected retry");
+        };
+        assert!(reason.contains("mgr-0"), "{reason}");
+    }
+}

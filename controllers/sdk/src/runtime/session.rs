@@ -1,0 +1,407 @@
+//! One session, as named steps: [`open`] the stream with the Register, [`registered`] waits for
+//! the answer, and [`Session::serve`] runs requests, heartbeats, the drain and the end.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use ctrlhub_proto::v1 as pb;
+use ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient;
+use pb::{controller_message, manager_message};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use tonic::transport::Channel;
+use tracing::{debug, info, warn};
+
+use super::fence::{self, Heartbeats, SessionState, round_ms};
+use super::{SessionEnd, Shared, attempt, classify, classify_status};
+use crate::{Action, CachedReader, ReconcileError, Request, SessionInfo};
+
+/// Runs one session from connecting to its end.
+pub(super) async fn run<K, C, F, Fut>(
+    shared: &Arc<Shared<F, C>>,
+    mut client: ControllerManagerClient<Channel>,
+    shutdown: &CancellationToken,
+) -> SessionEnd
+where
+    K: DeserializeOwned + Send + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    if shutdown.is_cancelled() {
+        return SessionEnd::Stopped;
+    }
+    let (tx, mut inbound) = match open(shared, &mut client, shutdown).await {
+        Ok(opened) => opened,
+        Err(end) => return end,
+    };
+    let info = match registered(shared, &mut inbound, shutdown).await {
+        Ok(info) => info,
+        Err(end) => return end,
+    };
+    let state = Arc::new(SessionState::new(
+        info.session_id.clone(),
+        shared.name.clone(),
+        info.hold,
+    ));
+    fence::watch(state.clone());
+    // However this function ends (also when its future is dropped), every handler of the
+    // session is cancelled and no result is sent on it any more.
+    let _end = EndOnDrop(state.clone());
+    let mut session = Session::<K, F, C> {
+        shared,
+        reader: CachedReader::new(client, shared.config.clone(), info.session_id.clone()),
+        beats: Heartbeats::new(state.clone(), info.heartbeat_interval),
+        state,
+        tx,
+        waiting: Vec::new(),
+        drain: None,
+        _primary: PhantomData,
+    };
+    session.serve(&mut inbound, shutdown).await
+}
+
+/// Ends the session when dropped.
+struct EndOnDrop(Arc<SessionState>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+type Outbound = mpsc::Sender<pb::ControllerMessage>;
+
+fn message(m: controller_message::Message) -> pb::ControllerMessage {
+    pb::ControllerMessage { message: Some(m) }
+}
+
+/// Opens the Connect stream with the Register as its first message.
+async fn open<F, C>(
+    shared: &Shared<F, C>,
+    client: &mut ControllerManagerClient<Channel>,
+    shutdown: &CancellationToken,
+) -> Result<(Outbound, Streaming<pb::ManagerMessage>), SessionEnd> {
+    let retry = |reason: String| SessionEnd::Retry {
+        reason,
+        registered: false,
+    };
+    let capacity = shared.register.max_in_flight.max(1) as usize * 2 + 8;
+    let (tx, rx) = mpsc::channel::<pb::ControllerMessage>(capacity);
+    let register = controller_message::Message::Register(Box::new(shared.register.clone()));
+    if tx.send(message(register)).await.is_err() {
+        return Err(retry("outbound stream closed".into()));
+    }
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    let auth = shared
+        .config
+        .authorization()
+        .map_err(|e| retry(e.to_string()))?;
+    request.metadata_mut().insert("authorization", auth);
+    info!(controller = %shared.name, addr = %shared.config.addr, "connecting to manager");
+    let response = tokio::select! {
+        _ = shutdown.cancelled() => return Err(SessionEnd::Stopped),
+        r = client.connect(request) => r,
+    };
+    match response {
+        Ok(r) => Ok((tx, r.into_inner())),
+        Err(status) => Err(classify_status(&status, false)),
+    }
+}
+
+/// Waits for `Registered`; logs it (with the readable kinds) and tells `on_registered`.
+async fn registered<F, C>(
+    shared: &Shared<F, C>,
+    inbound: &mut Streaming<pb::ManagerMessage>,
+    shutdown: &CancellationToken,
+) -> Result<SessionInfo, SessionEnd> {
+    let name = shared.name.as_str();
+    let retry = |reason: String| SessionEnd::Retry {
+        reason,
+        registered: false,
+    };
+    let first = tokio::select! {
+        _ = shutdown.cancelled() => return Err(SessionEnd::Stopped),
+        m = inbound.message() => m,
+    };
+    let registered = match first.map(|m| m.and_then(|m| m.message)) {
+        Ok(Some(manager_message::Message::Registered(r))) => *r,
+        Ok(Some(manager_message::Message::Rejected(rej))) => {
+            let code = tonic::Code::from_i32(rej.code);
+            warn!(controller = %name, ?code, field = %rej.field, outdated = rej.outdated, "registration rejected: {}", rej.message);
+            return Err(classify(&rej, false));
+        }
+        Ok(Some(other)) => return Err(retry(format!("expected Registered, got {other:?}"))),
+        Ok(None) => return Err(retry("stream ended before Registered".into())),
+        Err(status) => return Err(classify_status(&status, false)),
+    };
+    let info = SessionInfo::new(registered, shared.register.revision);
+    info!(
+        controller = %name,
+        session_id = %info.session_id,
+        leader = %info.leader_identity,
+        revision = info.revision,
+        readable = %info.readable_summary(),
+        "registered with manager"
+    );
+    debug!(controller = %name, effective = ?info.effective, hold = ?info.hold, "effective registration");
+    if let Some(callback) = &shared.on_registered {
+        (callback.0)(&info);
+    }
+    Ok(info)
+}
+
+/// A session in progress.
+struct Session<'a, K, F, C> {
+    shared: &'a Arc<Shared<F, C>>,
+    state: Arc<SessionState>,
+    tx: Outbound,
+    reader: CachedReader,
+    beats: Heartbeats,
+    /// Requests received before the first heartbeat answer: they start once the anchor is
+    /// fresh.
+    waiting: Vec<pb::ReconcileRequest>,
+    drain: Option<Draining>,
+    _primary: PhantomData<fn() -> K>,
+}
+
+/// A shutdown in progress.
+struct Draining {
+    /// When the Drain was sent.
+    since: Instant,
+    /// Once every request was answered: when to stop waiting for the manager to close.
+    close_by: Option<Instant>,
+}
+
+/// What one turn of the session decided.
+enum Step {
+    Continue,
+    End(SessionEnd),
+}
+
+impl<K, F, C, Fut> Session<'_, K, F, C>
+where
+    K: DeserializeOwned + Send + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    /// Serves the session until it ends.
+    async fn serve(
+        &mut self,
+        inbound: &mut Streaming<pb::ManagerMessage>,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let mut ticker = self.beats.interval().map(|every| {
+            let mut t = tokio::time::interval(every);
+            t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            t
+        });
+        loop {
+            let silence = self.beats.silence_deadline().map(Instant::from_std);
+            let answered = self.drain.as_ref().is_some_and(|d| d.close_by.is_none());
+            let step = tokio::select! {
+                _ = shutdown.cancelled(), if self.drain.is_none() => self.start_drain().await,
+                _ = tick(&mut ticker) => self.heartbeat(),
+                () = sleep_until(silence) => self.silent(),
+                () = self.state.all_answered(), if answered => self.all_answered(),
+                () = sleep_until(self.drain_deadline()) => self.drain_over(),
+                msg = inbound.message() => self.on_message(msg),
+            };
+            if let Step::End(end) = step {
+                return end;
+            }
+        }
+    }
+
+    /// Shutdown: Drain, and let in-flight reconciles finish.
+    async fn start_drain(&mut self) -> Step {
+        let in_flight = self.state.in_flight_count();
+        info!(controller = %self.shared.name, in_flight, "shutdown requested: draining session");
+        self.drain = Some(Draining {
+            since: Instant::now(),
+            close_by: None,
+        });
+        let drain = message(controller_message::Message::Drain(pb::Drain::default()));
+        if self.tx.send(drain).await.is_err() {
+            return Step::End(SessionEnd::Stopped);
+        }
+        Step::Continue
+    }
+
+    /// Every request of a draining session is answered: the manager should close soon.
+    fn all_answered(&mut self) -> Step {
+        if let Some(drain) = &mut self.drain {
+            drain.close_by = Some(Instant::now() + self.shared.config.drain_grace);
+        }
+        Step::Continue
+    }
+
+    /// When a draining session stops waiting: for the manager to close after the last answer,
+    /// or for its reconciles at the end of the shutdown grace.
+    fn drain_deadline(&self) -> Option<Instant> {
+        let drain = self.drain.as_ref()?;
+        let grace_over = drain.since + self.shared.config.shutdown_grace;
+        Some(drain.close_by.map_or(grace_over, |at| at.min(grace_over)))
+    }
+
+    fn drain_over(&mut self) -> Step {
+        let config = &self.shared.config;
+        let running = self.state.running_count();
+        if running > 0 {
+            warn!(controller = %self.shared.name, running, "the shutdown grace of {} is over: cancelling the reconciles that still run", humantime::format_duration(config.shutdown_grace));
+        } else {
+            warn!(controller = %self.shared.name, "the manager did not close the drained session within {}; ending it", humantime::format_duration(config.drain_grace));
+        }
+        Step::End(SessionEnd::Stopped)
+    }
+
+    /// Sends the next heartbeat, unless the stream is backed up (then this one is skipped).
+    fn heartbeat(&mut self) -> Step {
+        match self.tx.try_send(self.beats.beat()) {
+            Err(mpsc::error::TrySendError::Closed(_)) => Step::End(SessionEnd::Retry {
+                reason: "outbound stream closed".into(),
+                registered: true,
+            }),
+            Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => Step::Continue,
+        }
+    }
+
+    /// No heartbeat answered for half the hold: the manager may be gone or cut off.
+    fn silent(&mut self) -> Step {
+        let hold = self.state.hold().unwrap_or_default();
+        let reason = format!(
+            "the manager answered no heartbeat for {} (half the hold of {}): it may be gone or cut off; cancelling this session's reconciles",
+            humantime::format_duration(round_ms(hold / 2)),
+            humantime::format_duration(hold)
+        );
+        warn!(controller = %self.shared.name, session_id = %self.state.id, running = self.state.running_count(), "{reason}");
+        self.ended(SessionEnd::Retry {
+            reason,
+            registered: true,
+        })
+    }
+
+    /// One message from the manager (or the stream's end).
+    fn on_message(&mut self, msg: Result<Option<pb::ManagerMessage>, tonic::Status>) -> Step {
+        let name = self.shared.name.as_str();
+        let m = match msg {
+            Ok(Some(pb::ManagerMessage { message: Some(m) })) => m,
+            Ok(Some(pb::ManagerMessage { message: None })) => {
+                debug!(controller = %name, "ignoring a manager message of an unknown kind");
+                return Step::Continue;
+            }
+            Ok(None) if self.drain.is_some() => {
+                debug!(controller = %name, "the manager closed the drained session");
+                return Step::End(SessionEnd::Stopped);
+            }
+            Ok(None) => {
+                return self.ended(SessionEnd::Retry {
+                    reason: "manager closed the stream".into(),
+                    registered: true,
+                });
+            }
+            Err(status) => {
+                warn!(controller = %name, code = ?status.code(), "session ended: {}", status.message());
+                return self.ended(classify_status(&status, true));
+            }
+        };
+        match m {
+            manager_message::Message::Reconcile(req) => self.request(req),
+            manager_message::Message::Heartbeat(beat) => self.answered(beat.nonce),
+            manager_message::Message::Revoked(rev) => self.revoked(rev),
+            manager_message::Message::Rejected(rej) => {
+                let code = tonic::Code::from_i32(rej.code);
+                warn!(controller = %name, ?code, field = %rej.field, "session rejected: {}", rej.message);
+                self.ended(classify(&rej, true))
+            }
+            manager_message::Message::Registered(_) => {
+                warn!(controller = %name, "ignoring a second Registered");
+                Step::Continue
+            }
+            manager_message::Message::Event(ev) => {
+                warn!(controller = %name, id = %ev.id, "ignoring an Event on a reconcile-mode session");
+                Step::Continue
+            }
+        }
+    }
+
+    /// A request: started at once, or once the first heartbeat is answered.
+    fn request(&mut self, req: pb::ReconcileRequest) -> Step {
+        if self.beats.anchored() {
+            attempt::spawn::<K, C, F, Fut>(self.shared, &self.state, &self.reader, &self.tx, req);
+        } else {
+            self.waiting.push(req);
+        }
+        Step::Continue
+    }
+
+    /// A heartbeat answer: the anchor moves; requests waiting for one start.
+    fn answered(&mut self, nonce: u64) -> Step {
+        self.beats.answered(nonce);
+        if self.beats.anchored() {
+            for req in std::mem::take(&mut self.waiting) {
+                attempt::spawn::<K, C, F, Fut>(
+                    self.shared,
+                    &self.state,
+                    &self.reader,
+                    &self.tx,
+                    req,
+                );
+            }
+        }
+        Step::Continue
+    }
+
+    /// The manager ended the session.
+    fn revoked(&mut self, rev: pb::Revoked) -> Step {
+        let reason = pb::revoked::Reason::try_from(rev.reason).unwrap_or_default();
+        let code = tonic::Code::from_i32(rev.code);
+        warn!(controller = %self.shared.name, ?reason, ?code, leader = %rev.leader_identity, "session revoked: {}", rev.message);
+        let end = if reason == pb::revoked::Reason::Superseded {
+            SessionEnd::Outdated {
+                reason: format!(
+                    "a newer definition of this controller replaced this one (revision {}): {}",
+                    self.shared.register.revision, rev.message
+                ),
+            }
+        } else {
+            SessionEnd::Retry {
+                reason: format!("revoked ({reason:?}): {}", rev.message),
+                registered: true,
+            }
+        };
+        self.ended(end)
+    }
+
+    /// The session ends with `end`; while draining, that completes the shutdown.
+    fn ended(&self, end: SessionEnd) -> Step {
+        if self.drain.is_some() && !matches!(end, SessionEnd::Fatal(_)) {
+            return Step::End(SessionEnd::Stopped);
+        }
+        Step::End(end)
+    }
+}
+
+/// The next tick, or never without a ticker.
+async fn tick(ticker: &mut Option<Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`, or for ever when there is none.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,13 @@
+//! The manager from the outside: the real `ctrlhub` binary on devcluster, driven over gRPC,
+//! HTTP and kubectl as controllers, operators and Prometheus drive it. One test binary, a
+//! module per subject.
+
+mod contract;
+mod failover;
+mod lifecycle;
+mod mtls;
+mod production;
+mod protocol;
+mod security;
+mod status_page;
+mod traces;
