@@ -513,9 +513,11 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
             .all(|e| e.time_unix_nano <= root.span.start_time_unix_nano),
         "enqueued before the attempt started"
     );
-    assert_eq!(
-        string_attr(&enqueues[0].attributes, "ctrlhub.priority").as_deref(),
-        Some("live")
+    // A live change, or the registration's first list if that came first: either way, the lane.
+    let lane = string_attr(&enqueues[0].attributes, "ctrlhub.priority");
+    assert!(
+        matches!(lane.as_deref(), Some("live" | "background")),
+        "{lane:?}"
     );
     manager_traces_are_attempts_with_their_pod(&spans);
 }
