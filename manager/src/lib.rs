@@ -15,6 +15,7 @@
 //!   restart over the flags' defaults.
 //! - `tenancy`: identities, authentication, authorization and limits.
 //! - `leader`: Lease-based leader election.
+//! - `kubeclient`: the manager's own Kubernetes clients (API-client metrics, QPS and burst).
 //! - `informer`: the shared caches and the objects they hold.
 //! - `registration`: what a controller registered, as domain types (scope, predicates, mapping).
 //! - `metrics`, `key`, `throttle`: Prometheus series, object keys, and throttles for what tenants
@@ -25,6 +26,7 @@ pub(crate) mod grpc;
 pub(crate) mod http;
 pub(crate) mod informer;
 pub mod key;
+pub(crate) mod kubeclient;
 pub(crate) mod leader;
 pub(crate) mod metrics;
 pub(crate) mod net;

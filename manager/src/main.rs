@@ -58,8 +58,10 @@ fn shutdown_on_signal() -> CancellationToken {
     token
 }
 
+/// Runs the command; a fatal error is logged as the last line in the chosen log format (JSON
+/// under `--log-format json`, so log collectors keep it) and the exit status is 1.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     // Parsed first: the log format is an option. Argument errors and --help print on their own.
     let cli = Cli::parse();
     ctrlhub_otel::logs::init(
@@ -68,10 +70,11 @@ async fn main() -> anyhow::Result<()> {
     );
     // Off (no exporter, no spans) unless OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT is set; a bad
     // tracing setup is reported but does not stop the manager.
-    let traces = ctrlhub_otel::init("ctrlhub").unwrap_or_else(|e| {
-        tracing::error!(error = %e, "traces are not exported");
-        ctrlhub_otel::Traces::disabled()
-    });
+    let traces = ctrlhub_otel::init_with_version("ctrlhub", Some(env!("CARGO_PKG_VERSION")))
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "traces are not exported");
+            ctrlhub_otel::Traces::disabled()
+        });
     let stop = shutdown_on_signal();
     let result = match cli.command {
         Command::Run(args) => args.run(stop).await,
@@ -80,5 +83,12 @@ async fn main() -> anyhow::Result<()> {
     };
     // After the sessions are revoked, so the last attempts' spans are flushed, not lost.
     traces.shutdown().await;
-    result
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}`: the whole chain of causes on one line, as anyhow's `Error:` output had it.
+            tracing::error!(error = %format!("{e:#}"), "ctrlhub stopped on a fatal error");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -26,7 +26,8 @@
 //!
 //! Every process also reports `service.instance.id` (unless `OTEL_RESOURCE_ATTRIBUTES` sets
 //! it), so that replicas of one service can be told apart: `POD_NAME` when set (the Downward
-//! API), else `<hostname>-<pid>`.
+//! API), else `<hostname>-<pid>`; in a pod, `k8s.pod.name` and `k8s.namespace.name` from
+//! `POD_NAME` and `POD_NAMESPACE`; and with [`init_with_version`], `service.version`.
 //!
 //! [`logs`] sets up the log output (text or JSON) with the ids of the current trace.
 
@@ -134,7 +135,16 @@ fn env_is(name: &str, value: &str) -> bool {
 /// called inside a tokio runtime (the gRPC exporter runs on it), once per
 /// process.
 pub fn init(default_service_name: &str) -> Result<Traces, TracesError> {
-    let Some(provider) = provider(ServiceName::Default(default_service_name))? else {
+    init_with_version(default_service_name, None)
+}
+
+/// [`init`] for a binary that knows its release: `service.version` is `version` unless
+/// `OTEL_RESOURCE_ATTRIBUTES` sets it.
+pub fn init_with_version(
+    default_service_name: &str,
+    version: Option<&str>,
+) -> Result<Traces, TracesError> {
+    let Some(provider) = provider(ServiceName::Default(default_service_name), version)? else {
         return Ok(Traces::disabled());
     };
     opentelemetry::global::set_tracer_provider(provider.clone());
@@ -156,7 +166,7 @@ pub fn init_component(service_name: &str) -> Result<Traces, TracesError> {
         return Ok(Traces::disabled());
     }
     Ok(Traces {
-        provider: provider(ServiceName::Fixed(service_name))?,
+        provider: provider(ServiceName::Fixed(service_name), None)?,
         global: false,
     })
 }
@@ -170,7 +180,10 @@ enum ServiceName<'a> {
 }
 
 /// The batch-exporting provider the environment asks for, or None when tracing is off.
-fn provider(name: ServiceName<'_>) -> Result<Option<SdkTracerProvider>, TracesError> {
+fn provider(
+    name: ServiceName<'_>,
+    version: Option<&str>,
+) -> Result<Option<SdkTracerProvider>, TracesError> {
     let endpoint =
         env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || env_set("OTEL_EXPORTER_OTLP_ENDPOINT");
     if !endpoint || env_is("OTEL_SDK_DISABLED", "true") || env_is("OTEL_TRACES_EXPORTER", "none") {
@@ -192,6 +205,17 @@ fn provider(name: ServiceName<'_>) -> Result<Option<SdkTracerProvider>, TracesEr
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .build()?;
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_resource(resource(name, version))
+            .with_batch_exporter(exporter)
+            .build(),
+    ))
+}
+
+/// The process's resource: the service's name and version, its instance, and the pod it runs
+/// in; what `OTEL_RESOURCE_ATTRIBUTES` sets stays as it says.
+fn resource(name: ServiceName<'_>, version: Option<&str>) -> opentelemetry_sdk::Resource {
     let mut resource = opentelemetry_sdk::Resource::builder();
     match name {
         ServiceName::Fixed(n) => resource = resource.with_service_name(n.to_owned()),
@@ -202,15 +226,28 @@ fn provider(name: ServiceName<'_>) -> Result<Option<SdkTracerProvider>, TracesEr
         }
         ServiceName::Default(_) => {}
     }
-    if !resource_sets("service.instance.id") {
-        resource = resource.with_attribute(KeyValue::new("service.instance.id", instance_id()));
+    let pod = [
+        ("service.version", version.map(str::to_owned)),
+        ("service.instance.id", Some(instance_id())),
+        ("k8s.pod.name", env_value("POD_NAME")),
+        ("k8s.namespace.name", env_value("POD_NAMESPACE")),
+    ];
+    for (key, value) in pod {
+        if let Some(value) = value
+            && !resource_sets(key)
+        {
+            resource = resource.with_attribute(KeyValue::new(key, value));
+        }
     }
-    Ok(Some(
-        SdkTracerProvider::builder()
-            .with_resource(resource.build())
-            .with_batch_exporter(exporter)
-            .build(),
-    ))
+    resource.build()
+}
+
+/// The trimmed value of an environment variable, when it has one.
+fn env_value(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// Whether `OTEL_RESOURCE_ATTRIBUTES` sets `key`.
@@ -227,10 +264,8 @@ fn resource_sets(key: &str) -> bool {
 /// This process among the replicas of its service: the pod's name when the Downward API
 /// passes it as `POD_NAME`, else `<hostname>-<pid>` (a pod's hostname is its name too).
 pub fn instance_id() -> String {
-    if let Ok(pod) = std::env::var("POD_NAME")
-        && !pod.trim().is_empty()
-    {
-        return pod.trim().to_owned();
+    if let Some(pod) = env_value("POD_NAME") {
+        return pod;
     }
     let host = std::env::var("HOSTNAME")
         .ok()

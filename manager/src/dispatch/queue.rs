@@ -30,7 +30,7 @@
 //! Background work is ready resets the count, so a ready Background item waits behind at most
 //! `live_burst` Live pops. Within one priority, keys are FIFO by the time they became ready.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
@@ -281,8 +281,11 @@ pub enum QueuedAs {
     Live,
     /// Ready in the Background lane.
     Background,
-    /// Waiting on a requeue-after, backoff or `add_after` timer until this instant.
+    /// Waiting on a requeue-after or `add_after` timer until this instant: scheduled, not
+    /// failing.
     Timer(Instant),
+    /// Waiting out its backoff after an error or a missed deadline until this instant: failing.
+    Retry(Instant),
 }
 
 /// A level-triggered, exclusive, prioritized work queue with per-key backoff and timers.
@@ -296,6 +299,8 @@ pub struct WorkQueue<K: Clone + Eq + Hash + Ord> {
     live: BTreeMap<u64, K>,
     background: BTreeMap<u64, K>,
     timers: BTreeMap<(Instant, u64), K>,
+    /// The timers (by sequence number) that are a backoff after a failure, not a schedule.
+    retry_timers: HashSet<u64>,
     next_seq: u64,
     next_handout: HandoutId,
     in_flight: usize,
@@ -314,6 +319,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             live: BTreeMap::new(),
             background: BTreeMap::new(),
             timers: BTreeMap::new(),
+            retry_timers: HashSet::new(),
             next_seq: 0,
             next_handout: 1,
             in_flight: 0,
@@ -379,7 +385,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 seq,
                 priority: old,
             } => {
-                self.timers.remove(&(at, seq));
+                self.unschedule(at, seq);
                 self.adds_total += 1;
                 entry.state = self.enqueue(&key, priority.max(old), now);
             }
@@ -440,7 +446,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             } => {
                 entry.reasons.insert(Reason::Scheduled);
                 if at < old {
-                    self.timers.remove(&(old, seq));
+                    self.unschedule(old, seq);
                     entry.state = self.schedule(&key, at, priority);
                 }
             }
@@ -569,7 +575,13 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
             entry.reasons.insert(reason);
             // Retries keep the lane of the attempt that produced them, so a failing resync item
             // does not jump ahead of live changes.
-            self.schedule(key, at, priority)
+            let state = self.schedule(key, at, priority);
+            if matches!(reason, Reason::Backoff | Reason::Redelivery)
+                && let State::Waiting { seq, .. } = &state
+            {
+                self.retry_timers.insert(*seq);
+            }
+            state
         } else {
             State::Idle
         };
@@ -667,7 +679,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                 self.lane(priority).remove(&seq);
             }
             State::Waiting { at, seq, .. } => {
-                self.timers.remove(&(at, seq));
+                self.unschedule(at, seq);
             }
             State::Processing {
                 handout_id,
@@ -732,11 +744,14 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                     .values()
                     .map(|k| (k.clone(), QueuedAs::Background)),
             )
-            .chain(
-                self.timers
-                    .iter()
-                    .map(|((at, _), k)| (k.clone(), QueuedAs::Timer(*at))),
-            )
+            .chain(self.timers.iter().map(|((at, seq), k)| {
+                let waits = if self.retry_timers.contains(seq) {
+                    QueuedAs::Retry(*at)
+                } else {
+                    QueuedAs::Timer(*at)
+                };
+                (k.clone(), waits)
+            }))
             .take(limit)
             .collect()
     }
@@ -744,6 +759,12 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// Keys waiting on a timer (requeue-after, backoff, `add_after`).
     pub fn waiting_len(&self) -> usize {
         self.timers.len()
+    }
+
+    /// Keys of [`WorkQueue::waiting_len`] waiting out a backoff after an error or a missed
+    /// deadline (failing), as opposed to a requeue-after they asked for (scheduled).
+    pub fn retrying_len(&self) -> usize {
+        self.retry_timers.len()
     }
 
     /// Whether `key` is ready, waiting on a timer or handed out: whether anything still to
@@ -857,13 +878,20 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         State::Waiting { at, seq, priority }
     }
 
+    /// Removes the timer `(at, seq)` of a key that stops waiting.
+    fn unschedule(&mut self, at: Instant, seq: u64) {
+        self.timers.remove(&(at, seq));
+        self.retry_timers.remove(&seq);
+    }
+
     fn fire_timers(&mut self, now: Instant) {
         while let Some(entry) = self.timers.first_entry() {
-            let (at, _) = *entry.key();
+            let (at, seq) = *entry.key();
             if at > now {
                 break;
             }
             let key = entry.remove();
+            self.retry_timers.remove(&seq);
             let Some(State::Waiting { priority, .. }) = self.entries.get(&key).map(|e| &e.state)
             else {
                 continue;
@@ -915,6 +943,12 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         }
         assert_eq!(ready, self.len(), "stale entries in ready lanes");
         assert_eq!(waiting, self.timers.len(), "stale timers");
+        assert!(
+            self.retry_timers
+                .iter()
+                .all(|seq| self.timers.keys().any(|(_, s)| s == seq)),
+            "stale retry timers"
+        );
         assert_eq!(processing, self.in_flight);
     }
 }
@@ -992,6 +1026,42 @@ mod tests {
         assert_eq!(q.peek(1), vec![("live", QueuedAs::Live)]);
         assert_eq!(pop_key(&mut q, c.now()), Some("live"));
         assert_eq!(q.peek(10).len(), 2, "a popped key is in flight, not queued");
+    }
+
+    /// A key waiting on the requeue-after it asked for is scheduled; one waiting out a backoff
+    /// after an error or a missed deadline is failing, until it runs again.
+    #[test]
+    fn timers_tell_scheduled_keys_from_failing_ones() {
+        let mut c = Clock::new();
+        let mut q = queue();
+        for k in ["poll", "fails", "late"] {
+            q.add(k, Priority::Live, c.now());
+        }
+        let outcomes = [
+            Outcome::RequeueAfter(300 * 1000 * MS),
+            Outcome::Error { retry_after: None },
+            Outcome::Missed,
+        ];
+        for outcome in outcomes {
+            let h = q.pop(c.now()).expect("a ready key");
+            assert!(q.done(&h.key, outcome, c.now()));
+            q.check_invariants();
+        }
+        assert_eq!((q.waiting_len(), q.retrying_len()), (3, 2));
+        let waits: HashMap<&str, QueuedAs> = q.peek(10).into_iter().collect();
+        assert!(matches!(waits["poll"], QueuedAs::Timer(_)), "{waits:?}");
+        assert!(matches!(waits["fails"], QueuedAs::Retry(_)), "{waits:?}");
+        assert!(matches!(waits["late"], QueuedAs::Retry(_)), "{waits:?}");
+        // An event makes a failing key ready at once; a fired backoff leaves nothing behind.
+        q.add("fails", Priority::Live, c.now());
+        q.check_invariants();
+        assert_eq!((q.waiting_len(), q.retrying_len()), (2, 1));
+        c.advance(10 * 1000 * MS);
+        while let Some(h) = q.pop(c.now()) {
+            assert!(q.done(&h.key, Outcome::Done, c.now()));
+        }
+        q.check_invariants();
+        assert_eq!((q.waiting_len(), q.retrying_len()), (1, 0));
     }
 
     #[test]

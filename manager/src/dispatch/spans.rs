@@ -1,14 +1,15 @@
 //! OpenTelemetry spans of the dispatch path, so that one reconcile is one trace across the gRPC
 //! hop into the controller process.
 //!
-//! - `enqueue` (INTERNAL, a root of its own): one per informer event (or resync) that reaches a
-//!   controller's queue. Its context is remembered per key ([`PendingLinks`], at most
-//!   [`MAX_LINKS_PER_KEY`]) and attached as a span link to that key's next attempt: many
-//!   events collapse into one request, so they are links, not parents.
 //! - `reconcile` (INTERNAL, root; `event` in MODE_EVENTS): one per attempt, from dispatch to
-//!   result, missed deadline or lost session, carrying the controller, tenant, key, attempt
-//!   and `ctrlhub.outcome`; an attempt re-delivered because of its outcome (error, requeue,
-//!   lost, deadline) is linked from the next one, so a retry chain can be walked.
+//!   result, missed deadline or lost session, carrying the controller, tenant (as metrics and
+//!   limits name it), the identity that registered the controller, key, attempt and
+//!   `ctrlhub.outcome`. Every informer event (or resync) that queued its key since the previous
+//!   attempt is a span event `enqueue` on it, at the time it happened ([`PendingLinks`], at
+//!   most [`MAX_LINKS_PER_KEY`]): many events collapse into one request, and a watch event has
+//!   no trace of its own to link to, so it is recorded, not made a one-span trace. An attempt
+//!   re-delivered because of its outcome (error, requeue, lost, deadline) is linked from the
+//!   next one, so a retry chain can be walked.
 //! - `dispatch` (CLIENT, child of the attempt): the request on the controller's stream; its
 //!   W3C `traceparent`/`tracestate` travel in `ReconcileRequest` / `Event`, so the SDK's
 //!   SERVER `reconcile` span becomes its child.
@@ -21,22 +22,21 @@ use crate::informer::ObjectKey;
 use crate::key::ControllerId;
 use ctrlhub_otel::{key_attributes, tracer};
 use opentelemetry::trace::{
-    Link, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,
+    Event, Link, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
 use std::collections::{HashMap, VecDeque};
+use std::time::SystemTime;
 
 pub use ctrlhub_otel::enabled;
 
-/// Links kept per key for its next attempt; older ones are dropped (and counted) beyond this,
-/// so a hot key cannot grow its attempt span without bound.
+/// Links and enqueue events kept per key for its next attempt (each); older ones are dropped
+/// (and counted) beyond this, so a hot key cannot grow its attempt span without bound.
 pub const MAX_LINKS_PER_KEY: usize = 8;
 
 /// Why an attempt links to another span (`ctrlhub.link` attribute of the link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkKind {
-    /// An event that enqueued the key.
-    Enqueue,
     /// The previous attempt, whose outcome re-delivered the key.
     PreviousAttempt,
 }
@@ -44,19 +44,61 @@ pub enum LinkKind {
 impl LinkKind {
     fn as_str(self) -> &'static str {
         match self {
-            LinkKind::Enqueue => "enqueue",
             LinkKind::PreviousAttempt => "previous_attempt",
         }
+    }
+}
+
+/// An informer event or resync that queued a key: when, and in which lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    at: SystemTime,
+    background: bool,
+}
+
+impl Enqueued {
+    /// Now, for a live change (`background` false) or a resync or relist.
+    pub fn now(background: bool) -> Self {
+        Enqueued {
+            at: SystemTime::now(),
+            background,
+        }
+    }
+
+    fn event(self) -> Event {
+        let lane = if self.background {
+            "background"
+        } else {
+            "live"
+        };
+        Event::new(
+            "enqueue",
+            self.at,
+            vec![KeyValue::new("ctrlhub.priority", lane)],
+            0,
+        )
     }
 }
 
 #[derive(Debug, Default)]
 struct KeyLinks {
     links: VecDeque<Link>,
+    enqueues: VecDeque<Enqueued>,
     dropped: u32,
 }
 
-/// Span links waiting for each key's next attempt.
+/// What a key's next attempt records of what came before it.
+#[derive(Debug, Default, PartialEq)]
+pub struct Pending {
+    /// Links to earlier attempts.
+    pub links: Vec<Link>,
+    /// `enqueue` span events, oldest first.
+    pub events: Vec<Event>,
+    /// Links and events dropped beyond [`MAX_LINKS_PER_KEY`].
+    pub dropped: u32,
+}
+
+/// Span links and enqueue events waiting for each key's next attempt.
 #[derive(Debug, Default)]
 pub struct PendingLinks {
     by_key: HashMap<ObjectKey, KeyLinks>,
@@ -68,6 +110,7 @@ impl PendingLinks {
         if !span.is_valid() {
             return;
         }
+        // The key is cloned only for a new entry.
         let entry = match self.by_key.get_mut(key) {
             Some(e) => e,
             None => self.by_key.entry(key.clone()).or_default(),
@@ -83,11 +126,29 @@ impl PendingLinks {
         ));
     }
 
-    /// The links for `key`'s attempt starting now, and how many were dropped; forgets them.
-    pub fn take(&mut self, key: &ObjectKey) -> (Vec<Link>, u32) {
+    /// Remember that `key` was queued, for its next attempt's `enqueue` events, keeping the
+    /// newest [`MAX_LINKS_PER_KEY`].
+    pub fn enqueued(&mut self, key: &ObjectKey, what: Enqueued) {
+        let entry = match self.by_key.get_mut(key) {
+            Some(e) => e,
+            None => self.by_key.entry(key.clone()).or_default(),
+        };
+        if entry.enqueues.len() == MAX_LINKS_PER_KEY {
+            entry.enqueues.pop_front();
+            entry.dropped = entry.dropped.saturating_add(1);
+        }
+        entry.enqueues.push_back(what);
+    }
+
+    /// What `key`'s attempt starting now records; forgets it.
+    pub fn take(&mut self, key: &ObjectKey) -> Pending {
         match self.by_key.remove(key) {
-            Some(k) => (k.links.into(), k.dropped),
-            None => (Vec::new(), 0),
+            Some(k) => Pending {
+                links: k.links.into(),
+                events: k.enqueues.into_iter().map(Enqueued::event).collect(),
+                dropped: k.dropped,
+            },
+            None => Pending::default(),
         }
     }
 
@@ -98,39 +159,14 @@ impl PendingLinks {
     }
 }
 
-fn controller_attributes(controller: &ControllerId) -> [KeyValue; 2] {
+/// The controller's name, its tenant as metrics, limits and dashboards name it (so the Traces
+/// dashboard's tenant filter matches), and the identity that registered it.
+fn controller_attributes(controller: &ControllerId, tenant: &str) -> [KeyValue; 3] {
     [
         KeyValue::new("ctrlhub.controller", controller.name.clone()),
-        KeyValue::new("ctrlhub.tenant", controller.tenant.clone()),
+        KeyValue::new("ctrlhub.tenant", tenant.to_owned()),
+        KeyValue::new("ctrlhub.identity", controller.tenant.clone()),
     ]
-}
-
-/// Records one enqueue (an informer event or a resync reaching `controller`'s queue) as a short
-/// span and returns its context, to be linked from the keys' next attempts.
-pub fn enqueue(controller: &ControllerId, keys: &[ObjectKey], background: bool) -> SpanContext {
-    let tracer = tracer();
-    let mut attributes = Vec::with_capacity(6);
-    attributes.extend(controller_attributes(controller));
-    attributes.push(KeyValue::new(
-        "ctrlhub.priority",
-        if background { "background" } else { "live" },
-    ));
-    attributes.push(KeyValue::new(
-        "ctrlhub.keys",
-        i64::try_from(keys.len()).unwrap_or(i64::MAX),
-    ));
-    if let [ObjectKey { namespace, name }] = keys {
-        attributes.extend(key_attributes(namespace, name));
-    }
-    let span = tracer
-        .span_builder("enqueue")
-        .with_kind(SpanKind::Internal)
-        .with_attributes(attributes)
-        .start_with_context(&tracer, &Context::new());
-    let cx = Context::new().with_span(span);
-    let sc = cx.span().span_context().clone();
-    cx.span().end();
-    sc
 }
 
 /// What an attempt delivers: a reconcile request or an EVENTS-mode event.
@@ -147,6 +183,8 @@ pub enum AttemptKind {
 pub struct AttemptInfo<'a> {
     /// Who it is for.
     pub controller: &'a ControllerId,
+    /// The controller's tenant, as metrics and limits name it.
+    pub tenant: &'a str,
     /// Reconcile or event.
     pub kind: AttemptKind,
     /// The key.
@@ -167,12 +205,17 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    /// Starts the root span (linked to `links`) and the dispatch span of an attempt.
-    pub fn start(info: AttemptInfo<'_>, links: (Vec<Link>, u32)) -> Attempt {
+    /// Starts the root span (with `pending`'s links and enqueue events) and the dispatch span
+    /// of an attempt.
+    pub fn start(info: AttemptInfo<'_>, pending: Pending) -> Attempt {
         let tracer = tracer();
-        let (links, dropped) = links;
-        let mut attributes = Vec::with_capacity(8);
-        attributes.extend(controller_attributes(info.controller));
+        let Pending {
+            links,
+            events,
+            dropped,
+        } = pending;
+        let mut attributes = Vec::with_capacity(9);
+        attributes.extend(controller_attributes(info.controller, info.tenant));
         attributes.extend(key_attributes(&info.key.namespace, &info.key.name));
         attributes.push(KeyValue::new("ctrlhub.attempt", i64::from(info.attempt)));
         if dropped > 0 {
@@ -187,6 +230,7 @@ impl Attempt {
             .with_kind(SpanKind::Internal)
             .with_attributes(attributes)
             .with_links(links)
+            .with_events(events)
             .start_with_context(&tracer, &Context::new());
         let root = Context::new().with_span(root);
         let dispatch = tracer
@@ -264,21 +308,37 @@ mod tests {
         let mut p = PendingLinks::default();
         let key = ObjectKey::new("ns", "a");
         for n in 0..20 {
-            p.add(&key, sc(n), LinkKind::Enqueue);
+            p.add(&key, sc(n), LinkKind::PreviousAttempt);
         }
         p.add(
             &ObjectKey::new("ns", "b"),
             sc(99),
             LinkKind::PreviousAttempt,
         );
-        p.add(&key, SpanContext::empty_context(), LinkKind::Enqueue);
+        p.add(
+            &key,
+            SpanContext::empty_context(),
+            LinkKind::PreviousAttempt,
+        );
+        for n in 0..12 {
+            p.enqueued(&key, Enqueued::now(n % 2 == 1));
+        }
         assert_eq!(p.len(), 2);
-        let (links, dropped) = p.take(&key);
+        let Pending {
+            links,
+            events,
+            dropped,
+        } = p.take(&key);
         assert_eq!(links.len(), MAX_LINKS_PER_KEY);
-        assert_eq!(dropped, 20 - MAX_LINKS_PER_KEY as u32);
+        assert_eq!(events.len(), MAX_LINKS_PER_KEY);
+        assert!(events.iter().all(|e| e.name == "enqueue"));
+        assert_eq!(
+            dropped,
+            (20 - MAX_LINKS_PER_KEY as u32) + (12 - MAX_LINKS_PER_KEY as u32)
+        );
         assert_eq!(links[0].span_context, sc(12), "the oldest are dropped");
         assert_eq!(links[MAX_LINKS_PER_KEY - 1].span_context, sc(19));
-        assert_eq!(p.take(&key), (Vec::new(), 0), "taken once");
+        assert_eq!(p.take(&key), Pending::default(), "taken once");
         assert_eq!(p.len(), 1);
     }
 

@@ -11,6 +11,7 @@ pub(crate) mod convert;
 pub mod health;
 mod reads;
 mod registering;
+pub mod server_metrics;
 
 use crate::dispatch::controllers::ControllerTable;
 use crate::dispatch::dispatcher::Controller;

@@ -189,9 +189,13 @@ fn set_controller_gauges(m: &Metrics, controllers: &ControllerTable) {
         m.queued_bytes
             .with_label_values(&labels)
             .set(i64::try_from(q.queued_bytes).unwrap_or(i64::MAX));
+        // What it can run now (its sessions' credits, within its maximum), as controller-runtime
+        // reports its worker count: 0 means nothing can run, not "no limit".
+        let effective =
+            status_page::effective_concurrency(c.registration.max_concurrent, q.credits);
         m.max_concurrent
             .with_label_values(&labels)
-            .set(i64::from(c.registration.max_concurrent));
+            .set(i64::try_from(effective).unwrap_or(i64::MAX));
         m.unfinished.with_label_values(&labels).set(q.unfinished);
         m.longest.with_label_values(&labels).set(q.longest);
         Metrics::advance(&m.adds, &labels, q.adds);

@@ -62,8 +62,11 @@ pub(crate) struct Snapshot {
 /// One controller as the page shows it.
 #[derive(Debug, Clone)]
 pub(crate) struct ControllerStatus {
-    /// Tenant.
+    /// Tenant as limits, dispatch seats and metrics name it (`system:serviceaccounts:<ns>`
+    /// under the default grouping).
     pub(crate) tenant: String,
+    /// The identity that registered it (the ServiceAccount's username).
+    pub(crate) identity: String,
     /// Controller name.
     pub(crate) name: String,
     /// Primary kind as `apiVersion/Kind`.
@@ -72,10 +75,16 @@ pub(crate) struct ControllerStatus {
     pub(crate) mode: &'static str,
     /// Most requests in flight across replicas (0 = bounded only by credits).
     pub(crate) max_concurrent: u32,
+    /// What it can have in flight now: its sessions' credits, within `max_concurrent`.
+    pub(crate) effective_concurrency: u64,
     /// How long a replica has to answer one request.
     pub(crate) deadline: Duration,
-    /// Queue depth (ready plus waiting on a timer).
+    /// Keys ready to be handed out.
     pub(crate) queued: usize,
+    /// Keys waiting on a requeue-after the controller asked for.
+    pub(crate) scheduled: usize,
+    /// Keys waiting out a backoff after an error or a missed deadline.
+    pub(crate) failing: usize,
     /// Requests in flight.
     pub(crate) in_flight: usize,
     /// Requests dispatched.
@@ -110,10 +119,12 @@ impl ControllerStatus {
     fn read(c: &Controller, now: Instant) -> ControllerStatus {
         let (sessions, in_flight_keys, queued_keys) = read_keys(c, now);
         let recent_errors = c.recent_errors(LIST_LIMIT);
-        let (queued, in_flight, _) = c.snapshot();
+        let counts = c.key_counts();
         let r = &c.registration;
+        let credits: u64 = sessions.iter().map(|s| u64::from(s.credits)).sum();
         ControllerStatus {
-            tenant: c.id.tenant.clone(),
+            tenant: c.group.to_string(),
+            identity: c.id.tenant.clone(),
             name: c.id.name.clone(),
             primary: format!("{}/{}", r.primary.api_version(), r.primary.kind),
             mode: match r.mode {
@@ -121,10 +132,15 @@ impl ControllerStatus {
                 Mode::Events => "events",
             },
             max_concurrent: r.max_concurrent,
+            effective_concurrency: effective_concurrency(r.max_concurrent, credits),
             deadline: r.deadline,
             // Two reads under two locks: never claim fewer than we list.
-            queued: queued.max(queued_keys.len()),
-            in_flight: in_flight.max(in_flight_keys.len()),
+            queued: counts
+                .ready
+                .max(queued_keys.iter().filter(|q| q.lane.is_ready()).count()),
+            scheduled: counts.scheduled,
+            failing: counts.failing,
+            in_flight: counts.in_flight.max(in_flight_keys.len()),
             dispatched: c.counters.dispatched.load(Ordering::Relaxed),
             done: c.counters.done.load(Ordering::Relaxed),
             requeued: c.counters.requeued.load(Ordering::Relaxed),
@@ -142,14 +158,23 @@ impl ControllerStatus {
         }
     }
 
-    /// Queued keys that exist but are not listed.
+    /// Queued keys (ready, scheduled or failing) that exist but are not listed.
     pub(crate) fn queued_not_shown(&self) -> usize {
-        self.queued.saturating_sub(self.queued_keys.len())
+        (self.queued + self.scheduled + self.failing).saturating_sub(self.queued_keys.len())
     }
 
     /// In-flight keys that exist but are not listed.
     pub(crate) fn in_flight_not_shown(&self) -> usize {
         self.in_flight.saturating_sub(self.in_flight_keys.len())
+    }
+}
+
+/// What a controller can have in flight: its sessions' credits, within its
+/// `max_concurrent_reconciles` when it set one (`controller_runtime_max_concurrent_reconciles`).
+pub(crate) fn effective_concurrency(max_concurrent: u32, credits: u64) -> u64 {
+    match max_concurrent {
+        0 => credits,
+        max => credits.min(u64::from(max)),
     }
 }
 
@@ -234,8 +259,10 @@ pub(crate) enum Lane {
     Live,
     /// Ready, background lane (resyncs, relists).
     Background,
-    /// On a requeue-after or backoff timer, due in this long.
-    Timer(Duration),
+    /// On the requeue-after timer the controller asked for, due in this long: scheduled.
+    Scheduled(Duration),
+    /// Waiting out its backoff after an error or a missed deadline, due in this long: failing.
+    Retry(Duration),
 }
 
 impl Lane {
@@ -243,7 +270,8 @@ impl Lane {
         match q {
             QueuedAs::Live => Lane::Live,
             QueuedAs::Background => Lane::Background,
-            QueuedAs::Timer(at) => Lane::Timer(at.saturating_duration_since(now)),
+            QueuedAs::Timer(at) => Lane::Scheduled(at.saturating_duration_since(now)),
+            QueuedAs::Retry(at) => Lane::Retry(at.saturating_duration_since(now)),
         }
     }
 
@@ -251,7 +279,21 @@ impl Lane {
         match self {
             Lane::Live => "live",
             Lane::Background => "background",
-            Lane::Timer(_) => "timer",
+            Lane::Scheduled(_) => "scheduled",
+            Lane::Retry(_) => "retry",
+        }
+    }
+
+    /// Ready to be handed out now.
+    fn is_ready(self) -> bool {
+        matches!(self, Lane::Live | Lane::Background)
+    }
+
+    /// How long until it is due, for a key on a timer.
+    fn due(self) -> Option<Duration> {
+        match self {
+            Lane::Scheduled(due) | Lane::Retry(due) => Some(due),
+            Lane::Live | Lane::Background => None,
         }
     }
 }
@@ -296,8 +338,12 @@ pub(crate) struct TenantStatus {
     pub(crate) sessions: usize,
     /// Requests in flight.
     pub(crate) in_flight: usize,
-    /// Queued keys.
+    /// Keys ready to be handed out.
     pub(crate) queued: usize,
+    /// Keys waiting on a requeue-after.
+    pub(crate) scheduled: usize,
+    /// Keys waiting out a backoff after a failure.
+    pub(crate) failing: usize,
     /// Failed reconciles (retried plus terminal) since start.
     pub(crate) failures: u64,
 }
@@ -354,19 +400,24 @@ impl Snapshot {
             t.sessions += c.sessions.len();
             t.in_flight += c.in_flight;
             t.queued += c.queued;
+            t.scheduled += c.scheduled;
+            t.failing += c.failing;
             t.failures += c.errors + c.terminal;
         }
         by.into_values().collect()
     }
 
-    /// The `/status` JSON. Fields before `lease` are the original ones and keep their meaning.
+    /// The `/status` JSON. Fields before `lease` are the original ones and keep their meaning,
+    /// but for `tenant` (now the tenant as metrics and limits name it; `identity` is who
+    /// registered) and `queued` (now the keys ready to go; keys on a timer are `scheduled` or
+    /// `failing`).
     pub(crate) fn to_json(&self) -> Value {
         let controllers: Vec<Value> = self
             .controllers
             .iter()
             .map(|c| {
                 json!({
-                    "tenant": c.tenant, "name": c.name, "primary": c.primary,
+                    "tenant": c.tenant, "identity": c.identity, "name": c.name, "primary": c.primary,
                     "sessions": c.sessions.len(), "queued": c.queued, "inFlight": c.in_flight,
                     "dispatched": c.dispatched, "done": c.done, "errors": c.errors,
                     "terminal": c.terminal, "deadlineMisses": c.deadline_misses,
@@ -374,6 +425,9 @@ impl Snapshot {
                     "discarded": c.discarded,
                     "mode": c.mode,
                     "maxConcurrent": c.max_concurrent,
+                    "effectiveConcurrency": c.effective_concurrency,
+                    "scheduled": c.scheduled,
+                    "failing": c.failing,
                     "deadlineSeconds": c.deadline.as_secs_f64(),
                     "sessionList": c.sessions.iter().map(|s| json!({
                         "session": s.session, "credits": s.credits,
@@ -385,7 +439,7 @@ impl Snapshot {
                     })).collect::<Vec<_>>(),
                     "queuedKeys": c.queued_keys.iter().map(|q| {
                         let mut v = json!({"key": q.key.to_string(), "lane": q.lane.name()});
-                        if let Lane::Timer(due) = q.lane {
+                        if let Some(due) = q.lane.due() {
                             v["dueInSeconds"] = json!(due.as_secs_f64());
                         }
                         v
@@ -407,7 +461,7 @@ impl Snapshot {
         let tenants: Vec<Value> = self
             .tenants()
             .iter()
-            .map(|t| json!({"tenant": t.tenant, "controllers": t.controllers, "sessions": t.sessions, "inFlight": t.in_flight, "queued": t.queued, "failures": t.failures}))
+            .map(|t| json!({"tenant": t.tenant, "controllers": t.controllers, "sessions": t.sessions, "inFlight": t.in_flight, "queued": t.queued, "scheduled": t.scheduled, "failing": t.failing, "failures": t.failures}))
             .collect();
         json!({
             "identity": self.identity,
@@ -675,6 +729,8 @@ fn write_cards(o: &mut String, s: &Snapshot) -> fmt::Result {
     let sessions: usize = s.controllers.iter().map(|c| c.sessions.len()).sum();
     let in_flight: usize = s.controllers.iter().map(|c| c.in_flight).sum();
     let queued: usize = s.controllers.iter().map(|c| c.queued).sum();
+    let scheduled: usize = s.controllers.iter().map(|c| c.scheduled).sum();
+    let failing: usize = s.controllers.iter().map(|c| c.failing).sum();
     let failures: u64 = s.controllers.iter().map(|c| c.errors + c.terminal).sum();
     let misses: u64 = s.controllers.iter().map(|c| c.deadline_misses).sum();
     let unsynced = s.informers.iter().filter(|i| !i.synced).count();
@@ -696,6 +752,8 @@ fn write_cards(o: &mut String, s: &Snapshot) -> fmt::Result {
     card("sessions", sessions.to_string(), "sessions", false)?;
     card("in-flight", in_flight.to_string(), "in flight", false)?;
     card("queued", queued.to_string(), "queued", false)?;
+    card("scheduled", scheduled.to_string(), "scheduled", false)?;
+    card("failing", failing.to_string(), "failing keys", failing > 0)?;
     card(
         "failures",
         failures.to_string(),
@@ -723,23 +781,27 @@ fn write_tenants(o: &mut String, s: &Snapshot) -> fmt::Result {
         "<section id=\"tenants\"><h2>Tenants</h2><table><thead><tr><th>tenant</th>\
          <th class=\"num\">controllers</th><th class=\"num\">sessions</th>\
          <th class=\"num\">in flight</th><th class=\"num\">queued</th>\
-         <th class=\"num\">failed reconciles</th></tr></thead><tbody>",
+         <th class=\"num\">failed reconciles</th><th class=\"num\">scheduled</th>\
+         <th class=\"num\">failing keys</th></tr></thead><tbody>",
     );
     let tenants = s.tenants();
     if tenants.is_empty() {
-        o.push_str("<tr><td colspan=\"6\" class=\"empty\">none</td></tr>");
+        o.push_str("<tr><td colspan=\"8\" class=\"empty\">none</td></tr>");
     }
     for t in &tenants {
         write!(
             o,
             "<tr data-tenant=\"{0}\"><td>{0}</td><td class=\"num\">{1}</td><td class=\"num\">{2}</td>\
-             <td class=\"num\">{3}</td><td class=\"num\">{4}</td><td class=\"num\">{5}</td></tr>",
+             <td class=\"num\">{3}</td><td class=\"num\">{4}</td><td class=\"num\">{5}</td>\
+             <td class=\"num\">{6}</td><td class=\"num\">{7}</td></tr>",
             Esc(&t.tenant),
             t.controllers,
             t.sessions,
             t.in_flight,
             t.queued,
-            t.failures
+            t.failures,
+            t.scheduled,
+            t.failing
         )?;
     }
     o.push_str("</tbody></table></section>");
@@ -778,7 +840,8 @@ fn write_controller(o: &mut String, c: &ControllerStatus, now: SystemTime) -> fm
     Ok(())
 }
 
-/// Tenant and name, then badges: primary kind, mode, concurrency, deadline.
+/// Tenant and name, then badges: primary kind, mode, concurrency, deadline, and who
+/// registered it when that is not the tenant's own name.
 fn write_controller_heading(o: &mut String, c: &ControllerStatus) -> fmt::Result {
     write!(
         o,
@@ -789,13 +852,23 @@ fn write_controller_heading(o: &mut String, c: &ControllerStatus) -> fmt::Result
         Esc(&c.primary),
         c.mode
     )?;
-    if c.max_concurrent > 0 {
+    if c.identity != c.tenant {
         write!(
             o,
-            "<span class=\"badge\">max {} concurrent</span>",
-            c.max_concurrent
+            "<span class=\"badge\" data-identity=\"{0}\" title=\"the identity that registered it\">{0}</span>",
+            Esc(&c.identity)
         )?;
     }
+    write!(
+        o,
+        "<span class=\"badge\" data-concurrency=\"{0}\" title=\"the sessions' credits{1}\">{0} concurrent</span>",
+        c.effective_concurrency,
+        if c.max_concurrent > 0 {
+            format!(", at most {}", c.max_concurrent)
+        } else {
+            String::new()
+        }
+    )?;
     write!(
         o,
         "<span class=\"badge\">deadline {}</span></h3>",
@@ -805,7 +878,7 @@ fn write_controller_heading(o: &mut String, c: &ControllerStatus) -> fmt::Result
 
 /// The controller's figures; the ones that mean trouble are marked `bad`.
 fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
-    let stats: [(&str, String, &str, bool); 10] = [
+    let stats: [(&str, String, &str, bool); 12] = [
         (
             "sessions",
             c.sessions.len().to_string(),
@@ -814,6 +887,13 @@ fn write_controller_stats(o: &mut String, c: &ControllerStatus) -> fmt::Result {
         ),
         ("in-flight", c.in_flight.to_string(), "in flight", false),
         ("queued", c.queued.to_string(), "queued", false),
+        ("scheduled", c.scheduled.to_string(), "scheduled", false),
+        (
+            "failing",
+            c.failing.to_string(),
+            "failing keys",
+            c.failing > 0,
+        ),
         ("dispatched", c.dispatched.to_string(), "dispatched", false),
         ("done", c.done.to_string(), "done", false),
         ("requeued", c.requeued.to_string(), "requeued", false),
@@ -913,7 +993,8 @@ fn write_queued(o: &mut String, c: &ControllerStatus) -> fmt::Result {
         let waiting = match q.lane {
             Lane::Live => "ready (live)".to_owned(),
             Lane::Background => "ready (background)".to_owned(),
-            Lane::Timer(due) => format!("retry in {}", human(due)),
+            Lane::Scheduled(due) => format!("scheduled, due in {}", human(due)),
+            Lane::Retry(due) => format!("failing, retry in {}", human(due)),
         };
         write!(
             o,
@@ -1007,12 +1088,16 @@ mod tests {
     fn controller(tenant: &str, name: &str) -> ControllerStatus {
         ControllerStatus {
             tenant: tenant.to_owned(),
+            identity: tenant.to_owned(),
             name: name.to_owned(),
             primary: "v1/ConfigMap".to_owned(),
             mode: "reconcile",
             max_concurrent: 0,
+            effective_concurrency: 0,
             deadline: Duration::from_secs(60),
             queued: 0,
+            scheduled: 0,
+            failing: 0,
             in_flight: 0,
             dispatched: 0,
             done: 0,
@@ -1183,22 +1268,76 @@ mod tests {
     #[test]
     fn json_keeps_the_original_fields_and_adds_keys() {
         let mut c = controller("t1", "web");
-        c.queued = 1;
+        c.scheduled = 1;
         c.queued_keys.push(QueuedKey {
             key: key("", "cluster-scoped"),
-            lane: Lane::Timer(Duration::from_secs(30)),
+            lane: Lane::Scheduled(Duration::from_secs(30)),
         });
         let v = snapshot(vec![c]).to_json();
         assert_eq!(v["leader"], "mgr-a");
         assert_eq!(v["lease"]["holder"], "mgr-a");
         assert_eq!(v["controllers"][0]["sessions"], 0);
-        assert_eq!(v["controllers"][0]["queued"], 1);
+        assert_eq!(v["controllers"][0]["queued"], 0, "scheduled is not queued");
+        assert_eq!(v["controllers"][0]["scheduled"], 1);
         assert_eq!(
             v["controllers"][0]["queuedKeys"][0]["key"],
             "cluster-scoped"
         );
-        assert_eq!(v["controllers"][0]["queuedKeys"][0]["lane"], "timer");
+        assert_eq!(v["controllers"][0]["queuedKeys"][0]["lane"], "scheduled");
+        assert_eq!(v["controllers"][0]["queuedKeys"][0]["dueInSeconds"], 30.0);
         assert_eq!(v["informers"][0]["objects"], 7);
+    }
+
+    /// A key waiting on the requeue-after its controller asked for is scheduled, due at a
+    /// time; a key backing off after an error is failing; neither is counted as queued.
+    #[test]
+    fn scheduled_and_failing_keys_are_told_apart_from_queued_ones() {
+        let mut c = controller("system:serviceaccounts:team-a", "memcached");
+        c.identity = "system:serviceaccount:team-a:memcached".to_owned();
+        c.scheduled = 21;
+        c.failing = 1;
+        c.queued_keys = vec![
+            QueuedKey {
+                key: key("team-a", "poll"),
+                lane: Lane::Scheduled(Duration::from_secs(286)),
+            },
+            QueuedKey {
+                key: key("team-a", "broken"),
+                lane: Lane::Retry(Duration::from_secs(3)),
+            },
+        ];
+        let s = snapshot(vec![c]);
+        let html = render(&s, 0);
+        assert!(html.contains("<td>scheduled, due in 4m 46s</td>"), "{html}");
+        assert!(html.contains("<td>failing, retry in 3.0 s</td>"), "{html}");
+        assert!(html.contains("id=\"summary-queued\"><div class=\"n\">0</div>"));
+        assert!(html.contains("id=\"summary-scheduled\"><div class=\"n\">21</div>"));
+        assert!(
+            html.contains("class=\"card bad\" id=\"summary-failing\"><div class=\"n\">1</div>")
+        );
+        assert!(html.contains("data-identity=\"system:serviceaccount:team-a:memcached\""));
+        assert!(html.contains("data-tenant=\"system:serviceaccounts:team-a\""));
+        let t = &s.to_json()["tenants"][0];
+        assert_eq!(
+            (
+                t["queued"].as_u64(),
+                t["scheduled"].as_u64(),
+                t["failing"].as_u64()
+            ),
+            (Some(0), Some(21), Some(1))
+        );
+    }
+
+    #[test]
+    fn effective_concurrency_is_the_credits_within_the_maximum() {
+        assert_eq!(effective_concurrency(0, 8), 8, "no maximum: the credits");
+        assert_eq!(effective_concurrency(4, 8), 4);
+        assert_eq!(effective_concurrency(10, 8), 8);
+        assert_eq!(
+            effective_concurrency(4, 0),
+            0,
+            "no session, nothing can run"
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! nothing.
 //!
 //! Owns: the Lease, the leadership state every other part watches, and the runtime heartbeat.
-//! May call: the Kubernetes client only. It runs on its own thread and shares no lock with
-//! dispatch.
+//! May call: the Kubernetes client, and `metrics` (leader transitions). It runs on its own
+//! thread and shares no lock with dispatch.
 
 pub mod heartbeat;
 
@@ -78,6 +78,8 @@ pub struct Elector {
     leading: watch::Sender<bool>,
     /// The dispatch runtime's heartbeat: no Lease is taken or renewed while it is stalled.
     liveness: Option<heartbeat::Liveness>,
+    /// Counts the times this replica becomes leader.
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 impl Elector {
@@ -92,7 +94,15 @@ impl Elector {
             state,
             leading,
             liveness: None,
+            metrics: None,
         }
+    }
+
+    /// Count each time this replica becomes leader in `ctrlhub_leader_transitions_total`.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        metrics.preinitialise_leader(&self.config.name);
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Neither take nor renew the Lease while `liveness` says the dispatch runtime is stalled.
@@ -172,11 +182,14 @@ impl Elector {
             *s = next;
             changed
         });
-        self.leading.send_if_modified(|l| {
+        let became_leader = self.leading.send_if_modified(|l| {
             let changed = *l != leading;
             *l = leading;
             changed
-        });
+        }) && leading;
+        if became_leader && let Some(m) = &self.metrics {
+            m.leader_transition(&self.config.name);
+        }
     }
 
     /// Campaign, lead and release until `stop` fires.

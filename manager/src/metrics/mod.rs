@@ -1,6 +1,17 @@
 //! Prometheus metrics with controller-runtime's names, types and labels, so existing
 //! controller-runtime dashboards and alerts work unchanged, plus ctrlhub's own `ctrlhub_` series.
 //! Labels are bounded (controller, tenant, resource); never an object name.
+//!
+//! The manager observes itself too: its Kubernetes API traffic ([`api`]), its gRPC server
+//! ([`grpc`]), its authentication and authorization reviews ([`auth`]), leader transitions,
+//! its build, and process metrics with fractional CPU seconds ([`process`]). Every counter and
+//! histogram a dashboard or an alert reads exists at 0 as soon as its controller registers, so
+//! an idle controller reads 0, not "No data".
+
+pub mod api;
+pub mod auth;
+pub mod grpc;
+pub mod process;
 
 use prometheus::{
     Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -110,6 +121,35 @@ pub struct Metrics {
     connections_closed: IntCounterVec,
     accept_failures: IntCounterVec,
     auth_throttled: IntCounterVec,
+    leader_transitions: IntCounterVec,
+    /// `rest_client_*`: the manager's own Kubernetes API requests.
+    pub api: api::ApiClientMetrics,
+    /// `grpc_server_*`: calls on the gRPC port.
+    pub grpc: grpc::GrpcServerMetrics,
+    /// `ctrlhub_auth_*`: TokenReview and SubjectAccessReview latency and cache hits.
+    pub auth: auth::AuthMetrics,
+}
+
+/// What `ctrlhub_build_info` reports: the release, the commit and the compiler it was built
+/// from (set by `build.rs`; `unknown` when the build had no git checkout).
+pub const BUILD: [(&str, &str); 3] = [
+    ("version", env!("CARGO_PKG_VERSION")),
+    ("revision", env!("CTRLHUB_REVISION")),
+    ("rustc", env!("CTRLHUB_RUSTC_VERSION")),
+];
+
+/// `ctrlhub_build_info` (always 1), so a dashboard can say which build each replica runs.
+fn build_info(registry: &Registry) {
+    let labels: Vec<&str> = BUILD.iter().map(|(k, _)| *k).collect();
+    let values: Vec<&str> = BUILD.iter().map(|(_, v)| *v).collect();
+    gauge(
+        registry,
+        "ctrlhub_build_info",
+        "Always 1; the labels say which release (version), commit (revision) and compiler (rustc) built this manager",
+        &labels,
+    )
+    .with_label_values(&values)
+    .set(1);
 }
 
 /// Registers `metric` (built by the static definitions below) under `name`.
@@ -171,12 +211,21 @@ impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
         #[cfg(target_os = "linux")]
-        {
+        if let Ok(process) = process::ProcessMetrics::for_self() {
             // Process metrics are best effort: a registry without them still serves.
-            let _ = r.register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ));
+            let _ = r.register(Box::new(process));
         }
+        build_info(&r);
+        let api = api::ApiClientMetrics::register(&r);
+        api.preinitialise();
+        let rejected = counter(
+            &r,
+            "ctrlhub_rejected_registrations_total",
+            "Registrations refused, by tenant (`unauthenticated` before a token was accepted) and gRPC status code",
+            &["tenant", "reason"],
+        );
+        // At 0 from the start: "no refusals" reads 0 on the dashboard, not "No data".
+        rejected.with_label_values(&["unauthenticated", "Unauthenticated"]);
         let cr = ["controller", "tenant"];
         let wq = ["name", "tenant"];
         let informers = plain_gauge(
@@ -347,12 +396,7 @@ impl Metrics {
                 &cr,
                 RECONCILE_BUCKETS.to_vec(),
             ),
-            rejected: counter(
-                &r,
-                "ctrlhub_rejected_registrations_total",
-                "Registrations refused, by tenant (`unauthenticated` before a token was accepted) and gRPC status code",
-                &["tenant", "reason"],
-            ),
+            rejected,
             limit_hits: counter(
                 &r,
                 "ctrlhub_tenant_limit_hits_total",
@@ -389,8 +433,55 @@ impl Metrics {
                 "Authentications refused before their token was reviewed: failures (the peer's failed-authentication budget is spent), peer_in_flight or total_in_flight (reviews in flight capped)",
                 &["port", "reason"],
             ),
+            leader_transitions: counter(
+                &r,
+                "ctrlhub_leader_transitions_total",
+                "Times this replica became the holder of the leader-election Lease (name)",
+                &["name"],
+            ),
+            api,
+            grpc: grpc::GrpcServerMetrics::register(&r),
+            auth: auth::AuthMetrics::register(&r),
             registry: r,
         }
+    }
+
+    /// Every counter and histogram of a controller at 0, as soon as it registers: a dashboard
+    /// shows an idle controller as 0 and an alert can compare it, instead of "No data".
+    pub fn preinitialise_controller(&self, controller: &str, tenant: &str) {
+        let labels = [controller, tenant];
+        for result in ResultLabel::ALL {
+            self.reconcile_total
+                .with_label_values(&[controller, tenant, result.as_str()]);
+        }
+        for counter in [
+            &self.reconcile_errors,
+            &self.terminal_errors,
+            &self.adds,
+            &self.retries,
+            &self.deadline_misses,
+            &self.discarded_results,
+        ] {
+            counter.with_label_values(&labels);
+        }
+        for histogram in [
+            &self.reconcile_time,
+            &self.queue_duration,
+            &self.work_duration,
+            &self.dispatch_latency,
+        ] {
+            histogram.with_label_values(&labels);
+        }
+    }
+
+    /// The series of Lease `name` at 0, before any transition.
+    pub fn preinitialise_leader(&self, name: &str) {
+        self.leader_transitions.with_label_values(&[name]);
+    }
+
+    /// This replica became the holder of Lease `name`.
+    pub fn leader_transition(&self, name: &str) {
+        self.leader_transitions.with_label_values(&[name]).inc();
     }
 
     /// A finished reconcile.
@@ -596,6 +687,42 @@ mod tests {
         let text = m.render();
         assert!(!text.contains("controller=\"gone\""), "{text}");
         assert!(text.contains("controller=\"kept\""));
+    }
+
+    /// A controller that registered and did nothing has every counter and histogram at 0, so a
+    /// dashboard shows 0 and an alert can compare it; forgetting it removes them again.
+    #[test]
+    fn a_registered_controller_has_its_series_at_zero() {
+        let m = Metrics::new();
+        m.preinitialise_controller("idle", "system:serviceaccounts:calm");
+        let text = m.render();
+        for series in [
+            r#"controller_runtime_reconcile_total{controller="idle",result="error",tenant="system:serviceaccounts:calm"} 0"#,
+            r#"controller_runtime_terminal_reconcile_errors_total{controller="idle",tenant="system:serviceaccounts:calm"} 0"#,
+            r#"ctrlhub_deadline_misses_total{controller="idle",tenant="system:serviceaccounts:calm"} 0"#,
+            r#"workqueue_retries_total{name="idle",tenant="system:serviceaccounts:calm"} 0"#,
+            r#"controller_runtime_reconcile_time_seconds_count{controller="idle",tenant="system:serviceaccounts:calm"} 0"#,
+            r#"ctrlhub_rejected_registrations_total{reason="Unauthenticated",tenant="unauthenticated"} 0"#,
+        ] {
+            assert!(text.contains(series), "missing {series} in\n{text}");
+        }
+        m.forget_controller("idle", "system:serviceaccounts:calm");
+        assert!(!m.render().contains("controller=\"idle\""));
+    }
+
+    #[test]
+    fn build_info_names_the_release() {
+        let text = Metrics::new().render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("ctrlhub_build_info{"))
+            .expect("build info");
+        assert!(line.ends_with(" 1"), "{line}");
+        assert!(
+            line.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+            "{line}"
+        );
+        assert!(!line.contains("rustc=\"\""), "{line}");
     }
 
     #[test]

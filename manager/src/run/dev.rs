@@ -192,6 +192,8 @@ impl DevArgs {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             leader_pod_label: None,
+            kube_api_qps: 50.0,
+            kube_api_burst: 100,
         }
     }
 

@@ -252,6 +252,17 @@ pub struct RunArgs {
     #[cfg(feature = "dev")]
     #[arg(long, env = "CTRLHUB_DEV_STALL_ON_SIGUSR1", hide = true, value_parser = humantime::parse_duration)]
     pub dev_stall_on_sigusr1: Option<Duration>,
+    /// Requests a second the manager's Kubernetes client sends after its burst (lists, watches,
+    /// reviews, discovery; leader election has its own client and is not limited); 0 = no
+    /// limit. Higher than controller-runtime's 20 because one manager lists and watches for
+    /// every tenant: a new leader's relist of 50 tenants' informers is hundreds of requests.
+    #[arg(long, env = "CTRLHUB_KUBE_API_QPS", default_value_t = 50.0)]
+    pub kube_api_qps: f64,
+    /// Requests the manager's Kubernetes client may send at once before `--kube-api-qps`
+    /// applies (client-go's burst); a watch takes one when it starts and holds none while it
+    /// runs.
+    #[arg(long, env = "CTRLHUB_KUBE_API_BURST", default_value_t = 100)]
+    pub kube_api_burst: u32,
     /// Label the leader sets to "true" on its own pod (named by --identity, in
     /// --lease-namespace) so a Service selecting it routes controllers to the leader; unset
     /// disables pod labelling (dev, tests).
@@ -377,9 +388,16 @@ impl RunArgs {
         Ok(Some(tls))
     }
 
-    async fn client(&self) -> anyhow::Result<kube::Client> {
+    /// The manager's Kubernetes client: observed in `metrics`, limited to the QPS and burst
+    /// of the flags (see `kubeclient`).
+    async fn client(&self, metrics: &Metrics) -> anyhow::Result<kube::Client> {
         let config = self.kube_config().await?;
-        kube::Client::try_from(config).context("building the Kubernetes client")
+        let qps = crate::kubeclient::Qps {
+            qps: self.kube_api_qps,
+            burst: self.kube_api_burst,
+        };
+        crate::kubeclient::build(config, &metrics.api, Some(qps))
+            .context("building the Kubernetes client")
     }
 
     async fn kube_config(&self) -> anyhow::Result<kube::Config> {
@@ -409,7 +427,8 @@ impl RunArgs {
         let (sharing, policy_base) = self.sharing()?;
         self.check_static_auth()?;
         self.log_ceiling();
-        let client = self.client().await?;
+        let metrics = Arc::new(Metrics::new());
+        let client = self.client(&metrics).await?;
         let identity = self
             .identity
             .clone()
@@ -425,10 +444,13 @@ impl RunArgs {
             // Before campaigning: a standby must not carry a label left by a crashed container.
             p.clear_stale().await;
         }
-        let election =
-            self.start_election(self.kube_config().await?, &identity, liveness.clone())?;
+        let election = self.start_election(
+            self.kube_config().await?,
+            &identity,
+            liveness.clone(),
+            &metrics,
+        )?;
         let cache = Cache::new(client.clone());
-        let metrics = Arc::new(Metrics::new());
         let seats = sharing.seat_pool.clone();
         let controllers = ControllerTable::new(
             cache.clone(),
@@ -471,7 +493,7 @@ impl RunArgs {
             identity,
             metrics: metrics.clone(),
             lease_name: self.lease_name.clone(),
-            gate: self.http_gate(&client).with_metrics(metrics),
+            gate: self.http_gate(&client, &metrics).with_metrics(metrics),
             settings: crate::http::status_page::Settings {
                 static_auth: self.auth == AuthMode::Static,
                 ceiling: self.ceiling(),
@@ -656,6 +678,7 @@ impl RunArgs {
         config: kube::Config,
         identity: &str,
         liveness: Liveness,
+        metrics: &Arc<Metrics>,
     ) -> anyhow::Result<Election> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -664,7 +687,8 @@ impl RunArgs {
         // The client's connection tasks are spawned where it is built: on this runtime.
         let client = {
             let _inside = runtime.enter();
-            kube::Client::try_from(config).context("building the leader-election client")?
+            crate::kubeclient::build(config, &metrics.api, None)
+                .context("building the leader-election client")?
         };
         let elector = Elector::new(
             client,
@@ -677,7 +701,8 @@ impl RunArgs {
                 retry_period: self.retry_period,
             },
         )
-        .with_liveness(liveness);
+        .with_liveness(liveness)
+        .with_metrics(metrics.clone());
         let stop = CancellationToken::new();
         let (done, finished) = tokio::sync::oneshot::channel();
         let (leading, state) = (elector.leading(), elector.state());
@@ -774,12 +799,18 @@ impl RunArgs {
             AuthMode::Kubernetes => ServiceState::new(
                 controllers.clone(),
                 client.clone(),
-                Arc::new(TokenReviewAuthenticator::new(
-                    client.clone(),
-                    self.audience.clone(),
-                    self.token_cache_ttl,
-                )),
-                Arc::new(self.access_review(client)),
+                Arc::new(
+                    TokenReviewAuthenticator::new(
+                        client.clone(),
+                        self.audience.clone(),
+                        self.token_cache_ttl,
+                    )
+                    .with_metrics(metrics.auth.reviewer("token", "grpc")),
+                ),
+                Arc::new(
+                    self.access_review(client)
+                        .with_metrics(metrics.auth.reviewer("access", "grpc")),
+                ),
                 leader.clone(),
                 metrics.clone(),
             )
@@ -795,15 +826,21 @@ impl RunArgs {
 
     /// Who may read the HTTP port: anyone with static auth; with Kubernetes auth, callers whose
     /// API-server token TokenReview accepts, seeing what SubjectAccessReview grants them.
-    fn http_gate(&self, client: &kube::Client) -> Gate {
+    fn http_gate(&self, client: &kube::Client, metrics: &Metrics) -> Gate {
         match self.auth {
             AuthMode::Static => Gate::Open,
             AuthMode::Kubernetes => Gate::kubernetes(
-                Arc::new(TokenReviewAuthenticator::for_api_audience(
-                    client.clone(),
-                    self.token_cache_ttl,
-                )),
-                Arc::new(self.access_review(client)),
+                Arc::new(
+                    TokenReviewAuthenticator::for_api_audience(
+                        client.clone(),
+                        self.token_cache_ttl,
+                    )
+                    .with_metrics(metrics.auth.reviewer("token", "http")),
+                ),
+                Arc::new(
+                    self.access_review(client)
+                        .with_metrics(metrics.auth.reviewer("access", "http")),
+                ),
                 self.tenant_grouping,
             ),
         }
@@ -866,6 +903,7 @@ impl RunArgs {
             stop.clone(),
         ));
         let calls = crate::net::conn::CountCallsLayer(net.state.registry.clone());
+        let observed = crate::grpc::server_metrics::ServerMetricsLayer::new(&net.state.metrics);
         let streams = self.max_concurrent_streams;
         let shutdown = {
             let stop = stop.clone();
@@ -890,6 +928,7 @@ impl RunArgs {
                 .max_concurrent_streams(streams)
                 .http2_max_header_list_size(crate::net::MAX_HEADER_BYTES)
                 .layer(calls)
+                .layer(observed)
                 .add_service(service)
                 .add_service(health)
                 .add_service(reflection_v1)

@@ -9,6 +9,7 @@
 //! tenant must also be listed in the manager's configuration, because a shared cache of Secrets
 //! is a bigger exposure than a tenant's own API access.
 
+use crate::metrics::auth::ReviewMetrics;
 use crate::tenancy::decision_cache::TtlCache;
 use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity, PathAuthorizer};
 use k8s_openapi::api::authorization::v1::{
@@ -98,6 +99,8 @@ pub struct AccessReviewAuthorizer {
     ttl: DecisionTtl,
     secrets_tenants: HashSet<String>,
     cache: Mutex<TtlCache<DecisionKey, bool>>,
+    /// Review latency and cache hits, when the manager records them.
+    metrics: Option<ReviewMetrics>,
 }
 
 impl AccessReviewAuthorizer {
@@ -113,7 +116,14 @@ impl AccessReviewAuthorizer {
             ttl,
             secrets_tenants: secrets_tenants.into_iter().collect(),
             cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
+            metrics: None,
         }
+    }
+
+    /// Records each decision as a cache hit or a timed review in `metrics`.
+    pub fn with_metrics(mut self, metrics: ReviewMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Secrets are cached for a tenant only if the configuration lists it.
@@ -143,15 +153,34 @@ impl AccessReviewAuthorizer {
         let key: DecisionKey = (who.username.clone(), who.uid.clone(), attributes);
         let now = Instant::now();
         if let Some(hit) = self.cache.lock().get(&key, now) {
+            if let Some(m) = &self.metrics {
+                m.hit();
+            }
             return Ok(hit);
         }
+        let allowed = self.review(who, &key.2).await;
+        if let Some(m) = &self.metrics {
+            m.reviewed(now.elapsed());
+        }
+        let allowed = allowed?;
+        let ttl = if allowed {
+            self.ttl.allow
+        } else {
+            self.ttl.deny
+        };
+        self.cache.lock().insert(key, allowed, ttl, now);
+        Ok(allowed)
+    }
+
+    /// What the API server says about `who` and `attributes`.
+    async fn review(&self, who: &Identity, attributes: &Attributes) -> Result<bool, AuthzError> {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(who.username.clone()),
                 uid: (!who.uid.is_empty()).then(|| who.uid.clone()),
                 groups: (!who.groups.is_empty()).then(|| who.groups.clone()),
-                resource_attributes: key.2.resource(),
-                non_resource_attributes: key.2.non_resource(),
+                resource_attributes: attributes.resource(),
+                non_resource_attributes: attributes.non_resource(),
                 ..Default::default()
             },
             ..Default::default()
@@ -161,16 +190,9 @@ impl AccessReviewAuthorizer {
             .create(&PostParams::default(), &review)
             .await
             .map_err(|e| AuthzError::Unavailable(e.to_string()))?;
-        let allowed = answer
+        Ok(answer
             .status
-            .is_some_and(|s| s.allowed && s.denied != Some(true));
-        let ttl = if allowed {
-            self.ttl.allow
-        } else {
-            self.ttl.deny
-        };
-        self.cache.lock().insert(key, allowed, ttl, now);
-        Ok(allowed)
+            .is_some_and(|s| s.allowed && s.denied != Some(true)))
     }
 }
 

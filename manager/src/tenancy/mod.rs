@@ -4,7 +4,7 @@
 //! the same traits, so the rest of the manager never knows which is in use.
 //!
 //! Owns: identities, authenticators, authorizers, the decision cache and per-tenant limits. May
-//! call: the Kubernetes client only.
+//! call: the Kubernetes client, and `metrics` (review latency and cache hits).
 
 pub mod accessreview;
 pub mod decision_cache;

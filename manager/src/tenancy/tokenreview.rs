@@ -10,6 +10,7 @@
 //! ([`TokenReviewAuthenticator::for_api_audience`]): Prometheus and people present the tokens
 //! they already have for the API server, as with controller-runtime's secured metrics.
 
+use crate::metrics::auth::ReviewMetrics;
 use crate::tenancy::decision_cache::TtlCache;
 use crate::tenancy::{AuthError, Authenticator, BoxFuture, Identity};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -27,6 +28,8 @@ pub struct TokenReviewAuthenticator {
     audience: Option<String>,
     ttl: Duration,
     cache: Mutex<TtlCache<String, Result<Identity, AuthError>>>,
+    /// Review latency and cache hits, when the manager records them.
+    metrics: Option<ReviewMetrics>,
 }
 
 impl TokenReviewAuthenticator {
@@ -38,6 +41,7 @@ impl TokenReviewAuthenticator {
             audience: Some(audience.into()),
             ttl,
             cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
+            metrics: None,
         }
     }
 
@@ -49,7 +53,33 @@ impl TokenReviewAuthenticator {
             audience: None,
             ttl,
             cache: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
+            metrics: None,
         }
+    }
+
+    /// Records each decision as a cache hit or a timed review in `metrics`.
+    pub fn with_metrics(mut self, metrics: ReviewMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The cached decision for `token`, counted as a hit.
+    fn lookup(&self, token: &str, now: Instant) -> Option<Result<Identity, AuthError>> {
+        let hit = self.cache.lock().get(&token.to_string(), now);
+        if let (Some(_), Some(m)) = (&hit, &self.metrics) {
+            m.hit();
+        }
+        hit
+    }
+
+    /// A TokenReview, timed.
+    async fn timed_review(&self, token: &str) -> Result<Identity, AuthError> {
+        let started = Instant::now();
+        let decided = self.review(token).await;
+        if let Some(m) = &self.metrics {
+            m.reviewed(started.elapsed());
+        }
+        decided
     }
 
     async fn review(&self, token: &str) -> Result<Identity, AuthError> {
@@ -101,16 +131,16 @@ impl TokenReviewAuthenticator {
 
 impl Authenticator for TokenReviewAuthenticator {
     fn cached(&self, token: &str) -> Option<Result<Identity, AuthError>> {
-        self.cache.lock().get(&token.to_string(), Instant::now())
+        self.lookup(token, Instant::now())
     }
 
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
         Box::pin(async move {
             let now = Instant::now();
-            if let Some(hit) = self.cache.lock().get(&token.to_string(), now) {
+            if let Some(hit) = self.lookup(token, now) {
                 return hit;
             }
-            let decided = self.review(token).await;
+            let decided = self.timed_review(token).await;
             // An outage is not a decision: the next attempt asks again.
             if !matches!(decided, Err(AuthError::Unavailable(_))) {
                 self.cache

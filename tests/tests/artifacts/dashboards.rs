@@ -497,7 +497,7 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(scrape: &str, settings: &str, rule_file: &Path) -> Prometheus {
+    async fn start(targets: &[String], settings: &str, rule_file: &Path) -> Prometheus {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("prometheus.yml");
         // `namespace` is the target label a ServiceMonitor adds; here the manager runs outside
@@ -505,8 +505,13 @@ impl Prometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: {JOB}\n{settings}    static_configs:\n      - targets: ['{scrape}']\n        labels:\n          namespace: {NAMESPACE}\n",
-                rule_file.display()
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: {JOB}\n{settings}    static_configs:\n      - targets: [{}]\n        labels:\n          namespace: {NAMESPACE}\n",
+                rule_file.display(),
+                targets
+                    .iter()
+                    .map(|t| format!("'{t}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )
         .expect("prometheus.yml");
@@ -693,13 +698,231 @@ async fn prometheus_token(c: &Cluster) -> String {
         .expect("prometheus' token")
 }
 
+/// The rules file with the `for:` of the alerts this test provokes shortened to seconds, written
+/// to `dir`. The shipped durations stay realistic (2 minutes: a blip does not page); the test
+/// proves the expressions fire on a real killed controller and a real killed leader, not how
+/// long Prometheus waits, so it loads this copy.
+fn rules_with_short_for(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(rules_file()).expect("rules file");
+    let mut out = String::new();
+    let mut shorten = false;
+    for line in text.lines() {
+        if let Some(name) = line.trim().strip_prefix("- alert: ") {
+            shorten = FIRED.contains(&name);
+        }
+        if shorten && line.trim().starts_with("for: ") {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            out.push_str(&format!("{indent}for: {FIRED_FOR}\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    let path = dir.join("ctrlhub.rules.yaml");
+    std::fs::write(&path, out).expect("rules copy written");
+    path
+}
+
+/// Alerts the test fires for real (a killed controller, a killed leader), and the `for:` of
+/// its copy of the rules.
+const FIRED: [&str; 2] = ["CtrlhubControllerWithoutSessions", "CtrlhubNoLeader"];
+const FIRED_FOR: &str = "5s";
+
+/// Every dashboard variable resolved to `expected`'s value, or what went wrong.
+async fn resolve_variables(
+    prom: &Prometheus,
+    http: &reqwest::Client,
+    expected: &BTreeMap<&str, &str>,
+    failures: &mut Vec<String>,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut vars: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for name in DASHBOARDS {
+        let d = dashboard(name);
+        let resolved = vars.entry(name.to_string()).or_default();
+        for v in RULE_VARIABLES {
+            let Some((selector, label)) = variable(&d, v).and_then(label_values_query) else {
+                failures.push(describe(
+                    &format!("{name} variable ${v}"),
+                    "",
+                    "not a label_values query",
+                ));
+                continue;
+            };
+            let selector = substitute(&selector, resolved);
+            match prom.label_values(http, &selector, &label).await {
+                Ok(values) if values.contains(expected[v]) => {
+                    resolved.insert(v.to_string(), expected[v].to_string());
+                }
+                Ok(values) => failures.push(describe(
+                    &format!("{name} variable ${v}"),
+                    &selector,
+                    &format!("values {values:?} lack {:?}", expected[v]),
+                )),
+                Err(e) => failures.push(describe(&format!("{name} variable ${v}"), &selector, &e)),
+            }
+        }
+    }
+    vars
+}
+
+/// Runs every panel query with `vars`: each must return a series; with `values`, not only NaN
+/// and never `-0` (an idle controller's percentiles and ratios are NaN, 0 / 0, but exist).
+async fn check_panels(
+    prom: &Prometheus,
+    http: &reqwest::Client,
+    vars: &BTreeMap<String, BTreeMap<String, String>>,
+    values: bool,
+    failures: &mut Vec<String>,
+) {
+    for (dash, title, expr) in prometheus_targets() {
+        let what = format!("{dash} / {title}");
+        let query = substitute(&expr, &vars[dash.as_str()]);
+        match prom.query(http, &query).await {
+            Ok(r) if r.is_empty() => failures.push(describe(&what, &query, "empty result")),
+            Ok(r) if values && r.iter().all(|s| s["value"][1] == "NaN") => {
+                failures.push(describe(&what, &query, "only NaN"))
+            }
+            Ok(r) if values && r.iter().any(|s| s["value"][1] == "-0") => {
+                failures.push(describe(&what, &query, &format!("reads -0: {r:?}")))
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(describe(&what, &query, &e)),
+        }
+    }
+}
+
+/// Recording rules return data, alert expressions match exactly the provoked alerts, and
+/// Prometheus evaluated every rule without error.
+async fn check_rules(prom: &Prometheus, http: &reqwest::Client, failures: &mut Vec<String>) {
+    for r in rules() {
+        let (Some(record), Some(expr)) = (r["record"].as_str(), r["expr"].as_str()) else {
+            continue;
+        };
+        match prom.query(http, expr).await {
+            Ok(res) if res.is_empty() => failures.push(describe(
+                &format!("recording rule {record}"),
+                expr,
+                "empty result",
+            )),
+            Ok(_) => {}
+            Err(e) => failures.push(describe(&format!("recording rule {record}"), expr, &e)),
+        }
+    }
+    // Alert expressions match the live series: the workload provokes errors and deadline
+    // misses, while the manager, its leadership, queues and watches are healthy.
+    for r in rules() {
+        let (Some(alert), Some(expr)) = (r["alert"].as_str(), r["expr"].as_str()) else {
+            continue;
+        };
+        let provoked = PROVOKED.contains(&alert);
+        match prom.query(http, expr).await {
+            Ok(res) if provoked && res.is_empty() => failures.push(describe(
+                &format!("alert {alert}"),
+                expr,
+                "no series although the workload provokes it",
+            )),
+            Ok(res) if !provoked && !res.is_empty() => failures.push(describe(
+                &format!("alert {alert}"),
+                expr,
+                &format!("fires on a healthy manager: {res:?}"),
+            )),
+            Ok(_) => {}
+            Err(e) => failures.push(describe(&format!("alert {alert}"), expr, &e)),
+        }
+    }
+    match http.get(format!("{}/api/v1/rules", prom.url)).send().await {
+        Ok(resp) => {
+            let body: Json = resp.json().await.unwrap_or_default();
+            let loaded: Vec<Json> = body["data"]["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+                .collect();
+            if loaded.len() != rules().len() {
+                failures.push(describe(
+                    "rules loaded",
+                    "",
+                    &format!("{} of {}", loaded.len(), rules().len()),
+                ));
+            }
+            for r in loaded.iter().filter(|r| r["health"] != "ok") {
+                failures.push(describe(
+                    &format!("rule {}", r["name"]),
+                    r["query"].as_str().unwrap_or_default(),
+                    &format!("health {} {}", r["health"], r["lastError"]),
+                ));
+            }
+        }
+        Err(e) => failures.push(describe("rules API", "", &e.to_string())),
+    }
+}
+
+/// Retries `check` (which collects failures) every second until it finds none or `within`
+/// passes, then fails with everything it still found.
+async fn settle<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Vec<String>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        let failures = check().await;
+        if failures.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{what}: {} queries failed against Prometheus (logs above):\n{}",
+                failures.len(),
+                failures.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Waits until Prometheus' `ALERTS` has `alert` firing with `labels`; returns how long that took.
+async fn wait_firing(
+    prom: &Prometheus,
+    http: &reqwest::Client,
+    alert: &str,
+    labels: &str,
+) -> Duration {
+    let started = Instant::now();
+    let query = format!(r#"ALERTS{{alertname="{alert}", alertstate="firing"{labels}}}"#);
+    ctrlhub_tests::wait::wait_until(
+        &format!("{alert} firing in Prometheus ({query})"),
+        PATIENCE,
+        || async {
+            match prom.query(http, &query).await {
+                Ok(r) if !r.is_empty() => Ok(()),
+                Ok(_) => Err(format!(
+                    "not yet; ALERTS: {:?}",
+                    prom.query(http, "ALERTS").await
+                )),
+                Err(e) => Err(e),
+            }
+        },
+    )
+    .await;
+    started.elapsed()
+}
+
 /// The manager runs as deploy/ runs it (`--auth kubernetes`: HTTPS, `/metrics` authorized) and
-/// Prometheus scrapes it as deploy/'s ServiceMonitor and metrics-reader role say.
+/// Prometheus scrapes it as deploy/'s ServiceMonitor and metrics-reader role say. Every panel
+/// returns data for a busy controller, and series (0, or NaN for ratios) for an idle one; then
+/// the alerts fire on the real thing: every replica of a controller gone, the leader killed.
 #[tokio::test]
 async fn every_dashboard_query_returns_data_from_real_prometheus() {
     let c = cluster().await;
-    let m = Manager::start(&c, "dash", &rbac::RBAC_ARGS).await;
+    // A long Lease: after the leader is killed, the standby waits it out, so the test sees
+    // "no leader" for as long as that lasts (the alert's copy fires after 5 s).
+    let mut args: Vec<&str> = rbac::RBAC_ARGS.to_vec();
+    args.extend(["--lease-duration", "60s", "--renew-deadline", "40s"]);
+    let mut m = Manager::start(&c, "dash", &args).await;
     m.wait_leading().await;
+    let standby = Manager::start(&c, "dash-standby", &args).await;
     const CONTROLLER: &str = "dashboards";
     let auth = rbac::tenant(&c, "dash", "ctl").await;
     rbac::grant_configmaps(&c, "dash", "ctl", Some("dash")).await;
@@ -717,7 +940,7 @@ async fn every_dashboard_query_returns_data_from_real_prometheus() {
         .await
         .expect("registered");
     let driver = tokio::spawn(drive(replica));
-    // A refused registration, so ctrlhub_rejected_registrations_total exists.
+    // A refused registration, so ctrlhub_rejected_registrations_total moves.
     let refused = Replica::connect_with(
         &m.grpc,
         rbac::configmaps_in("Not_A_DNS_Label", &["dash"]),
@@ -725,188 +948,159 @@ async fn every_dashboard_query_returns_data_from_real_prometheus() {
     )
     .await;
     assert!(refused.is_err(), "an invalid controller name is refused");
+    let quiet = idle_controller(&c, &m).await;
 
     let token_file = tempfile::NamedTempFile::new().expect("token file");
     std::fs::write(token_file.path(), prometheus_token(&c).await).expect("token written");
-    let scrape = m.http.split("://").nth(1).expect("host:port").to_string();
+    let targets: Vec<String> = [&m, &standby]
+        .iter()
+        .map(|m| m.http.split("://").nth(1).expect("host:port").to_string())
+        .collect();
+    let rules_dir = tempfile::tempdir().expect("rules dir");
     let prom = Prometheus::start(
-        &scrape,
+        &targets,
         &scrape_settings(token_file.path()),
-        &rules_file().canonicalize().expect("rules file"),
+        &rules_with_short_for(rules_dir.path()),
     )
     .await;
     let http = reqwest::Client::new();
-    let up = format!(r#"up{{job="{JOB}", namespace="{NAMESPACE}"}} == 1"#);
-    wait_until("prometheus scrapes the manager (up == 1)", || {
+    let up = format!(r#"sum(up{{job="{JOB}", namespace="{NAMESPACE}"}}) == 2"#);
+    wait_until("prometheus scrapes both replicas (up == 1)", || {
         let (prom, http, up) = (&prom, &http, &up);
         async move { prom.query(http, up).await.is_ok_and(|r| !r.is_empty()) }
     })
     .await;
+    assert!(prometheus_targets().len() > 40, "panels with targets");
 
-    let expected = BTreeMap::from([
+    // Rate windows fill and every series appears within seconds; wait for the whole set to pass,
+    // then report everything still failing at the deadline.
+    let busy = BTreeMap::from([
         ("job", JOB),
         ("namespace", NAMESPACE),
         // Series name the tenant as limits and seats count it: the namespace's ServiceAccounts.
         ("tenant", "system:serviceaccounts:dash"),
         ("controller", CONTROLLER),
     ]);
-    let targets = prometheus_targets();
-    let alerts: Vec<(String, String)> = rules()
-        .iter()
-        .filter_map(|r| {
-            Some((
-                r["alert"].as_str()?.to_string(),
-                r["expr"].as_str()?.to_string(),
-            ))
-        })
-        .collect();
-    let recording: Vec<(String, String)> = rules()
-        .iter()
-        .filter_map(|r| {
-            Some((
-                r["record"].as_str()?.to_string(),
-                r["expr"].as_str()?.to_string(),
-            ))
-        })
-        .collect();
-    assert!(
-        targets.len() > 30 && recording.len() >= 5,
-        "{} targets, {} recording rules",
-        targets.len(),
-        recording.len()
+    settle(
+        "the busy controller's panels",
+        Duration::from_secs(120),
+        || async {
+            let mut failures = Vec::new();
+            let vars = resolve_variables(&prom, &http, &busy, &mut failures).await;
+            if failures.is_empty() {
+                check_panels(&prom, &http, &vars, true, &mut failures).await;
+            }
+            check_rules(&prom, &http, &mut failures).await;
+            failures
+        },
+    )
+    .await;
+    // An idle controller (registered, nothing to reconcile) has every series at 0.
+    let idle = BTreeMap::from([
+        ("job", JOB),
+        ("namespace", NAMESPACE),
+        ("tenant", "system:serviceaccounts:calm"),
+        ("controller", "quiet"),
+    ]);
+    settle(
+        "the idle controller's panels",
+        Duration::from_secs(60),
+        || async {
+            let mut failures = Vec::new();
+            let vars = resolve_variables(&prom, &http, &idle, &mut failures).await;
+            if failures.is_empty() {
+                check_panels(&prom, &http, &vars, false, &mut failures).await;
+            }
+            failures
+        },
+    )
+    .await;
+    write_sample(&prom, &http, &busy).await;
+
+    // Every replica of the busy controller gone (its only replica's connection dropped, as a
+    // SIGKILL drops it): the controller stays for --controller-grace and the alert fires.
+    driver.abort();
+    let _ = driver.await;
+    let took = wait_firing(
+        &prom,
+        &http,
+        "CtrlhubControllerWithoutSessions",
+        &format!(r#", controller="{CONTROLLER}", tenant="system:serviceaccounts:dash""#),
+    )
+    .await;
+    println!(
+        "CtrlhubControllerWithoutSessions fired {took:?} after the controller's replicas died (for: {FIRED_FOR})"
     );
 
-    // Rate windows fill and every series appears within seconds; wait for the whole set to pass,
-    // then report everything still failing at the deadline.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let (vars, failures) = loop {
-        let mut failures = Vec::new();
-        let mut vars: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-        for name in DASHBOARDS {
-            let d = dashboard(name);
-            let resolved = vars.entry(name.to_string()).or_default();
-            for v in RULE_VARIABLES {
-                let Some((selector, label)) = variable(&d, v).and_then(label_values_query) else {
-                    failures.push(describe(
-                        &format!("{name} variable ${v}"),
-                        "",
-                        "not a label_values query",
-                    ));
-                    continue;
-                };
-                let selector = substitute(&selector, resolved);
-                match prom.label_values(&http, &selector, &label).await {
-                    Ok(values) if values.contains(expected[v]) => {
-                        resolved.insert(v.to_string(), expected[v].to_string());
-                    }
-                    Ok(values) => failures.push(describe(
-                        &format!("{name} variable ${v}"),
-                        &selector,
-                        &format!("values {values:?} lack {:?}", expected[v]),
-                    )),
-                    Err(e) => {
-                        failures.push(describe(&format!("{name} variable ${v}"), &selector, &e))
-                    }
-                }
-            }
-        }
-        let mut queries: Vec<(String, String)> = targets
-            .iter()
-            .map(|(dash, title, expr)| {
-                (
-                    format!("{dash} / {title}"),
-                    substitute(expr, &vars[dash.as_str()]),
-                )
-            })
-            .collect();
-        queries.extend(
-            recording
-                .iter()
-                .map(|(record, expr)| (format!("recording rule {record}"), expr.clone())),
-        );
-        for (what, expr) in &queries {
-            match prom.query(&http, expr).await {
-                Ok(r) if r.is_empty() => failures.push(describe(what, expr, "empty result")),
-                Ok(r) if r.iter().all(|s| s["value"][1] == "NaN") => {
-                    failures.push(describe(what, expr, "only NaN"))
-                }
-                Ok(_) => {}
-                Err(e) => failures.push(describe(what, expr, &e)),
-            }
-        }
-        // Alert expressions match the live series: the workload provokes errors and deadline
-        // misses, while the manager, its leadership, queues and watches are healthy.
-        for (alert, expr) in &alerts {
-            let provoked = PROVOKED.contains(&alert.as_str());
-            match prom.query(&http, expr).await {
-                Ok(r) if provoked && r.is_empty() => failures.push(describe(
-                    &format!("alert {alert}"),
-                    expr,
-                    "no series although the workload provokes it",
-                )),
-                Ok(r) if !provoked && !r.is_empty() => failures.push(describe(
-                    &format!("alert {alert}"),
-                    expr,
-                    &format!("fires on a healthy manager: {r:?}"),
-                )),
-                Ok(_) => {}
-                Err(e) => failures.push(describe(&format!("alert {alert}"), expr, &e)),
-            }
-        }
-        // Prometheus itself evaluated every rule (recording and alerting) without error.
-        match http.get(format!("{}/api/v1/rules", prom.url)).send().await {
-            Ok(resp) => {
-                let body: Json = resp.json().await.unwrap_or_default();
-                let loaded: Vec<Json> = body["data"]["groups"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
-                    .collect();
-                if loaded.len() != rules().len() {
-                    failures.push(describe(
-                        "rules loaded",
-                        "",
-                        &format!("{} of {}", loaded.len(), rules().len()),
-                    ));
-                }
-                for r in loaded.iter().filter(|r| r["health"] != "ok") {
-                    failures.push(describe(
-                        &format!("rule {}", r["name"]),
-                        r["query"].as_str().unwrap_or_default(),
-                        &format!("health {} {}", r["health"], r["lastError"]),
-                    ));
-                }
-            }
-            Err(e) => failures.push(describe("rules API", "", &e.to_string())),
-        }
-        if failures.is_empty() || Instant::now() > deadline {
-            break (vars, failures);
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    assert!(
-        failures.is_empty(),
-        "{} dashboard/rule queries failed against Prometheus (logs above):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    // The leader SIGKILLed: the standby reports 0 until the Lease runs out, and the alert fires.
+    m.kill().await;
+    let took = wait_firing(
+        &prom,
+        &http,
+        "CtrlhubNoLeader",
+        r#", name="ctrlhub-leader""#,
+    )
+    .await;
+    println!("CtrlhubNoLeader fired {took:?} after the leader was killed (for: {FIRED_FOR})");
+    quiet.abort();
+}
 
-    // One panel's query and answer, for the README.
-    let (dash, title, expr) = targets
-        .iter()
+/// Tenant `calm`'s controller `quiet`: registered over namespace `calm`, which holds nothing,
+/// so it never reconciles; a cached List every second (a unary gRPC call) is all it does.
+async fn idle_controller(c: &Cluster, m: &Manager) -> tokio::task::JoinHandle<()> {
+    let auth = rbac::tenant(c, "calm", "ctl").await;
+    rbac::grant_configmaps(c, "calm", "ctl", Some("calm")).await;
+    let quiet = Replica::connect_with(
+        &m.grpc,
+        rbac::configmaps_in("quiet", &["calm"]),
+        Some(&auth),
+    )
+    .await
+    .expect("the idle controller registers");
+    tokio::spawn(async move {
+        // The whole replica, not only the fields the loop reads: its stream must stay open.
+        let mut quiet = quiet;
+        loop {
+            let list = with_authorization(
+                pb::ListRequest {
+                    session_id: quiet.session_id.clone(),
+                    resource: Some(pb::ResourceType {
+                        group: String::new(),
+                        version: "v1".into(),
+                        kind: "ConfigMap".into(),
+                        plural: String::new(),
+                    }),
+                    namespace: "calm".into(),
+                    ..Default::default()
+                },
+                Some(&auth),
+            );
+            // Until the leader is killed at the end; a List that fails before shows as NaN in
+            // the unary latency panel.
+            if let Err(e) = quiet.client.list(list).await {
+                println!("the idle controller stops listing: {e}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// One panel's query and answer, for the README.
+async fn write_sample(prom: &Prometheus, http: &reqwest::Client, expected: &BTreeMap<&str, &str>) {
+    let mut failures = Vec::new();
+    let vars = resolve_variables(prom, http, expected, &mut failures).await;
+    let (dash, title, expr) = prometheus_targets()
+        .into_iter()
         .find(|(d, t, _)| d == "ctrlhub-overview" && t == "Reconcile rate per controller")
         .expect("overview has the reconcile rate panel");
-    let query = substitute(expr, &vars[dash.as_str()]);
-    let result = prom.query(&http, &query).await.expect("sample query");
+    let query = substitute(&expr, &vars[dash.as_str()]);
+    let result = prom.query(http, &query).await.expect("sample query");
     let sample = format!(
         "# {dash} / {title}\n# panel expr: {expr}\n# query:      {query}\n{}\n",
         serde_json::to_string_pretty(&result).unwrap_or_default()
     );
     println!("{sample}");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    std::fs::write(target.join("dashboard-query-sample.txt"), &sample).expect("sample written");
-    driver.abort();
+    std::fs::write(target_dir().join("dashboard-query-sample.txt"), &sample)
+        .expect("sample written");
 }

@@ -91,18 +91,20 @@ fn every_bounds_row_names_a_test_that_exists() {
         .filter_map(|f| std::fs::read_to_string(f).ok())
         .collect::<Vec<_>>()
         .join("\n");
-    let rows = table_rows(&doc, "Bounds:");
+    let mut rows = table_rows(&doc, "Bounds:");
     assert!(
         rows.len() > 40,
         "the bounds tables were not found: {} rows",
         rows.len()
     );
+    let telemetry = table_rows(&doc, "Telemetry");
+    assert!(telemetry.len() > 10, "the telemetry table was not found");
+    rows.extend(telemetry);
     let mut problems = Vec::new();
     for (section, cells) in rows {
-        if cells
-            .first()
-            .is_some_and(|c| c == "input" || c == "structure" || c == "input or resource")
-        {
+        if cells.first().is_some_and(|c| {
+            ["input", "structure", "input or resource", "signal"].contains(&c.as_str())
+        }) {
             continue;
         }
         let test = cells.last().map(String::as_str).unwrap_or_default();

@@ -625,6 +625,227 @@ async fn a_dead_controller_stays_visible_for_its_grace() {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// `process_cpu_seconds_total` of the manager at `pid`, with the CPU ticks `/proc` reports for
+/// it read just before and just after the scrape.
+async fn cpu_seconds_between_ticks(m: &Manager, pid: u32) -> (u64, f64, u64) {
+    let ticks = || {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the manager's stat");
+        // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
+        let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    };
+    let before = ticks();
+    let seconds = m.metric("process_cpu_seconds_total").await;
+    (before, seconds, ticks())
+}
+
+/// The manager observes itself: its Kubernetes API traffic by verb, resource and code with
+/// latency (a slow and then frozen Lease shows), its build, its leader transitions, its gRPC
+/// server's calls (a Connect stream counted when it opens and when it ends, never as a
+/// latency), the concurrency its controllers' sessions give them, and CPU time to the tick.
+#[tokio::test]
+async fn the_manager_observes_its_api_traffic_grpc_port_build_and_cpu() {
+    let c = start_cluster().await;
+    let m = Manager::start(&c, "observed", &[]).await;
+    m.wait_leading().await;
+    let text = m.try_metrics().await.expect("metrics");
+    let build = format!(
+        r#"ctrlhub_build_info{{revision="{}",rustc="#,
+        metric_label(&text, "ctrlhub_build_info", "revision")
+    );
+    assert!(text.contains(&build), "build info:\n{text}");
+    assert!(
+        text.contains(&format!(r#"version="{}"}} 1"#, env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    assert_eq!(
+        m.metric(r#"ctrlhub_leader_transitions_total{name="ctrlhub-leader"}"#)
+            .await,
+        1.0,
+        "this replica became leader once"
+    );
+
+    // Two replicas of a controller with no maximum of its own, four credits each.
+    let mut reg = register(
+        "busy",
+        ctrlhub_tests::replica::configmaps(),
+        4,
+        Some("default"),
+    );
+    reg.max_concurrent_reconciles = 0;
+    let a = Replica::connect(&m.grpc, reg.clone()).await.expect("a");
+    let b = Replica::connect(&m.grpc, reg).await.expect("b");
+    let connect = r#"grpc_method="Connect",grpc_service="ctrlhub.v1.ControllerManager",grpc_type="bidi_stream""#;
+    wait_for("both streams counted as started", || async {
+        m.metric(&format!("grpc_server_started_total{{{connect}}}"))
+            .await
+            >= 2.0
+    })
+    .await;
+    assert_eq!(
+        m.metric(r#"controller_runtime_max_concurrent_reconciles{controller="busy",tenant="dev"}"#)
+            .await,
+        8.0,
+        "what the controller can run: its sessions' credits"
+    );
+    drop(a);
+    wait_for("a stream that ended is handled (Canceled)", || async {
+        m.metric(&format!(
+            r#"grpc_server_handled_total{{grpc_code="Canceled",{connect}}}"#
+        ))
+        .await
+            >= 1.0
+    })
+    .await;
+    let text = m.try_metrics().await.expect("metrics");
+    assert!(
+        !text.contains(r#"grpc_server_handling_seconds_count{grpc_method="Connect""#),
+        "a stream's lifetime is not a latency"
+    );
+    drop(b);
+
+    // The Lease slow, then frozen: both show in the API-client series of the Lease's PUTs.
+    c.dc.faults()
+        .add_latency("*", "leases", Duration::from_millis(1500));
+    let slow = |le: &str| {
+        format!(
+            r#"rest_client_request_duration_seconds_bucket{{resource="leases",verb="PUT",le="{le}"}}"#
+        )
+    };
+    wait_for(
+        "a Lease renewal slower than a second is observed",
+        || async {
+            let text = m.try_metrics().await.unwrap_or_default();
+            let under_1s = metric_value(&text, &slow("1")).unwrap_or(0.0);
+            let all = metric_value(&text, &slow("+Inf")).unwrap_or(0.0);
+            all > under_1s
+        },
+    )
+    .await;
+    c.dc.faults().clear();
+    c.dc.faults().freeze_lease("default", "ctrlhub-leader");
+    wait_for("a frozen Lease's 503 is counted", || async {
+        m.metric(r#"rest_client_requests_total{code="503",resource="leases",verb="PUT"}"#)
+            .await
+            >= 1.0
+    })
+    .await;
+    c.dc.faults().clear();
+    assert!(
+        m.metric(r#"rest_client_requests_total{code="200",resource="configmaps",verb="LIST"}"#)
+            .await
+            >= 1.0,
+        "the informer's list is counted too"
+    );
+
+    // CPU seconds to the tick: between the ticks /proc counted just before and after the
+    // scrape (a count of whole seconds falls below them unless the ticks are a multiple of 100).
+    let pid = m.process.pid();
+    let (before, seconds, after) = cpu_seconds_between_ticks(&m, pid).await;
+    let hz = String::from_utf8(
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .expect("getconf")
+            .stdout,
+    )
+    .expect("utf-8")
+    .trim()
+    .parse::<f64>()
+    .expect("a tick rate");
+    println!("process_cpu_seconds_total {seconds} with /proc ticks {before}..{after} at {hz} Hz");
+    assert!(
+        seconds >= before as f64 / hz - 1e-9 && seconds <= after as f64 / hz + 1e-9,
+        "process_cpu_seconds_total {seconds} is not the /proc ticks {before}..{after} / {hz}"
+    );
+}
+
+/// The value of `label` in the first series of `metric` in `text`.
+fn metric_label(text: &str, metric: &str, label: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{metric}{{")))
+        .unwrap_or_else(|| panic!("no {metric} in\n{text}"));
+    let start = line.find(&format!("{label}=\"")).expect("label") + label.len() + 2;
+    line[start..]
+        .split('"')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The manager's client keeps to `--kube-api-qps` and `--kube-api-burst`: a registration over
+/// 20 namespaces makes it list and watch 20 informers, 40 requests, and devcluster never
+/// receives more of them than the burst plus the rate allows, so they take at least
+/// (40 - burst) / qps seconds.
+#[tokio::test]
+async fn the_managers_client_keeps_to_its_qps_and_burst() {
+    const QPS: f64 = 5.0;
+    const BURST: f64 = 5.0;
+    let c = start_cluster().await;
+    let names: Vec<String> = (0..20).map(|i| format!("qps-{i}")).collect();
+    for n in &names {
+        namespace(&c.client, n, &[]).await;
+    }
+    let m = Manager::start(
+        &c,
+        "paced",
+        &["--kube-api-qps", "5", "--kube-api-burst", "5"],
+    )
+    .await;
+    m.wait_leading().await;
+    let stats = c.dc.stats();
+    let count =
+        || stats.request_count("list", "configmaps") + stats.request_count("watch", "configmaps");
+    let before = count();
+    let mut reg = register_configmaps("paced", 1);
+    reg.namespaces = Some(ctrlhub_tests::replica::namespace_names(
+        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let started = std::time::Instant::now();
+    let registering = tokio::spawn({
+        let grpc = m.grpc.clone();
+        async move { Replica::connect(&grpc, reg).await }
+    });
+    let mut worst = 0.0f64;
+    loop {
+        let sent = (count() - before) as f64;
+        let allowed = BURST + QPS * started.elapsed().as_secs_f64();
+        worst = worst.max(sent - allowed);
+        assert!(
+            sent <= allowed + 1.0,
+            "{sent} list/watch requests {:?} after the Register: more than burst {BURST} + {QPS}/s allow",
+            started.elapsed()
+        );
+        if sent >= 40.0 {
+            break;
+        }
+        assert!(started.elapsed() < PATIENCE, "only {sent} of 40 requests");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    println!(
+        "40 list/watch requests took {took:?} (burst {BURST}, {QPS}/s; worst excess {worst:.1})"
+    );
+    assert!(
+        took >= Duration::from_secs_f64((40.0 - BURST) / QPS * 0.9),
+        "40 requests in {took:?}"
+    );
+    registering
+        .await
+        .expect("joined")
+        .expect("the registration is answered once every informer has listed");
+    let waited = m
+        .metric("rest_client_rate_limiter_duration_seconds_count")
+        .await;
+    assert!(
+        waited >= 40.0,
+        "every request went through the limiter: {waited}"
+    );
+}
+
 /// A controller retired on purpose (its last replica drains with `retire`) is forgotten at
 /// once, series and all, while one whose last replica merely went stays for the grace.
 #[tokio::test]

@@ -256,7 +256,7 @@ async fn a_tenant_naming_another_tenants_controller_gets_nothing_of_it() {
         .expect("controllers")
         .iter()
         .filter(|c| c["name"] == "shared")
-        .map(|c| c["tenant"].as_str().unwrap_or_default().to_string())
+        .map(|c| c["identity"].as_str().unwrap_or_default().to_string())
         .collect();
     assert_eq!(shared.len(), 2, "{status}");
     assert!(shared.contains(&"system:serviceaccount:team-a:ctl".to_string()));

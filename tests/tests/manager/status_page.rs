@@ -145,6 +145,17 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
     )
     .await;
 
+    // A key polled every 5 minutes: scheduled, not failing and not queued.
+    put_configmap(&c.client, "default", "st-polled", &[("v", "1")]).await;
+    let polled = answer_until(&mut r, "default/st-polled").await;
+    r.reply(
+        &polled.id,
+        pb::reconcile_result::Outcome::RequeueAfter(pb::reconcile_result::RequeueAfter {
+            delay: Some(secs(300.0)),
+        }),
+    )
+    .await;
+
     // A key held in flight: never answered while the test looks.
     put_configmap(&c.client, "default", "st-held", &[("v", "1")]).await;
     let held = answer_until(&mut r, "default/st-held").await;
@@ -187,6 +198,32 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
     let status = m.status().await;
     assert_eq!(status["lease"]["holder"], IDENTITY);
     assert_eq!(controller(&status)["sessionList"][0]["credits"], 1);
+    // Keys on a timer are told apart: the requeue-after one is scheduled, the failed one is
+    // failing, and neither is counted with the three keys queued behind the held one.
+    let ctl = controller(&status);
+    assert_eq!(
+        (&ctl["queued"], &ctl["scheduled"], &ctl["failing"]),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(1),
+            &serde_json::json!(1)
+        ),
+        "{ctl}"
+    );
+    let lane_of = |key: &str| {
+        ctl["queuedKeys"]
+            .as_array()
+            .and_then(|l| l.iter().find(|e| e["key"] == key))
+            .map(|e| (e["lane"].clone(), e["dueInSeconds"].as_f64().unwrap_or(0.0)))
+    };
+    let (lane, due) = lane_of("default/st-polled").expect("the polled key is listed");
+    assert_eq!(lane, "scheduled");
+    assert!(due > 250.0 && due <= 300.0, "due in {due} s");
+    assert_eq!(
+        lane_of("default/st-fails").map(|l| l.0),
+        Some("retry".into())
+    );
+    assert_eq!(status["tenants"][0]["scheduled"], 1, "{status}");
 
     let resp = reqwest::get(format!("{}/", m.http))
         .await
@@ -265,8 +302,17 @@ async fn status_page_shows_what_a_person_on_call_looks_for() {
         );
     }
     assert!(
-        queued.contains("<td class=\"key\">default/st-fails</td><td>retry in"),
+        queued.contains("<td class=\"key\">default/st-fails</td><td>failing, retry in"),
         "the failed key waits on its retry: {queued}"
+    );
+    assert!(
+        queued.contains("<td class=\"key\">default/st-polled</td><td>scheduled, due in 4m"),
+        "the polled key is scheduled, not failing: {queued}"
+    );
+    assert!(
+        ctl.contains("data-stat=\"scheduled\"><span class=\"n\">1</span>")
+            && ctl.contains("data-stat=\"queued\"><span class=\"n\">3</span>"),
+        "one scheduled key, three queued: {ctl}"
     );
 
     let errors = part(ctl, "data-list=\"recent-errors\"", "</table>");

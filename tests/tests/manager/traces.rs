@@ -25,6 +25,8 @@ use std::sync::Arc;
 struct Received {
     service: String,
     instance: Option<String>,
+    /// Every attribute of the resource that sent it.
+    resource: Vec<KeyValue>,
     span: Span,
 }
 
@@ -51,11 +53,17 @@ impl TraceService for Receiver {
                 .resource
                 .as_ref()
                 .and_then(|r| string_attr(&r.attributes, "service.instance.id"));
+            let resource = rs
+                .resource
+                .as_ref()
+                .map(|r| r.attributes.clone())
+                .unwrap_or_default();
             for ss in rs.scope_spans {
                 for span in ss.spans {
                     out.push(Received {
                         service: service.clone(),
                         instance: instance.clone(),
+                        resource: resource.clone(),
                         span,
                     });
                 }
@@ -128,6 +136,8 @@ fn kind(span: &Span) -> SpanKind {
 }
 
 const MANAGER: &str = "ctrlhub";
+/// The pod name the traced manager is given, as the Deployment's Downward API would.
+const POD: &str = "ctrlhub-7d4b9c6f5-x2k8q";
 const CONTROLLER: &str = "memcached-controller";
 
 /// One reconcile's trace, as received.
@@ -284,6 +294,9 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ("CTRLHUB_LOG_FORMAT", "json"),
+        // What deploy/'s Deployment passes from the Downward API.
+        ("POD_NAME", POD),
+        ("POD_NAMESPACE", "ctrlhub-system"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -481,28 +494,67 @@ async fn one_reconcile_is_one_trace_across_the_grpc_hop() {
             "no token or object content in spans: {s:?}"
         );
     }
-    // The attempt links to the event that enqueued its key.
-    let enqueue = root.span.links.iter().find_map(|link| {
-        spans.iter().find(|r| {
-            r.span.span_id == link.span_id
-                && r.span.trace_id == link.trace_id
-                && r.span.name == "enqueue"
-                && string_attr(&link.attributes, "ctrlhub.link").as_deref() == Some("enqueue")
-        })
-    });
-    let enqueue = enqueue.unwrap_or_else(|| {
-        panic!(
-            "the root span links to an enqueue span; links: {:?}",
-            root.span.links
-        )
-    });
-    assert_eq!(enqueue.service, MANAGER);
-    assert_eq!(kind(&enqueue.span), SpanKind::Internal);
-    assert_eq!(
-        string_attr(&enqueue.span.attributes, "k8s.object.name").as_deref(),
-        Some(name)
+    // The watch event that queued the key is an event on the attempt, at the time it came,
+    // not a trace of its own.
+    let enqueues: Vec<_> = root
+        .span
+        .events
+        .iter()
+        .filter(|e| e.name == "enqueue")
+        .collect();
+    assert!(
+        !enqueues.is_empty() && enqueues.len() <= 8,
+        "the root span records 1 to 8 enqueue events: {:?}",
+        root.span.events
     );
-    assert!(root.span.links.len() <= 8, "links per attempt are bounded");
+    assert!(
+        enqueues
+            .iter()
+            .all(|e| e.time_unix_nano <= root.span.start_time_unix_nano),
+        "enqueued before the attempt started"
+    );
+    // A live change, or the registration's first list if that came first: either way, the lane.
+    let lane = string_attr(&enqueues[0].attributes, "ctrlhub.priority");
+    assert!(
+        matches!(lane.as_deref(), Some("live" | "background")),
+        "{lane:?}"
+    );
+    manager_traces_are_attempts_with_their_pod(&spans);
+}
+
+/// Every span the manager exported names its release and its pod, and belongs to an attempt:
+/// no trace of the manager's is a lone `enqueue` (or anything else that is not an attempt).
+fn manager_traces_are_attempts_with_their_pod(spans: &[Received]) {
+    let manager: Vec<&Received> = spans.iter().filter(|r| r.service == MANAGER).collect();
+    assert!(!manager.is_empty());
+    for r in &manager {
+        let attr = |k: &str| string_attr(&r.resource, k);
+        assert_eq!(
+            attr("service.version").as_deref(),
+            Some(env!("CARGO_PKG_VERSION")),
+            "{:?}",
+            r.resource
+        );
+        assert_eq!(attr("k8s.pod.name").as_deref(), Some(POD));
+        assert_eq!(
+            attr("k8s.namespace.name").as_deref(),
+            Some("ctrlhub-system")
+        );
+        assert_eq!(
+            r.instance.as_deref(),
+            Some(POD),
+            "service.instance.id is the pod's name, stable across restarts"
+        );
+    }
+    let names: std::collections::BTreeSet<&str> =
+        manager.iter().map(|r| r.span.name.as_str()).collect();
+    assert!(!names.contains("enqueue"), "no enqueue spans: {names:?}");
+    for root in manager.iter().filter(|r| r.span.parent_span_id.is_empty()) {
+        assert!(
+            ["reconcile", "event"].contains(&root.span.name.as_str()),
+            "a manager trace that is not an attempt: {root:?}"
+        );
+    }
 }
 
 /// The JSON log lines of the traced reconcile, from both processes: the controller's lines
@@ -910,5 +962,143 @@ async fn in_ctrlhub_dev_the_controller_exports_as_its_own_service() {
             .iter()
             .any(|r| r.service == MANAGER && kind(&r.span) == SpanKind::Server),
         "no controller span under the manager's service name"
+    );
+}
+
+/// One tenant name everywhere: a ServiceAccount's controller is shown, counted and traced under
+/// its tenant as limits count it (`system:serviceaccounts:<namespace>`), the name the
+/// dashboards' `tenant` variable takes from the metrics and the Traces dashboard filters spans
+/// by; the identity that registered it is shown beside it.
+#[tokio::test]
+async fn spans_metrics_and_the_page_name_the_tenant_alike() {
+    const TENANT: &str = "system:serviceaccounts:team-t";
+    const IDENTITY: &str = "system:serviceaccount:team-t:ctl";
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let c = start_cluster().await;
+    let m = Manager::start_with_env(
+        &c,
+        "tenant-names",
+        &ctrlhub_tests::rbac::RBAC_ARGS,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    m.wait_leading().await;
+    let auth = ctrlhub_tests::rbac::tenant(&c, "team-t", "ctl").await;
+    ctrlhub_tests::rbac::grant_configmaps(&c, "team-t", "ctl", Some("team-t")).await;
+    let reg = ctrlhub_tests::rbac::configmaps_in("named", &["team-t"]);
+    let mut replica = Replica::connect_with(&m.grpc, reg, Some(&auth))
+        .await
+        .expect("registers");
+    put_configmap(&c.client, "team-t", "who", &[("k", "v")]).await;
+    let r = replica.expect().await;
+    replica.done(&r.id).await;
+
+    wait_for("the attempt's root span is exported", || async {
+        root_of(&receiver.spans(), "who", 1).is_some()
+    })
+    .await;
+    let root = root_of(&receiver.spans(), "who", 1).expect("found above");
+    let attrs = &root.span.attributes;
+    assert_eq!(
+        string_attr(attrs, "ctrlhub.tenant").as_deref(),
+        Some(TENANT)
+    );
+    assert_eq!(
+        string_attr(attrs, "ctrlhub.identity").as_deref(),
+        Some(IDENTITY)
+    );
+
+    let series = format!(
+        r#"controller_runtime_reconcile_total{{controller="named",result="success",tenant="{TENANT}"}}"#
+    );
+    wait_for("the reconcile is counted under the tenant", || async {
+        m.metric(&series).await >= 1.0
+    })
+    .await;
+    let status = m.status().await;
+    let entry = status["controllers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "named"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(entry["tenant"], TENANT, "{status}");
+    assert_eq!(entry["identity"], IDENTITY, "{status}");
+    assert_eq!(status["tenants"][0]["tenant"], TENANT, "{status}");
+    let page = m
+        .get("/?refresh=0")
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("page text");
+    assert!(
+        page.contains(&format!("<tr data-tenant=\"{TENANT}\">")),
+        "the tenants table names the tenant"
+    );
+    assert!(
+        page.contains(&format!("data-tenant=\"{TENANT}\" data-name=\"named\"")),
+        "the controller's card names the tenant"
+    );
+    assert!(
+        page.contains(&format!("data-identity=\"{IDENTITY}\"")),
+        "and shows who registered it"
+    );
+    // The Traces dashboard filters `span.ctrlhub.tenant` by the tenants Prometheus knows.
+    let traces: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../dashboards/grafana/ctrlhub-traces.json"),
+        )
+        .expect("traces dashboard"),
+    )
+    .expect("JSON");
+    let filters = traces.to_string();
+    assert!(filters.contains(r#"span.ctrlhub.tenant =~ \"${tenant:regex}\""#));
+    assert!(filters.contains(
+        r#"label_values(ctrlhub_sessions{job=\"$job\", namespace=\"$namespace\"}, tenant)"#
+    ));
+    let sessions = format!(r#"ctrlhub_sessions{{controller="named",tenant="{TENANT}"}}"#);
+    assert_eq!(
+        m.metric(&sessions).await,
+        1.0,
+        "the variable's source names the tenant so"
+    );
+}
+
+/// A manager that cannot start says why as its last log line, in the log format it was asked
+/// for: under `--log-format json` that line is JSON too, so a log collector keeps it.
+#[tokio::test]
+async fn a_fatal_error_is_logged_as_json_under_log_format_json() {
+    let out = tokio::process::Command::new(Launch::for_tests().binary)
+        .args(["--log-format", "json", "run", "--kubeconfig"])
+        .arg("/nonexistent/ctrlhub-kubeconfig")
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .expect("ctrlhub exits")
+        .expect("output");
+    assert_eq!(out.status.code(), Some(1), "a fatal error exits 1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let last = lines.last().expect("at least one line");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    let error = last["fields"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("reading kubeconfig /nonexistent/ctrlhub-kubeconfig"),
+        "the cause, whole: {stderr}"
     );
 }

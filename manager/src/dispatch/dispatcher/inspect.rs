@@ -26,6 +26,21 @@ pub struct QueueStats {
     pub longest: f64,
     /// Bytes of events and tombstones held for delivery.
     pub queued_bytes: u64,
+    /// Credits of its sessions together: what its replicas accept at once.
+    pub credits: u64,
+}
+
+/// Where a controller's keys are, for the status page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    /// Ready to be handed out (and EVENTS-mode events waiting).
+    pub ready: usize,
+    /// Waiting on a requeue-after the controller asked for: scheduled, not failing.
+    pub scheduled: usize,
+    /// Waiting out a backoff after an error or a missed deadline.
+    pub failing: usize,
+    /// Handed out and not yet answered.
+    pub in_flight: usize,
 }
 
 /// A controller's sessions, in-flight requests and queue, read under its lock
@@ -101,21 +116,24 @@ impl Controller {
             sessions: st.sessions.len(),
             adds: st.queue.adds_total(),
             retries: st.queue.retries_total(),
+            // Folded from +0.0: an empty f64 `sum()` is -0.0, which a dashboard shows as "-0".
             unfinished: st
                 .in_flight
                 .values()
                 .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
-                .sum(),
+                .fold(0.0, |total, s| total + s),
             longest: st
                 .in_flight
                 .values()
                 .map(|f| now.saturating_duration_since(f.started).as_secs_f64())
                 .fold(0.0, f64::max),
             queued_bytes: self.queued.own(),
+            credits: st.sessions.values().map(|s| u64::from(s.credits)).sum(),
         }
     }
 
-    /// Queue depth, in-flight count and number of sessions, for status pages.
+    #[cfg(test)]
+    /// Queue depth, in-flight count and number of sessions.
     pub fn snapshot(&self) -> (usize, usize, usize) {
         let st = self.lock();
         (
@@ -123,6 +141,18 @@ impl Controller {
             st.in_flight.len(),
             st.sessions.len(),
         )
+    }
+
+    /// Its keys counted by where they are: ready, scheduled, failing, in flight.
+    pub fn key_counts(&self) -> KeyCounts {
+        let st = self.lock();
+        let failing = st.queue.retrying_len();
+        KeyCounts {
+            ready: st.queue.len() + st.events.len(),
+            scheduled: st.queue.waiting_len().saturating_sub(failing),
+            failing,
+            in_flight: st.in_flight.len(),
+        }
     }
 
     /// Read sessions, in-flight requests and queued keys together, under the controller's lock:

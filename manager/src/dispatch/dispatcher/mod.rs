@@ -28,7 +28,7 @@ pub use state::Tombstone;
 use crate::dispatch::event_queue::EventType;
 use crate::dispatch::queue::{Priority, Reason, WorkQueue};
 use crate::dispatch::seats::{Flow, SeatPool};
-use crate::dispatch::spans::{self, LinkKind};
+use crate::dispatch::spans;
 use crate::dispatch::usage::QueuedBytes;
 use crate::informer::object::CachedObject;
 use crate::informer::{CacheEvent, Informer, InformerKey, ObjectKey, Subscription};
@@ -179,6 +179,8 @@ impl Controller {
         (seat_pool, queued): (&Arc<SeatPool>, QueuedBytes),
     ) -> Arc<Self> {
         let queue = WorkQueue::new(registration.backoff);
+        // Its counters and histograms read 0 until it does something, not "No data".
+        metrics.preinitialise_controller(&id.name, group);
         let wake = Arc::new(Notify::new());
         let flow = seat_pool.flow(group, wake.clone());
         Arc::new(Controller {
@@ -299,11 +301,11 @@ impl Controller {
         }
         let now = Instant::now();
         let background = reason.priority() == Priority::Background;
-        let span = spans::enabled().then(|| spans::enqueue(&self.id, &keys, background));
+        let enqueued = spans::enabled().then(|| spans::Enqueued::now(background));
         let mut st = self.lock();
         for key in keys {
-            if let Some(span) = &span {
-                st.links.add(&key, span.clone(), LinkKind::Enqueue);
+            if let Some(enqueued) = enqueued {
+                st.links.enqueued(&key, enqueued);
             }
             st.queue.add_because(key, reason, now);
         }
@@ -324,16 +326,10 @@ impl Controller {
             return;
         }
         let object = CachedObject::from_value(object);
-        let span = spans::enabled().then(|| {
-            spans::enqueue(
-                &self.id,
-                std::slice::from_ref(&key),
-                kind == EventType::Sync,
-            )
-        });
+        let enqueued = spans::enabled().then(|| spans::Enqueued::now(kind == EventType::Sync));
         let mut st = self.lock();
-        if let Some(span) = span {
-            st.links.add(&key, span, LinkKind::Enqueue);
+        if let Some(enqueued) = enqueued {
+            st.links.enqueued(&key, enqueued);
         }
         let grew = st.events.push(key, kind, object);
         let waiting = st.events.len();

@@ -460,6 +460,7 @@ impl Controller {
         Some(Attempt::start(
             AttemptInfo {
                 controller: &self.id,
+                tenant: &self.group,
                 kind,
                 key,
                 attempt,
