@@ -23,6 +23,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 banner "cargo doc --no-deps --workspace (rustdoc warnings are errors)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace
 
+banner "cargo deny: licences, bans and sources of every crate (deny.toml)"
+# Advisories are not checked here: the RustSec database lives on GitHub, which this machine
+# cannot reach (deny.toml says how to run them elsewhere). Duplicate versions are warnings, shown
+# with --log-level warn.
+if ! command -v cargo-deny >/dev/null 2>&1; then
+    echo "installing cargo-deny (cargo install --locked; several minutes, once per machine)..."
+    cargo install cargo-deny --locked
+fi
+cargo deny --offline --log-level error check --hide-inclusion-graph licenses bans sources
+
 banner "Debian packages (prometheus + promtool, chromium)"
 # prometheus: promtool checks metrics and rules, and the real server runs every dashboard query.
 # chromium: the status page test drives it headless.
