@@ -6,7 +6,7 @@
 //! annotation back per object). "live": the controller runs while the objects are created
 //! (timed from the first create); "backlog": the objects exist before the controller starts
 //! (timed from its start — for kopf, from starting the Python process). (d) The TypeScript SDK
-//! (`bench/typescript/controller.mjs`, see [`crate::typescript`]): 3 Node.js replicas of 16, on
+//! (`bench/typescript/controller.mjs`, see [`crate::contenders::typescript_sdk`]): 3 Node.js replicas of 16, on
 //! a manager of its own, the same runs.
 
 use super::LOAD_PATIENCE;
@@ -272,7 +272,7 @@ async fn measure_on(c: &Cluster, n: usize) -> Result<Figures> {
 }
 
 /// Measure the kopf operator in `mode` with `n` objects per run, on a devcluster of its own;
-/// installs kopf first if needed (see [`crate::env::kopf`]).
+/// installs kopf first if needed (see [`crate::contenders::kopf`]).
 pub async fn measure_kopf(n: usize, mode: KopfMode) -> Result<KopfFigures> {
     let k = crate::contenders::kopf::kopf().await?;
     let c = Cluster::start().await?;
