@@ -12,6 +12,7 @@
 //! - [`rbac`]: tenants as ServiceAccounts with tokens and RBAC grants;
 //! - [`objects`]: namespaces, ConfigMaps and other objects applied as JSON;
 //! - [`raw`]: raw HTTPS requests and watch streams;
+//! - [`netproxy`]: a TCP proxy that can freeze, standing for an unreachable API server;
 //! - [`widget`](mod@widget): the conformance suites' `Widget` custom resource;
 //! - [`process`]: binaries, free ports and child process handles;
 //! - [`wait`]: [`PATIENCE`], the one bound on how long anything waits for a condition.
@@ -24,6 +25,7 @@ pub mod cluster;
 pub mod conformance;
 pub mod hostile;
 pub mod manager;
+pub mod netproxy;
 pub mod objects;
 pub mod process;
 pub mod raw;

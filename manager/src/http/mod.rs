@@ -1,11 +1,12 @@
-//! The manager's HTTP port: `/` (the status page for people), `/healthz` (the dispatch runtime
-//! runs), `/readyz` (leader election running), `/metrics`, and `/status` (the same facts as JSON). With `--auth
-//! kubernetes` it is HTTPS and every path but the probes needs a token ([`access`]).
+//! The manager's HTTP port: `/` (the status page for people), `/metrics`, `/status` (the same
+//! facts as JSON) and the probes of [`probes`] (also on the probe port, `--probe-addr`). With
+//! `--auth kubernetes` it is HTTPS and every path but the probes needs a token ([`access`]).
 //!
 //! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
 //! `metrics` and `registration`, read-only — nothing below calls back up into it.
 
 pub mod access;
+pub mod probes;
 pub mod status_page;
 pub mod tls;
 
@@ -16,8 +17,8 @@ use crate::metrics::Metrics;
 use access::{Gate, Refusal, Viewer};
 use axum::Router;
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use status_page::Snapshot;
@@ -43,8 +44,8 @@ pub struct HttpState {
     pub gate: Gate,
     /// How the manager was started (static auth, namespace ceiling), shown on the page.
     pub settings: status_page::Settings,
-    /// The dispatch runtime's heartbeat, for `/healthz`.
-    pub liveness: crate::leader::heartbeat::Liveness,
+    /// The probes' checks (`/livez`, `/readyz`, `/healthz`), served here and on the probe port.
+    pub probes: Arc<probes::Probes>,
 }
 
 /// The caller's address, when the connection told it (per-peer throttling of bad tokens).
@@ -61,33 +62,14 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
 
 /// The router for the HTTP port.
 pub fn router(state: Arc<HttpState>) -> Router {
+    // The probes stay here, open, for probes written before the probe port existed.
+    let probes = probes::router(state.probes.clone());
     Router::new()
         .route("/", get(page))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state)
-}
-
-/// Live while the dispatch runtime runs: a runtime whose heartbeat is older than the stall
-/// limit has also stopped renewing the Lease, and restarting it is the way out.
-async fn healthz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    match s.liveness.check() {
-        Ok(()) => (StatusCode::OK, "ok".to_string()),
-        Err(stalled) => (StatusCode::SERVICE_UNAVAILABLE, stalled.to_string()),
-    }
-}
-
-/// Ready while leader election runs. Tenant informers play no part: one tenant's informer
-/// that cannot list (or lists slowly) fails that tenant's registration, never the manager's
-/// readiness, which would take the leader out of its Service for every tenant.
-async fn readyz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    if s.leader.has_changed().is_ok() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "leader election stopped")
-    }
+        .merge(probes)
 }
 
 async fn status(

@@ -9,9 +9,11 @@ use crate::dispatch::dispatcher::RevokeReason;
 use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
 use crate::http::access::Gate;
+use crate::http::probes::Probes;
 use crate::http::tls::{self, CertSource};
 use crate::http::{self, HttpState};
 use crate::informer::Cache;
+use crate::leader::health::{ApiReachability, LeaseHealth};
 use crate::leader::heartbeat::{self, Heartbeat, Liveness};
 use crate::leader::{Elector, LeaderConfig, LeaderState};
 use crate::metrics::Metrics;
@@ -41,6 +43,11 @@ pub struct RunArgs {
     /// (TokenReview, then SubjectAccessReview of `get` on the path).
     #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
+    /// Plain-HTTP listen address for the kubelet's probes alone: /livez, /readyz (with named
+    /// checks: `?verbose`) and /healthz, no token, nothing else. Unset: no probe port (the
+    /// HTTP port serves the probes either way). deploy/ sets 0.0.0.0:8081.
+    #[arg(long, env = "CTRLHUB_PROBE_ADDR")]
+    pub probe_addr: Option<SocketAddr>,
     /// PEM certificate (chain) the HTTP port presents, re-read when the file changes; with
     /// `--auth kubernetes` and no certificate, a self-signed one is made at start.
     #[arg(long, env = "CTRLHUB_HTTP_TLS_CERT", requires = "http_tls_key")]
@@ -405,8 +412,13 @@ impl RunArgs {
             // Before campaigning: a standby must not carry a label left by a crashed container.
             p.clear_stale().await;
         }
-        let election =
-            self.start_election(self.kube_config().await?, &identity, liveness.clone())?;
+        let lease_health = LeaseHealth::default();
+        let election = self.start_election(
+            self.kube_config().await?,
+            &identity,
+            liveness.clone(),
+            lease_health.clone(),
+        )?;
         let cache = Cache::new(client.clone());
         let metrics = Arc::new(Metrics::new());
         let controllers = ControllerTable::new(
@@ -433,6 +445,15 @@ impl RunArgs {
         crate::grpc::health::follow_leadership(health, election.leading.clone(), stop.clone());
         let grpc = self.serve_grpc(grpc_listener, service, health_service, &ports)?;
         let http_tls = self.http_tls(&identity)?;
+        let probes = Arc::new(Probes {
+            liveness,
+            leader: election.state.clone(),
+            api: Some(ApiReachability::spawn(client.clone(), stop.child_token())),
+            lease: Some(lease_health),
+        });
+        if let Some(addr) = self.probe_addr {
+            serve_probes(bind("probe", addr).await?, &probes, ports.probe, &stop);
+        }
         let http_state = HttpState {
             controllers: controllers.clone(),
             cache: cache.clone(),
@@ -445,7 +466,7 @@ impl RunArgs {
                 static_auth: self.auth == AuthMode::Static,
                 ceiling: self.ceiling(),
             },
-            liveness,
+            probes,
         };
         let http = serve_http(
             http_listener,
@@ -511,6 +532,7 @@ impl RunArgs {
         let ports = Ports {
             grpc: port("grpc", grpc_total, None),
             http: port("http", http_total, Some(self.handshake_timeout)),
+            probe: port("probe", PROBE_CONNECTIONS, Some(self.handshake_timeout)),
         };
         tracing::info!(
             grpc = grpc_total,
@@ -620,6 +642,7 @@ impl RunArgs {
         config: kube::Config,
         identity: &str,
         liveness: Liveness,
+        health: LeaseHealth,
     ) -> anyhow::Result<Election> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -641,7 +664,8 @@ impl RunArgs {
                 retry_period: self.retry_period,
             },
         )
-        .with_liveness(liveness);
+        .with_liveness(liveness)
+        .with_health(health);
         let stop = CancellationToken::new();
         let (done, finished) = tokio::sync::oneshot::channel();
         let (leading, state) = (elector.leading(), elector.state());
@@ -864,7 +888,13 @@ struct Election {
 struct Ports {
     grpc: PortNet,
     http: PortNet,
+    probe: PortNet,
 }
+
+/// Connections the probe port holds at once, apart from the other ports' budget (a flood of
+/// those never takes the kubelet's probes); a quarter of them per peer. The kubelet opens one
+/// per probe and closes it.
+const PROBE_CONNECTIONS: usize = 32;
 
 /// One port's connection caps (per peer and in all) and the rules its connections live by.
 struct PortNet {
@@ -947,6 +977,26 @@ fn serve_http(
         net.state,
         stop,
     ))
+}
+
+/// Serves the kubelet's probes on their own port until `stop` fires.
+fn serve_probes(
+    listener: tokio::net::TcpListener,
+    probes: &Arc<Probes>,
+    net: PortNet,
+    stop: &CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(probe = %addr, "serving /livez, /readyz and /healthz on the probe port");
+    }
+    tokio::spawn(tls::serve(
+        listener,
+        http::probes::router(probes.clone()),
+        None,
+        net.caps,
+        net.state,
+        stop.clone(),
+    ));
 }
 
 /// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each
