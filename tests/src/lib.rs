@@ -9,11 +9,13 @@
 //! - [`replica`]: a controller replica speaking the raw gRPC protocol;
 //! - [`hostile`], [`strangers`]: the hostile-tenant bed and its attacks, and the attacks that
 //!   need no credentials (or only junk ones);
+//! - [`readme`](mod@readme): the README's command blocks, for tests that run them as written;
 //! - [`rbac`]: tenants as ServiceAccounts with tokens and RBAC grants;
 //! - [`objects`]: namespaces, ConfigMaps and other objects applied as JSON;
 //! - [`raw`]: raw HTTPS requests and watch streams;
 //! - [`netproxy`]: a TCP proxy that can freeze, standing for an unreachable API server;
 //! - [`widget`](mod@widget): the conformance suites' `Widget` custom resource;
+//! - [`prometheus`]: a real Prometheus server scraping what a test points it at;
 //! - [`process`]: binaries, free ports and child process handles;
 //! - [`wait`]: [`PATIENCE`], the one bound on how long anything waits for a condition.
 //!
@@ -28,8 +30,10 @@ pub mod manager;
 pub mod netproxy;
 pub mod objects;
 pub mod process;
+pub mod prometheus;
 pub mod raw;
 pub mod rbac;
+pub mod readme;
 pub mod replica;
 pub mod strangers;
 pub mod wait;

@@ -939,3 +939,38 @@ async fn a_controller_name_is_held_by_one_identity_per_tenant() {
     put_configmap(&c.client, "team-a", "plan", &[("k", "v2")]).await;
     assert_eq!(key(&first.expect().await), "team-a/plan");
 }
+
+/// The probe port is open to anyone who reaches it (no token), so it is bounded like the other
+/// ports: one address holds at most 8 connections there (a quarter of its 32), each closed when
+/// it stays silent past the handshake timeout, and the kubelet's probe from another address is
+/// answered meanwhile. A flood of the other ports never takes these connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_port_holds_a_bounded_number_of_silent_connections() {
+    use ctrlhub_tests::strangers::{ATTACKER, silent_connections, wait_closed};
+    let c = start_cluster().await;
+    let probe: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let probe_addr = probe.to_string();
+    let m = Manager::start(
+        &c,
+        "probe-flood",
+        &["--probe-addr", &probe_addr, "--handshake-timeout", "2s"],
+    )
+    .await;
+    m.wait_leading().await;
+    let silent = silent_connections(ATTACKER, probe, 100).await;
+    let (_, open) = wait_closed(&silent, 8, Duration::from_secs(5)).await;
+    assert!(
+        open <= 8,
+        "{open} silent connections from one address stayed open"
+    );
+    let ready = reqwest::get(format!("http://{probe_addr}/readyz"))
+        .await
+        .expect("the kubelet's address gets in");
+    assert_eq!(ready.status(), 200);
+    let (took, open) = wait_closed(&silent, 0, Duration::from_secs(10)).await;
+    assert_eq!(
+        open, 0,
+        "silent connections closed at the handshake timeout"
+    );
+    println!("100 silent: at most 8 held, all closed after {took:?}");
+}
