@@ -4,6 +4,7 @@
 //! (`tests/tests/*.rs`) and by the benchmark harness (`ctrlhub-bench`) alike:
 //!
 //! - [`conformance`]: the SDK conformance suite's harness (tests/conformance/README.md);
+//! - [`browser`]: headless Chromium over the DevTools protocol, acting as a person;
 //! - [`cluster`]: devcluster in process with kube-rs, raw HTTPS and a kubeconfig for children;
 //! - [`manager`]: the real `ctrlhub` binary as a child process, its status, metrics and lease;
 //! - [`replica`]: a controller replica speaking the raw gRPC protocol;
@@ -23,6 +24,7 @@
 //! Helpers that panic with a message are for tests; the harness uses their `try_`/`Result`
 //! forms so that one failing scenario does not cost the figures of the others.
 
+pub mod browser;
 pub mod cluster;
 pub mod conformance;
 pub mod hostile;

@@ -6,7 +6,9 @@
 //! `metrics` and `registration`, read-only — nothing below calls back up into it.
 
 pub mod access;
+pub mod login;
 pub mod probes;
+pub mod session;
 pub mod status_page;
 pub mod tls;
 
@@ -16,11 +18,12 @@ use crate::leader::LeaderState;
 use crate::metrics::Metrics;
 use access::{Gate, Refusal, Viewer};
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use status_page::Snapshot;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -66,6 +69,13 @@ pub fn router(state: Arc<HttpState>) -> Router {
     let probes = probes::router(state.probes.clone());
     Router::new()
         .route("/", get(page))
+        .route(
+            "/login",
+            get(login::form)
+                .post(login::submit)
+                .layer(DefaultBodyLimit::max(login::MAX_LOGIN_BYTES)),
+        )
+        .route("/logout", post(login::logout))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state)
@@ -94,7 +104,13 @@ async fn page(
     headers: HeaderMap,
     Query(p): Query<PageParams>,
 ) -> Result<Response, Refusal> {
-    let viewer = s.gate.viewer(&headers, peer, "/", true).await?;
+    // A browser without credentials gets the login form rather than a bare 401.
+    let viewer = match s.gate.viewer(&headers, peer, "/", true).await {
+        Err(Refusal::Unauthenticated(_)) if login::wants_login(&headers) => {
+            return Ok(login::to_login());
+        }
+        other => other?,
+    };
     let refresh = p.refresh.unwrap_or(status_page::DEFAULT_REFRESH_SECS);
     Ok((
         [
