@@ -8,6 +8,8 @@
 pub mod access;
 pub mod login;
 pub mod probes;
+#[cfg(feature = "profiling")]
+pub mod profile;
 pub mod session;
 pub mod status_page;
 pub mod tls;
@@ -67,7 +69,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
 pub fn router(state: Arc<HttpState>) -> Router {
     // The probes stay here, open, for probes written before the probe port existed.
     let probes = probes::router(state.probes.clone());
-    Router::new()
+    let router = Router::new();
+    #[cfg(feature = "profiling")]
+    let router = router.route(profile::PATH, get(profile::cpu));
+    router
         .route("/", get(page))
         .route(
             "/login",
