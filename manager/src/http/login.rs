@@ -78,10 +78,15 @@ pub(super) fn to_login() -> Response {
     see_other("/login")
 }
 
-/// Whether a request came without credentials a browser would have sent: no header, so the
-/// page should offer the login instead of a bare 401.
+/// Whether an unauthenticated request is a browser's (no bearer header, and it asks for HTML),
+/// which gets the login form; scripts and scrapers keep getting a plain 401.
 pub(super) fn wants_login(headers: &HeaderMap) -> bool {
-    !headers.contains_key(header::AUTHORIZATION)
+    let html = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/html"));
+    html && !headers.contains_key(header::AUTHORIZATION)
 }
 
 fn see_other(to: &'static str) -> Response {
@@ -178,6 +183,19 @@ which ends with the token, at <b>Log out</b>, or after 8 hours.</p>\
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_browser_without_a_bearer_header_is_sent_to_the_login() {
+        let mut h = HeaderMap::new();
+        assert!(!wants_login(&h), "curl and scrapers get a 401");
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/html,application/xhtml+xml,*/*;q=0.8"),
+        );
+        assert!(wants_login(&h));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        assert!(!wants_login(&h), "a rejected bearer token is answered 401");
+    }
 
     #[test]
     fn a_form_from_another_site_is_refused() {
