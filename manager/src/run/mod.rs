@@ -38,8 +38,9 @@ pub struct RunArgs {
     /// gRPC listen address for controllers.
     #[arg(long, env = "CTRLHUB_GRPC_ADDR", default_value = "0.0.0.0:9090")]
     pub grpc_addr: SocketAddr,
-    /// HTTP listen address for /healthz, /readyz, /metrics and /status. With `--auth
-    /// kubernetes` it serves HTTPS and every path but the probes needs a bearer token
+    /// HTTP listen address for the status page (/ and /status), /metrics, the probes (/livez,
+    /// /readyz, /healthz) and /debug/pprof/profile. With `--auth kubernetes` it serves HTTPS and
+    /// every path but the probes and /login needs a bearer token or a login's session cookie
     /// (TokenReview, then SubjectAccessReview of `get` on the path).
     #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
