@@ -31,6 +31,8 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
     echo "installing cargo-deny (cargo install --locked; several minutes, once per machine)..."
     cargo install cargo-deny --locked
 fi
+# --offline reads crates from the local registry; cargo fetch puts every platform's there first.
+cargo fetch --quiet
 cargo deny --offline --log-level error check --hide-inclusion-graph licenses bans sources
 
 banner "Debian packages (prometheus + promtool, chromium)"

@@ -1,7 +1,7 @@
 """The deploy/ manifests: every overlay, the opt-in monitoring kustomization and the examples
 render with kubectl's kustomize and every object passes strict schema validation for Kubernetes
-1.32 (kubernetes-validate ships the OpenAPI schemas); the Prometheus scrape config for clusters
-without the Operator passes `promtool check config`."""
+1.32 (kubernetes-validate ships the OpenAPI schemas); the Prometheus scrape configs for clusters
+without the Operator pass `promtool check config`."""
 
 import os
 import pathlib
@@ -57,7 +57,7 @@ def test_overlay_objects_pass_strict_schema_validation(overlay: str):
 
 def test_examples_and_components_pass_strict_schema_validation(tmp_path):
     tenant = REPO / "deploy" / "examples" / "memcached-tenant"
-    for name in ("rbac.yaml", "controller.yaml"):
+    for name in ("namespace.yaml", "rbac.yaml", "controller.yaml"):
         validate_all([d for d in yaml.safe_load_all((tenant / name).read_text()) if d])
     validate_all(kustomize(REPO / "deploy" / "monitoring"))
     overlay = tmp_path / "overlay"
@@ -71,9 +71,20 @@ def test_examples_and_components_pass_strict_schema_validation(tmp_path):
     validate_all(docs)
 
 
+def test_static_scrape_config_passes_promtool_as_shipped():
+    path = REPO / "deploy" / "monitoring" / "prometheus-scrape-static.yml"
+    out = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [job] = yaml.safe_load(path.read_text())["scrape_configs"]
+    # Static targets carry no Kubernetes metadata: the labels the dashboards filter on are set.
+    assert job["job_name"] == "ctrlhub-metrics"
+    for group in job["static_configs"]:
+        assert group["labels"]["namespace"] == "ctrlhub-system" and group["labels"]["pod"]
+
+
 def test_scrape_config_without_the_operator_passes_promtool(tmp_path):
     scrape = (REPO / "deploy" / "monitoring" / "prometheus-scrape.yml").read_text()
-    job = yaml.safe_load(scrape)["scrape_configs"][0]
+    [job] = yaml.safe_load(scrape)["scrape_configs"]
     # Debian's prometheus is built without Kubernetes service discovery, so promtool checks the
     # job with the discovery swapped for a static target; everything else is checked as shipped.
     sd = job.pop("kubernetes_sd_configs")

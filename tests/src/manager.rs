@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::Command;
@@ -51,12 +51,12 @@ impl Launch {
         }
     }
 
-    /// The `ctrlhub run` command for `identity` against `cluster` on the given ports.
-    fn command(&self, cluster: &Cluster, identity: &str, ports: (u16, u16)) -> Command {
+    /// The `ctrlhub run` command for `identity` with `kubeconfig` on the given ports.
+    fn command(&self, kubeconfig: &Path, identity: &str, ports: (u16, u16)) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("run")
             .arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
+            .arg(kubeconfig)
             .arg("--grpc-addr")
             .arg(format!("127.0.0.1:{}", ports.0))
             .arg("--http-addr")
@@ -103,11 +103,23 @@ impl Manager {
         extra: &[&str],
         launch: &Launch,
     ) -> Result<Manager> {
+        Self::launch_with_kubeconfig(cluster, &cluster.kubeconfig, identity, extra, launch).await
+    }
+
+    /// [`Manager::launch`] reaching the API server as `kubeconfig` says (another identity, or
+    /// through a proxy) instead of with the cluster's admin kubeconfig.
+    pub async fn launch_with_kubeconfig(
+        cluster: &Cluster,
+        kubeconfig: &Path,
+        identity: &str,
+        extra: &[&str],
+        launch: &Launch,
+    ) -> Result<Manager> {
         let ports = (try_free_port()?, try_free_port()?);
         let log = launch
             .log_dir
             .join(format!("ctrlhub-{identity}-{}.log", ports.1));
-        let mut cmd = launch.command(cluster, identity, ports);
+        let mut cmd = launch.command(kubeconfig, identity, ports);
         cmd.args(extra);
         let secured = kubernetes_auth(extra);
         let m = Manager {

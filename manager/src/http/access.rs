@@ -7,17 +7,23 @@
 //! - Without it, `/metrics` is forbidden, and `/status` and the page show the caller only its own
 //!   tenant's controllers, keys and errors, and nothing of the caches every tenant shares.
 //!
+//! A browser, which cannot send the header, presents the cookie of a session opened by logging
+//! in with a token ([`super::session`]): the gate then reviews the session's token exactly as if
+//! it had come in the header.
+//!
 //! With `--auth static` (`ctrlhub dev`, tests on loopback) the port is open and shows all.
 
+use super::session::{self, Sessions};
 use crate::tenancy::{
     AuthError, Authenticator, AuthzError, Identity, PathAuthorizer, TenantGrouping,
 };
 use crate::throttle::PeerThrottle;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Failed authentications a peer may make at once on the HTTP port before it is slowed down
 /// (reserved before each review, so concurrency cannot spend more).
@@ -44,6 +50,16 @@ pub struct KubernetesGate {
     grouping: TenantGrouping,
     peers: PeerThrottle,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    sessions: Sessions,
+}
+
+/// A login that opened a session: who, and the cookie that names it.
+#[derive(Debug)]
+pub struct Login {
+    /// The session id, the cookie's value.
+    pub session: String,
+    /// How long the session lives (at most the token's own life).
+    pub lifetime: Duration,
 }
 
 impl Gate {
@@ -65,6 +81,7 @@ impl Gate {
                 REVIEWS_IN_FLIGHT,
             ),
             metrics: None,
+            sessions: Sessions::default(),
         }))
     }
 
@@ -111,17 +128,95 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// Logs in with `token`: reviewed like a bearer token (a failure counts against the peer's
+    /// budget), then a session is opened for it. Static auth needs no login.
+    pub async fn login(&self, token: &str, peer: Option<IpAddr>) -> Result<Login, Refusal> {
+        let Gate::Kubernetes(gate) = self else {
+            return Err(Refusal::Unauthenticated(
+                "this manager runs --auth static: its page needs no login".into(),
+            ));
+        };
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(Refusal::Unauthenticated(
+                "no token: paste one the API server accepts (kubectl create token <serviceaccount>)"
+                    .into(),
+            ));
+        }
+        let who = gate.review(token, peer).await?;
+        let expiry = crate::tenancy::token_expiry(token);
+        let (session, lifetime) = gate
+            .sessions
+            .open(token, &who.username, expiry, Instant::now())
+            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        tracing::info!(user = %who.username, ?lifetime, "HTTP login: session opened");
+        Ok(Login { session, lifetime })
+    }
+
+    /// Ends the session the request's cookie names, if any.
+    pub fn logout(&self, headers: &HeaderMap) {
+        if let (Gate::Kubernetes(gate), Some(id)) = (self, session::from_cookies(headers)) {
+            gate.sessions.close(id);
+        }
+    }
+
+    /// Who the request's session cookie logged in as, if it names a live session whose token
+    /// is still accepted.
+    pub async fn session_user(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Option<String> {
+        let Gate::Kubernetes(gate) = self else {
+            return None;
+        };
+        session::from_cookies(headers)?;
+        if headers.contains_key(header::AUTHORIZATION) {
+            return None;
+        }
+        gate.authenticate(headers, peer)
+            .await
+            .ok()
+            .map(|who| who.username)
+    }
+}
+
 impl KubernetesGate {
-    /// The caller's identity from its bearer token. A token already decided (cached) is
-    /// answered at once; any other reserves a review of its peer's budget first (given back
-    /// when accepted), so a peer that keeps failing, or sends many at once, is refused before
-    /// its tokens become TokenReviews.
+    /// The caller's identity from its bearer token, or from its session's token. A session whose
+    /// token is no longer accepted is ended.
     async fn authenticate(
         &self,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Result<Identity, Refusal> {
-        let token = bearer(headers)?;
+        let (token, session) = self.credential(headers)?;
+        let decided = self.review(&token, peer).await;
+        if let (Err(Refusal::Unauthenticated(_)), Some(id)) = (&decided, session) {
+            self.sessions.close(id);
+        }
+        decided
+    }
+
+    /// The token to review: the `Authorization` header's, else the session cookie's, else the
+    /// missing-token refusal.
+    fn credential<'h>(
+        &self,
+        headers: &'h HeaderMap,
+    ) -> Result<(Cow<'h, str>, Option<&'h str>), Refusal> {
+        if !headers.contains_key(header::AUTHORIZATION)
+            && let Some(id) = session::from_cookies(headers)
+        {
+            return match self.sessions.token(id, Instant::now()) {
+                Some(token) => Ok((Cow::Owned(token), Some(id))),
+                None => Err(Refusal::Unauthenticated(
+                    "your session has ended (logged out, expired, or the manager restarted or lost the lead): log in again at /login".into(),
+                )),
+            };
+        }
+        Ok((Cow::Borrowed(bearer(headers)?), None))
+    }
+
+    /// A token's identity. A token already decided (cached) is answered at once; any other
+    /// reserves a review of its peer's budget first (given back when accepted), so a peer that
+    /// keeps failing, or sends many at once, is refused before its tokens become TokenReviews.
+    async fn review(&self, token: &str, peer: Option<IpAddr>) -> Result<Identity, Refusal> {
         if let Some(known) = self.authn.cached(token) {
             return known.map_err(refused);
         }
@@ -193,14 +288,21 @@ pub enum Refusal {
     Unavailable(String),
 }
 
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        let status = match self {
+impl Refusal {
+    /// The HTTP status it answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
             Refusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        };
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let status = self.status();
         let mut response = (status, format!("{self}\n")).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(

@@ -1,11 +1,16 @@
-//! The manager's HTTP port: `/` (the status page for people), `/healthz` (the dispatch runtime
-//! runs), `/readyz` (leader election running), `/metrics`, and `/status` (the same facts as JSON). With `--auth
-//! kubernetes` it is HTTPS and every path but the probes needs a token ([`access`]).
+//! The manager's HTTP port: `/` (the status page for people), `/metrics`, `/status` (the same
+//! facts as JSON) and the probes of [`probes`] (also on the probe port, `--probe-addr`). With
+//! `--auth kubernetes` it is HTTPS and every path but the probes needs a token ([`access`]).
 //!
 //! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
 //! `metrics` and `registration`, read-only — nothing below calls back up into it.
 
 pub mod access;
+pub mod login;
+pub mod probes;
+#[cfg(feature = "profiling")]
+pub mod profile;
+pub mod session;
 pub mod status_page;
 pub mod tls;
 
@@ -15,11 +20,12 @@ use crate::leader::LeaderState;
 use crate::metrics::Metrics;
 use access::{Gate, Refusal, Viewer};
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use status_page::Snapshot;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -43,8 +49,8 @@ pub struct HttpState {
     pub gate: Gate,
     /// How the manager was started (static auth, namespace ceiling), shown on the page.
     pub settings: status_page::Settings,
-    /// The dispatch runtime's heartbeat, for `/healthz`.
-    pub liveness: crate::leader::heartbeat::Liveness,
+    /// The probes' checks (`/livez`, `/readyz`, `/healthz`), served here and on the probe port.
+    pub probes: Arc<probes::Probes>,
 }
 
 /// The caller's address, when the connection told it (per-peer throttling of bad tokens).
@@ -61,33 +67,24 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
 
 /// The router for the HTTP port.
 pub fn router(state: Arc<HttpState>) -> Router {
-    Router::new()
+    // The probes stay here, open, for probes written before the probe port existed.
+    let probes = probes::router(state.probes.clone());
+    let router = Router::new();
+    #[cfg(feature = "profiling")]
+    let router = router.route(profile::PATH, get(profile::cpu));
+    router
         .route("/", get(page))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route(
+            "/login",
+            get(login::form)
+                .post(login::submit)
+                .layer(DefaultBodyLimit::max(login::MAX_LOGIN_BYTES)),
+        )
+        .route("/logout", post(login::logout))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state)
-}
-
-/// Live while the dispatch runtime runs: a runtime whose heartbeat is older than the stall
-/// limit has also stopped renewing the Lease, and restarting it is the way out.
-async fn healthz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    match s.liveness.check() {
-        Ok(()) => (StatusCode::OK, "ok".to_string()),
-        Err(stalled) => (StatusCode::SERVICE_UNAVAILABLE, stalled.to_string()),
-    }
-}
-
-/// Ready while leader election runs. Tenant informers play no part: one tenant's informer
-/// that cannot list (or lists slowly) fails that tenant's registration, never the manager's
-/// readiness, which would take the leader out of its Service for every tenant.
-async fn readyz(State(s): State<Arc<HttpState>>) -> impl IntoResponse {
-    if s.leader.has_changed().is_ok() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "leader election stopped")
-    }
+        .merge(probes)
 }
 
 async fn status(
@@ -112,7 +109,13 @@ async fn page(
     headers: HeaderMap,
     Query(p): Query<PageParams>,
 ) -> Result<Response, Refusal> {
-    let viewer = s.gate.viewer(&headers, peer, "/", true).await?;
+    // A browser without credentials gets the login form rather than a bare 401.
+    let viewer = match s.gate.viewer(&headers, peer, "/", true).await {
+        Err(Refusal::Unauthenticated(_)) if login::wants_login(&headers) => {
+            return Ok(login::to_login());
+        }
+        other => other?,
+    };
     let refresh = p.refresh.unwrap_or(status_page::DEFAULT_REFRESH_SECS);
     Ok((
         [

@@ -12,6 +12,7 @@
 //! May call: the Kubernetes client, and `metrics` (leader transitions). It runs on its own
 //! thread and shares no lock with dispatch.
 
+pub mod health;
 pub mod heartbeat;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -80,6 +81,8 @@ pub struct Elector {
     liveness: Option<heartbeat::Liveness>,
     /// Counts the times this replica becomes leader.
     metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    /// Where each attempt's outcome is recorded for `/readyz`.
+    health: Option<health::LeaseHealth>,
 }
 
 impl Elector {
@@ -95,6 +98,7 @@ impl Elector {
             leading,
             liveness: None,
             metrics: None,
+            health: None,
         }
     }
 
@@ -108,6 +112,13 @@ impl Elector {
     /// Neither take nor renew the Lease while `liveness` says the dispatch runtime is stalled.
     pub fn with_liveness(mut self, liveness: heartbeat::Liveness) -> Self {
         self.liveness = Some(liveness);
+        self
+    }
+
+    /// Record every attempt's outcome in `health`, so readiness says when this manager can
+    /// neither hold nor contend for its Lease.
+    pub fn with_health(mut self, health: health::LeaseHealth) -> Self {
+        self.health = Some(health);
         self
     }
 
@@ -211,6 +222,12 @@ impl Elector {
                 r = attempt => r.unwrap_or(Err(LeaseError::Timeout(budget))),
                 _ = stop.cancelled() => break,
             };
+            if let Some(h) = &self.health {
+                match &result {
+                    Ok(_) => h.succeeded(),
+                    Err(e) => h.failed(&e.to_string()),
+                }
+            }
             match result {
                 Ok(true) => {
                     if !leading {

@@ -142,6 +142,7 @@ impl DevArgs {
             kubeconfig: Some(kubeconfig.to_path_buf()),
             grpc_addr: self.grpc_addr,
             http_addr: self.http_addr,
+            probe_addr: None,
             http_tls_cert: None,
             http_tls_key: None,
             watch_namespace: String::new(),

@@ -9,9 +9,11 @@ use crate::dispatch::dispatcher::RevokeReason;
 use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
 use crate::http::access::Gate;
+use crate::http::probes::Probes;
 use crate::http::tls::{self, CertSource};
 use crate::http::{self, HttpState};
 use crate::informer::Cache;
+use crate::leader::health::{ApiReachability, LeaseHealth};
 use crate::leader::heartbeat::{self, Heartbeat, Liveness};
 use crate::leader::{Elector, LeaderConfig, LeaderState};
 use crate::metrics::Metrics;
@@ -36,11 +38,17 @@ pub struct RunArgs {
     /// gRPC listen address for controllers.
     #[arg(long, env = "CTRLHUB_GRPC_ADDR", default_value = "0.0.0.0:9090")]
     pub grpc_addr: SocketAddr,
-    /// HTTP listen address for /healthz, /readyz, /metrics and /status. With `--auth
-    /// kubernetes` it serves HTTPS and every path but the probes needs a bearer token
+    /// HTTP listen address for the status page (/ and /status), /metrics, the probes (/livez,
+    /// /readyz, /healthz) and /debug/pprof/profile. With `--auth kubernetes` it serves HTTPS and
+    /// every path but the probes and /login needs a bearer token or a login's session cookie
     /// (TokenReview, then SubjectAccessReview of `get` on the path).
     #[arg(long, env = "CTRLHUB_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
+    /// Plain-HTTP listen address for the kubelet's probes alone: /livez, /readyz (with named
+    /// checks: `?verbose`) and /healthz, no token, nothing else. Unset: no probe port (the
+    /// HTTP port serves the probes either way). deploy/ sets 0.0.0.0:8081.
+    #[arg(long, env = "CTRLHUB_PROBE_ADDR")]
+    pub probe_addr: Option<SocketAddr>,
     /// PEM certificate (chain) the HTTP port presents, re-read when the file changes; with
     /// `--auth kubernetes` and no certificate, a self-signed one is made at start.
     #[arg(long, env = "CTRLHUB_HTTP_TLS_CERT", requires = "http_tls_key")]
@@ -444,11 +452,13 @@ impl RunArgs {
             // Before campaigning: a standby must not carry a label left by a crashed container.
             p.clear_stale().await;
         }
+        let lease_health = LeaseHealth::default();
         let election = self.start_election(
             self.kube_config().await?,
             &identity,
             liveness.clone(),
             &metrics,
+            lease_health.clone(),
         )?;
         let cache = Cache::new(client.clone());
         let seats = sharing.seat_pool.clone();
@@ -486,6 +496,15 @@ impl RunArgs {
         crate::grpc::health::follow_leadership(health, election.leading.clone(), stop.clone());
         let grpc = self.serve_grpc(grpc_listener, service, health_service, &ports)?;
         let http_tls = self.http_tls(&identity)?;
+        let probes = Arc::new(Probes {
+            liveness,
+            leader: election.state.clone(),
+            api: Some(ApiReachability::spawn(client.clone(), stop.child_token())),
+            lease: Some(lease_health),
+        });
+        if let Some(addr) = self.probe_addr {
+            serve_probes(bind("probe", addr).await?, &probes, ports.probe, &stop);
+        }
         let http_state = HttpState {
             controllers: controllers.clone(),
             cache: cache.clone(),
@@ -498,7 +517,7 @@ impl RunArgs {
                 static_auth: self.auth == AuthMode::Static,
                 ceiling: self.ceiling(),
             },
-            liveness,
+            probes,
         };
         let http = serve_http(
             http_listener,
@@ -569,6 +588,7 @@ impl RunArgs {
         let ports = Ports {
             grpc: port("grpc", grpc_total, None),
             http: port("http", http_total, Some(self.handshake_timeout)),
+            probe: port("probe", PROBE_CONNECTIONS, Some(self.handshake_timeout)),
         };
         tracing::info!(
             grpc = grpc_total,
@@ -679,6 +699,7 @@ impl RunArgs {
         identity: &str,
         liveness: Liveness,
         metrics: &Arc<Metrics>,
+        health: LeaseHealth,
     ) -> anyhow::Result<Election> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -702,7 +723,8 @@ impl RunArgs {
             },
         )
         .with_liveness(liveness)
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_health(health);
         let stop = CancellationToken::new();
         let (done, finished) = tokio::sync::oneshot::channel();
         let (leading, state) = (elector.leading(), elector.state());
@@ -952,7 +974,13 @@ struct Election {
 struct Ports {
     grpc: PortNet,
     http: PortNet,
+    probe: PortNet,
 }
+
+/// Connections the probe port holds at once, apart from the other ports' budget (a flood of
+/// those never takes the kubelet's probes); a quarter of them per peer. The kubelet opens one
+/// per probe and closes it.
+const PROBE_CONNECTIONS: usize = 32;
 
 /// One port's connection caps (per peer and in all) and the rules its connections live by.
 struct PortNet {
@@ -1037,8 +1065,26 @@ fn serve_http(
     ))
 }
 
-/// Revoke sessions, stop serving gRPC, drop the leader label, release the lease, and give each
-/// task a bounded time to finish.
+/// Serves the kubelet's probes on their own port until `stop` fires.
+fn serve_probes(
+    listener: tokio::net::TcpListener,
+    probes: &Arc<Probes>,
+    net: PortNet,
+    stop: &CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(probe = %addr, "serving /livez, /readyz and /healthz on the probe port");
+    }
+    tokio::spawn(tls::serve(
+        listener,
+        http::probes::router(probes.clone()),
+        None,
+        net.caps,
+        net.state,
+        stop.clone(),
+    ));
+}
+
 /// What a shutdown hands over, and how long it lets attempts already out finish first.
 struct Handover<'a> {
     grace: Duration,
@@ -1046,6 +1092,9 @@ struct Handover<'a> {
     election: Election,
 }
 
+/// Stop handing out work, let attempts already out finish (at most the grace), revoke sessions,
+/// stop serving gRPC, drop the leader label, release the lease, and give each task a bounded
+/// time to finish.
 async fn shut_down(
     controllers: &ControllerTable,
     grpc: Server,

@@ -6,6 +6,8 @@
 //! no-Secrets overlay really cannot read Secrets, and a tenant following the multi-tenancy
 //! section gets its Memcached reconciled.
 
+use ctrlhub_tests::prometheus::Prometheus;
+use ctrlhub_tests::readme::readme_blocks;
 use ctrlhub_tests::*;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -79,6 +81,52 @@ impl Kubectl {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
         serde_json::from_str(&self.ok(&all).await).expect("kubectl -o json")
+    }
+
+    /// Runs `script` (a README block, as written) with bash as a reader pastes it into a shell
+    /// at the repository root: `KUBECONFIG` is this cluster's and the workspace's binaries
+    /// (`memcached-controller`, `ctrlhub`) are on `PATH`; `-e` stops at the first command that
+    /// fails. `prelude` runs first (a stand-in for what devcluster lacks, e.g. port-forward).
+    /// Exit status, stdout, stderr.
+    async fn shell(
+        &self,
+        prelude: &str,
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> (bool, String, String) {
+        let path = std::env::join_paths(std::iter::once(target_dir().join("debug")).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .expect("PATH");
+        let out = tokio::process::Command::new("bash")
+            .args([
+                "-e",
+                "-o",
+                "pipefail",
+                "-c",
+                &format!("{prelude}\n{script}"),
+            ])
+            .current_dir(repo())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.cache.path())
+            .env("PATH", path)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("bash runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// [`Kubectl::shell`] for a block every command of which must succeed; its stdout.
+    async fn documented(&self, script: &str) -> String {
+        let (ok, out, err) = self.shell("", script, &[]).await;
+        assert!(ok, "the documented commands failed:\n{script}\n{err}");
+        out
     }
 }
 
@@ -331,18 +379,25 @@ struct Deployed {
     _child: tokio::process::Child,
     /// Loopback port of the container port named `grpc`.
     grpc_port: u16,
-    /// The readiness probe's URL.
-    ready: String,
+    /// Loopback port of the container port named `http` (HTTPS under deploy/'s `--auth`).
+    http_port: u16,
+    /// Loopback port of each container port the args bind.
+    local: HashMap<u16, u16>,
     pod: String,
 }
 
 async fn start_deployed_manager(c: &Cluster, k: &Kubectl) -> Deployed {
+    start_deployed_manager_as(c, k, "ctrlhub-7d9f-abcde").await
+}
+
+/// [`start_deployed_manager`] as replica `pod` (two of them make the Deployment's two replicas).
+async fn start_deployed_manager_as(c: &Cluster, k: &Kubectl, pod: &str) -> Deployed {
     let deployment = k
         .json(&["get", "deployment", "ctrlhub", "-n", "ctrlhub-system"])
         .await;
     let template = &deployment["spec"]["template"];
     let container = &template["spec"]["containers"][0];
-    let pod = "ctrlhub-7d9f-abcde".to_string();
+    let pod = pod.to_string();
     k.ok_with(
         &["create", "-f", "-"],
         Some(
@@ -385,7 +440,7 @@ async fn start_deployed_manager(c: &Cluster, k: &Kubectl) -> Deployed {
     let token = k
         .ok(&["create", "token", "ctrlhub", "-n", "ctrlhub-system"])
         .await;
-    let log = std::env::temp_dir().join(format!("ctrlhub-deployed-{}.log", free_port()));
+    let log = std::env::temp_dir().join(format!("ctrlhub-deployed-{pod}-{}.log", free_port()));
     println!("deployed manager logs to {}", log.display());
     let mut cmd = tokio::process::Command::new(bin("ctrlhub"));
     cmd.args(&args)
@@ -431,6 +486,7 @@ async fn start_deployed_manager(c: &Cluster, k: &Kubectl) -> Deployed {
         )
     };
     let (live, ready) = (probe_url("livenessProbe"), probe_url("readinessProbe"));
+    println!("{pod}: probes {live} and {ready}");
     let http = ctrlhub_tests::manager::self_signed_client().expect("client");
     for url in [&live, &ready] {
         wait_for(&format!("{url} answers 200"), || {
@@ -447,7 +503,8 @@ async fn start_deployed_manager(c: &Cluster, k: &Kubectl) -> Deployed {
     Deployed {
         _child: child,
         grpc_port: local[&ports["grpc"]],
-        ready,
+        http_port: local[&ports["http"]],
+        local,
         pod,
     }
 }
@@ -480,7 +537,8 @@ async fn manager_runs_with_the_deployments_args_env_and_its_own_service_account(
             == "true"
     })
     .await;
-    metrics_need_the_deployed_reader_role(&c, &m.ready.replace("/readyz", "/metrics")).await;
+    let metrics = format!("https://127.0.0.1:{}/metrics", m.http_port);
+    metrics_need_the_deployed_reader_role(&c, &metrics).await;
     assert!(
         tokio::net::TcpStream::connect(("127.0.0.1", m.grpc_port))
             .await
@@ -575,10 +633,13 @@ async fn the_no_secrets_overlay_cannot_read_secrets() {
     );
 }
 
-/// The multi-tenancy section end to end: the platform deploys ctrlhub and the Memcached CRD,
-/// team-a applies the README's RBAC and controller Deployment, and its controller — started with
-/// that Deployment's env, its projected ctrlhub token and its API-server token — gets its
-/// Memcached reconciled through the manager.
+/// The multi-tenancy section end to end, its commands run as written on an empty cluster (on
+/// main they never created team-a, and the tenant's first apply failed): the platform deploys
+/// ctrlhub, team-a's namespace and the Memcached CRD, team-a applies the README's RBAC,
+/// controller Deployment and Memcached, and its controller — started with that Deployment's
+/// env, its projected ctrlhub token and its API-server token — gets its Memcached reconciled
+/// through the manager. The test stands in only for the kubelet: it runs the two Deployments'
+/// containers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_following_the_readme_gets_a_reconcile() {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
@@ -590,35 +651,18 @@ async fn a_tenant_following_the_readme_gets_a_reconcile() {
             "the README shows deploy/examples/memcached-tenant/{file} as it is"
         );
     }
+    let blocks = readme_blocks("tenant-walkthrough");
+    let [platform, tenant] = blocks.as_slice() else {
+        panic!("the walkthrough has a platform block and a tenant block: {blocks:?}");
+    };
 
     let c = start_cluster().await;
     let k = Kubectl::new(&c);
-    // The platform team: ctrlhub, and the tenant's CRD (tenants cannot install cluster-scoped kinds).
-    k.ok(&[
-        "apply",
-        "--server-side",
-        "-k",
-        "deploy/overlays/cluster-wide",
-    ])
-    .await;
+    // The platform team, as written: ctrlhub, team-a's namespace and the CRD.
+    k.documented(platform).await;
     let m = start_deployed_manager(&c, &k).await;
-    let crd = std::process::Command::new(bin("memcached-controller"))
-        .arg("--print-crd")
-        .output()
-        .expect("memcached-controller --print-crd");
-    k.ok_with(&["apply", "-f", "-"], Some(&crd.stdout)).await;
-    let team_a = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}});
-    k.ok_with(&["apply", "-f", "-"], Some(team_a.to_string().as_bytes()))
-        .await;
-    // team-a, as the README says.
-    k.ok(&[
-        "apply",
-        "-f",
-        "deploy/examples/memcached-tenant/rbac.yaml",
-        "-f",
-        "deploy/examples/memcached-tenant/controller.yaml",
-    ])
-    .await;
+    // team-a, as written: its RBAC, its controller's Deployment and a Memcached.
+    k.documented(tenant).await;
     let deployment = k
         .json(&["get", "deployment", "memcached-controller", "-n", "team-a"])
         .await;
@@ -671,13 +715,6 @@ async fn a_tenant_following_the_readme_gets_a_reconcile() {
     }
     let _controller = cmd.spawn().expect("memcached-controller starts");
 
-    let memcached = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-        "metadata": {"name": "cache", "namespace": "team-a"}, "spec": {"size": 2}});
-    k.ok_with(
-        &["apply", "-f", "-"],
-        Some(memcached.to_string().as_bytes()),
-    )
-    .await;
     wait_for(
         "team-a's Memcached is reconciled through ctrlhub",
         || async {
@@ -720,5 +757,379 @@ async fn a_tenant_following_the_readme_gets_a_reconcile() {
             .any(|l| l.contains("reconcile end key=team-a/cache")
                 && serde_json::from_str::<Value>(l).is_ok()),
         "JSON log lines (LOG_FORMAT=json): {logged}"
+    );
+}
+
+/// `kubectl auth can-i VERB RESOURCE` in namespace `ns` as the manager's ServiceAccount.
+async fn manager_can_in(k: &Kubectl, verb: &str, resource: &str, ns: &str) -> bool {
+    let token = k
+        .ok(&["create", "token", "ctrlhub", "-n", "ctrlhub-system"])
+        .await;
+    let (_, out, _) = k
+        .run(
+            &[
+                "--token",
+                token.trim(),
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                "-n",
+                ns,
+            ],
+            None,
+        )
+        .await;
+    out.trim() == "yes"
+}
+
+/// README "Switching overlays": after a cluster-wide install, the documented commands (the
+/// namespaced install itself) leave the manager no cluster-wide read, checked as its
+/// ServiceAccount and by reading every ClusterRoleBinding that names it. On main the namespaced
+/// overlay left `ctrlhub-cache-reader` as the cluster-wide overlay wrote it: Secrets included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_to_the_namespaced_overlay_leaves_no_cluster_wide_read() {
+    let c = start_cluster().await;
+    let k = Kubectl::new(&c);
+    k.ok(&[
+        "apply",
+        "--server-side",
+        "-k",
+        "deploy/overlays/cluster-wide",
+    ])
+    .await;
+    assert!(
+        manager_can(&k, "list", "secrets").await,
+        "cluster-wide reads Secrets"
+    );
+    let blocks = readme_blocks("overlay-migration");
+    let [migration] = blocks.as_slice() else {
+        panic!("one block: {blocks:?}");
+    };
+    // Its last command, `kubectl auth can-i`, answers "no" with exit status 1; `-e` means every
+    // command before it succeeded.
+    let (_, out, err) = k.shell("", migration, &[]).await;
+    assert_eq!(
+        out.lines().last(),
+        Some("no"),
+        "the documented check says no:\n{out}\n{err}"
+    );
+    for (verb, resource) in [
+        ("list", "secrets"),
+        ("get", "secrets"),
+        ("watch", "configmaps"),
+        ("list", "deployments.apps"),
+    ] {
+        assert!(
+            !manager_can(&k, verb, resource).await,
+            "{verb} {resource} in every namespace after the switch"
+        );
+    }
+    assert!(manager_can_in(&k, "list", "configmaps", "team-a").await);
+    assert!(manager_can_in(&k, "watch", "secrets", "team-b").await);
+    assert!(!manager_can_in(&k, "list", "configmaps", "kube-system").await);
+
+    let bindings = k.json(&["get", "clusterrolebindings"]).await;
+    let mine: Vec<&Value> = bindings["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|b| {
+            b["subjects"].as_array().is_some_and(|s| {
+                s.iter()
+                    .any(|s| s["name"] == "ctrlhub" && s["namespace"] == "ctrlhub-system")
+            })
+        })
+        .collect();
+    assert!(!mine.is_empty(), "ctrlhub-tenancy at least");
+    for binding in mine {
+        let role = binding["roleRef"]["name"].as_str().expect("roleRef");
+        let role = k.json(&["get", "clusterrole", role]).await;
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let reads = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| matches!(v.as_str(), Some("get" | "list" | "watch" | "*")));
+            assert!(
+                !reads || rule.get("resources").is_none(),
+                "{} grants reads cluster-wide: {rule}",
+                binding["metadata"]["name"]
+            );
+        }
+    }
+}
+
+/// A TCP forwarder standing in for `kubectl port-forward`, which needs a kubelet: it listens on
+/// `port` and, for each connection, waits for the stand-in `kubectl` function to record which
+/// pod and ports the command named, then forwards to that replica's loopback port.
+async fn port_forward_stand_in(
+    port: u16,
+    record: PathBuf,
+    replicas: HashMap<String, HashMap<u16, u16>>,
+) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("the forwarded port is free");
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let (record, replicas) = (record.clone(), replicas.clone());
+            tokio::spawn(async move {
+                let args = wait_until("kubectl port-forward was called", PATIENCE, || async {
+                    std::fs::read_to_string(&record).map_err(|e| e.to_string())
+                })
+                .await;
+                let args: Vec<&str> = args.lines().collect();
+                let pod = args
+                    .iter()
+                    .find_map(|a| a.strip_prefix("pod/"))
+                    .unwrap_or_else(|| panic!("port-forward names one pod: {args:?}"));
+                let remote: u16 = args
+                    .iter()
+                    .find_map(|a| a.split_once(':'))
+                    .and_then(|(_, r)| r.parse().ok())
+                    .expect("LOCAL:REMOTE");
+                let local = replicas[pod][&remote];
+                if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", local)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+}
+
+/// Runs README's "a person" block as written (but for the local port, made free, and
+/// `kubectl port-forward`, stood in for): it must reach the leader, in the operator's view.
+async fn a_person_reaches_the_leader(
+    c: &Cluster,
+    k: &Kubectl,
+    replicas: &[&Deployed],
+    leader: &str,
+) {
+    let blocks = readme_blocks("status-page-person");
+    let [person] = blocks.as_slice() else {
+        panic!("one block: {blocks:?}");
+    };
+    let port = free_port();
+    let script = person.replace("8443", &port.to_string());
+    let record = c.dir.path().join("port-forward-args");
+    port_forward_stand_in(
+        port,
+        record.clone(),
+        replicas
+            .iter()
+            .map(|r| (r.pod.clone(), r.local.clone()))
+            .collect(),
+    )
+    .await;
+    let stand_in = r#"kubectl() {
+  if [ "${3:-}" = port-forward ]; then printf '%s\n' "$@" > "$PORT_FORWARD_ARGS"; return 0; fi
+  command kubectl "$@"
+}"#;
+    let (ok, out, err) = k
+        .shell(
+            stand_in,
+            &script,
+            &[("PORT_FORWARD_ARGS", &record.to_string_lossy())],
+        )
+        .await;
+    assert!(ok, "the person's commands:\n{err}");
+    // curl's answer is the last line, after what the kubectl commands print.
+    let last = out.lines().last().unwrap_or_default();
+    let status: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(status["identity"], leader, "the leader's page: {status}");
+    assert_eq!(status["leading"], true);
+    assert_eq!(status["view"]["scope"], "all", "the operator's view");
+}
+
+/// Where Kubernetes' endpoints discovery (`role: endpoints`) would send Prometheus in
+/// ctrlhub-system, with the meta labels it sets, built from the Services and pods on the
+/// cluster: each Service port of each pod its selector picks, at that replica's loopback port.
+async fn discovered_endpoints(k: &Kubectl, replicas: &[&Deployed]) -> Vec<Value> {
+    let services = k.json(&["get", "services", "-n", "ctrlhub-system"]).await;
+    let pods = k.json(&["get", "pods", "-n", "ctrlhub-system"]).await;
+    let mut groups = Vec::new();
+    for svc in services["items"].as_array().into_iter().flatten() {
+        let selector = svc["spec"]["selector"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for pod in pods["items"].as_array().into_iter().flatten() {
+            let labels = &pod["metadata"]["labels"];
+            if !selector.iter().all(|(k, v)| &labels[k] == v) {
+                continue;
+            }
+            let name = pod["metadata"]["name"].as_str().expect("pod name");
+            let Some(replica) = replicas.iter().find(|r| r.pod == name) else {
+                continue;
+            };
+            let container_ports = &pod["spec"]["containers"][0]["ports"];
+            for port in svc["spec"]["ports"].as_array().into_iter().flatten() {
+                let target = container_ports
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| {
+                        p["name"] == port["targetPort"] || p["containerPort"] == port["targetPort"]
+                    })
+                    .and_then(|p| p["containerPort"].as_u64())
+                    .and_then(|p| u16::try_from(p).ok())
+                    .expect("the target port is a container port");
+                groups.push(json!({
+                    "targets": [format!("127.0.0.1:{}", replica.local[&target])],
+                    "labels": {
+                        "__meta_kubernetes_namespace": "ctrlhub-system",
+                        "__meta_kubernetes_service_name": svc["metadata"]["name"],
+                        "__meta_kubernetes_endpoint_port_name": port["name"],
+                        "__meta_kubernetes_pod_name": name,
+                    },
+                }));
+            }
+        }
+    }
+    groups
+}
+
+/// The one job of a scrape recipe in deploy/monitoring, as shipped.
+fn recipe(file: &str) -> Value {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/monitoring").join(file)).expect("recipe");
+    let doc: Value = serde_saphyr::from_str(&text).expect("yaml");
+    let jobs = doc["scrape_configs"].as_array().expect("scrape_configs");
+    assert_eq!(jobs.len(), 1, "{file} is one job");
+    jobs[0].clone()
+}
+
+/// A real Prometheus scraping with `job` must find exactly `pods` up, each labelled as the
+/// dashboards filter (job ctrlhub-metrics, namespace ctrlhub-system, its pod), and see one leader.
+async fn prometheus_scrapes(job: Value, pods: &[&str]) -> Prometheus {
+    let config = json!({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]});
+    let prom = Prometheus::start(&config.to_string())
+        .await
+        .expect("prometheus starts");
+    let want: std::collections::BTreeSet<&str> = pods.iter().copied().collect();
+    wait_until("prometheus scrapes every replica with the dashboards' labels", PATIENCE, || async {
+        let (active, _) = prom.targets().await.map_err(|e| e.to_string())?;
+        let up: std::collections::BTreeSet<&str> = active
+            .iter()
+            .filter(|t| {
+                t["health"] == "up"
+                    && t["labels"]["job"] == "ctrlhub-metrics"
+                    && t["labels"]["namespace"] == "ctrlhub-system"
+            })
+            .filter_map(|t| t["labels"]["pod"].as_str())
+            .collect();
+        let leaders = prom
+            .query(r#"sum(leader_election_master_status{job="ctrlhub-metrics", namespace="ctrlhub-system"})"#)
+            .await
+            .map_err(|e| e.to_string())?;
+        let one_leader = leaders.first().is_some_and(|r| r["value"][1] == "1");
+        if active.len() == pods.len() && up == want && one_leader {
+            Ok(())
+        } else {
+            Err(format!("active: {active:?}; leaders: {leaders:?}"))
+        }
+    })
+    .await;
+    prom
+}
+
+/// The docs' two readers of a two-replica install, each following its recipe as written: a
+/// person (README "The HTTP port under Kubernetes auth") reaches the leader's page in the
+/// operator's view, and Prometheus, given the README's grant and either scrape recipe of
+/// deploy/monitoring, scrapes both replicas over HTTPS with its token, labelled as the
+/// dashboards filter. The static recipe runs as shipped with its targets pointed at the
+/// replicas (on main there is none, and the Kubernetes recipe's relabels drop static targets);
+/// the Kubernetes one with its discovery stood in for by the endpoints it would find, because
+/// Debian's Prometheus is built without Kubernetes discovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
+    let c = start_cluster().await;
+    let k = Kubectl::new(&c);
+    k.ok(&[
+        "apply",
+        "--server-side",
+        "-k",
+        "deploy/overlays/cluster-wide",
+    ])
+    .await;
+    let a = start_deployed_manager_as(&c, &k, "ctrlhub-5d8f7c9b4-abcde").await;
+    let b = start_deployed_manager_as(&c, &k, "ctrlhub-5d8f7c9b4-fghij").await;
+    let leader = wait_until("one pod is labelled leader", PATIENCE, || async {
+        let names = k
+            .ok(&[
+                "-n",
+                "ctrlhub-system",
+                "get",
+                "pods",
+                "-l",
+                "ctrlhub.io/leader=true",
+                "-o",
+                "name",
+            ])
+            .await;
+        match names.lines().collect::<Vec<_>>().as_slice() {
+            [one] => Ok(one.trim_start_matches("pod/").to_string()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    a_person_reaches_the_leader(&c, &k, &[&a, &b], &leader).await;
+
+    // Prometheus' ServiceAccount where its install would put it, granted as the README says.
+    k.ok(&["create", "namespace", "monitoring"]).await;
+    k.ok(&[
+        "-n",
+        "monitoring",
+        "create",
+        "serviceaccount",
+        "prometheus-k8s",
+    ])
+    .await;
+    let blocks = readme_blocks("prometheus-access");
+    k.documented(&blocks[0]).await;
+    let token = k
+        .ok(&["-n", "monitoring", "create", "token", "prometheus-k8s"])
+        .await;
+    let token_file = c.dir.path().join("prometheus-token");
+    std::fs::write(&token_file, token.trim()).expect("token file");
+    let token_file = json!(token_file.to_string_lossy());
+    let pods = [a.pod.as_str(), b.pod.as_str()];
+
+    let mut static_job = recipe("prometheus-scrape-static.yml");
+    static_job["authorization"]["credentials_file"] = token_file.clone();
+    let groups = static_job["static_configs"]
+        .as_array_mut()
+        .expect("static_configs");
+    assert_eq!(groups.len(), 2, "one entry per replica");
+    for (group, replica) in groups.iter_mut().zip([&a, &b]) {
+        group["targets"] = json!([format!("127.0.0.1:{}", replica.http_port)]);
+    }
+    // The pod labels stay as written: a reader sets them to its replicas' names.
+    let labelled: Vec<String> = groups
+        .iter()
+        .filter_map(|g| g["labels"]["pod"].as_str().map(String::from))
+        .collect();
+    let labelled: Vec<&str> = labelled.iter().map(String::as_str).collect();
+    let _static = prometheus_scrapes(static_job, &labelled).await;
+
+    let mut discovered_job = recipe("prometheus-scrape.yml");
+    discovered_job["authorization"]["credentials_file"] = token_file;
+    let job = discovered_job.as_object_mut().expect("job");
+    assert_eq!(
+        job.remove("kubernetes_sd_configs"),
+        Some(json!([{"role": "endpoints", "namespaces": {"names": ["ctrlhub-system"]}}]))
+    );
+    job.insert(
+        "static_configs".into(),
+        json!(discovered_endpoints(&k, &[&a, &b]).await),
+    );
+    let prom = prometheus_scrapes(discovered_job, &pods).await;
+    let (_, dropped) = prom.targets().await.expect("targets");
+    assert!(
+        dropped
+            .iter()
+            .any(|t| t["discoveredLabels"]["__meta_kubernetes_service_name"] == "ctrlhub"),
+        "the gRPC Service's endpoint is not scraped: {dropped:?}"
     );
 }

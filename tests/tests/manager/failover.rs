@@ -413,3 +413,120 @@ async fn a_shutdown_waits_for_attempts_already_out() {
         terminated.elapsed()
     );
 }
+
+/// One probe of the probe port as the kubelet makes it: status, body and how long it took.
+async fn probe(http: &reqwest::Client, url: &str) -> Result<(u16, String, Duration), String> {
+    let started = std::time::Instant::now();
+    let r = http.get(url).send().await.map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let body = r.text().await.map_err(|e| e.to_string())?;
+    Ok((status, body, started.elapsed()))
+}
+
+/// Waits until `/readyz?verbose` on `base` answers `status` with `want` in its body, checking
+/// on every answer that it came at once (from memory, never waiting on the API server) and
+/// that `/livez` stays 200: a restart would not bring the API server or a Lease grant back.
+async fn readiness_becomes(http: &reqwest::Client, base: &str, status: u16, want: &[&str]) {
+    let what = format!("/readyz?verbose answers {status} naming {want:?}");
+    wait_until(&what, PATIENCE, || async {
+        let (code, body, took) = probe(http, &format!("{base}/readyz?verbose")).await?;
+        assert!(
+            took < Duration::from_secs(2),
+            "/readyz took {took:?}: it must answer from memory"
+        );
+        let (live, live_body, _) = probe(http, &format!("{base}/livez")).await?;
+        assert_eq!(live, 200, "/livez stays true: {live_body}");
+        if code == status && want.iter().all(|w| body.contains(w)) {
+            Ok(body)
+        } else {
+            Err(format!("{code}: {body}"))
+        }
+    })
+    .await;
+}
+
+/// The probe port (`--probe-addr`) as the kubelet reads it, for a manager running as its own
+/// ServiceAccount with only the Lease grant of deploy/'s Role, reaching the API server through a
+/// proxy that can stop carrying packets: `/readyz` turns false, naming the check, while the API
+/// server is unreachable, while the Lease RBAC is missing and while the Lease is frozen (writes
+/// answer 503), and true again after each; `/livez` stays true throughout. On main there is no
+/// probe port, and the HTTP port's `/readyz` answers 200 through all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_the_api_server_and_the_lease_and_recovers() {
+    use ctrlhub_tests::{netproxy::Freezable, rbac};
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let c = start_cluster().await;
+    namespace(&c.client, "ctrlhub-system", &[]).await;
+    rbac::service_account(&c, "ctrlhub-system", "ctrlhub").await;
+    let role = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "ctrlhub-leader-election", "namespace": "ctrlhub-system"},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch"]}]});
+    let binding = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "ctrlhub-leader-election", "namespace": "ctrlhub-system"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ctrlhub-leader-election"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ctrlhub", "namespace": "ctrlhub-system"}]});
+    apply(&c.client, &role).await.expect("role");
+    apply(&c.client, &binding).await.expect("binding");
+    let token =
+        c.dc.issue_token("ctrlhub-system", "ctrlhub", &[], Duration::from_secs(3600))
+            .expect("token");
+    let proxy = Freezable::start(c.dc.addr()).await.expect("proxy");
+    let kubeconfig = c.dir.path().join("kubeconfig-through-proxy");
+    let yaml =
+        c.dc.kubeconfig_yaml_for_token(&token)
+            .replace(&c.dc.url(), &proxy.https_url());
+    std::fs::write(&kubeconfig, yaml).expect("kubeconfig");
+    let probe_addr = format!("127.0.0.1:{}", free_port());
+    let mut args = FAST_LEASE.to_vec();
+    args.extend([
+        "--lease-namespace",
+        "ctrlhub-system",
+        "--probe-addr",
+        &probe_addr,
+    ]);
+    let m =
+        Manager::launch_with_kubeconfig(&c, &kubeconfig, "ready-a", &args, &Launch::for_tests())
+            .await
+            .expect("manager starts");
+    println!("manager logs to {}", m.log.display());
+    m.wait_leading().await;
+    let base = format!("http://{probe_addr}");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let healthy = ["[+]api-server ok", "[+]lease ok", "[+]dispatch-runtime ok"];
+    readiness_becomes(&http, &base, 200, &healthy).await;
+
+    // The API server unreachable: connections held silent, requests time out.
+    proxy.freeze();
+    readiness_becomes(&http, &base, 503, &["[-]api-server failed: GET /version"]).await;
+    proxy.thaw();
+    readiness_becomes(&http, &base, 200, &healthy).await;
+
+    // The Lease RBAC gone: every round trip is refused.
+    let bindings: Api<RoleBinding> = Api::namespaced(c.client.clone(), "ctrlhub-system");
+    bindings
+        .delete("ctrlhub-leader-election", &Default::default())
+        .await
+        .expect("binding deleted");
+    readiness_becomes(
+        &http,
+        &base,
+        503,
+        &["[+]api-server ok", "[-]lease failed:", "forbidden"],
+    )
+    .await;
+    apply(&c.client, &binding).await.expect("binding restored");
+    readiness_becomes(&http, &base, 200, &healthy).await;
+
+    // The Lease frozen: the leader's renewals answer 503 (retried by the client until the
+    // attempt's budget runs out, so the check may name the timeout rather than the 503).
+    c.dc.faults()
+        .freeze_lease("ctrlhub-system", "ctrlhub-leader");
+    readiness_becomes(&http, &base, 503, &["[+]api-server ok", "[-]lease failed:"]).await;
+    c.dc.faults()
+        .unfreeze_lease("ctrlhub-system", "ctrlhub-leader");
+    readiness_becomes(&http, &base, 200, &healthy).await;
+}

@@ -1066,3 +1066,123 @@ async fn tenant_policies_change_limits_without_a_restart() {
     );
     drop(second);
 }
+
+/// The probe port is open to anyone who reaches it (no token), so it is bounded like the other
+/// ports: one address holds at most 8 connections there (a quarter of its 32), each closed when
+/// it stays silent past the handshake timeout, and the kubelet's probe from another address is
+/// answered meanwhile. A flood of the other ports never takes these connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_port_holds_a_bounded_number_of_silent_connections() {
+    use ctrlhub_tests::strangers::{ATTACKER, silent_connections, wait_closed};
+    let c = start_cluster().await;
+    let probe: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let probe_addr = probe.to_string();
+    let m = Manager::start(
+        &c,
+        "probe-flood",
+        &["--probe-addr", &probe_addr, "--handshake-timeout", "2s"],
+    )
+    .await;
+    m.wait_leading().await;
+    let silent = silent_connections(ATTACKER, probe, 100).await;
+    let (_, open) = wait_closed(&silent, 8, Duration::from_secs(5)).await;
+    assert!(
+        open <= 8,
+        "{open} silent connections from one address stayed open"
+    );
+    let ready = reqwest::get(format!("http://{probe_addr}/readyz"))
+        .await
+        .expect("the kubelet's address gets in");
+    assert_eq!(ready.status(), 200);
+    let (took, open) = wait_closed(&silent, 0, Duration::from_secs(10)).await;
+    assert_eq!(
+        open, 0,
+        "silent connections closed at the handshake timeout"
+    );
+    println!("100 silent: at most 8 held, all closed after {took:?}");
+}
+
+/// `/debug/pprof/profile` is authorized like `/metrics`: anonymous callers get 401, a tenant's
+/// valid token without the grant 403, and a ServiceAccount bound to deploy/'s
+/// `ctrlhub-profiler` ClusterRole gets a CPU profile of the manager at work (pprof protobuf
+/// naming the manager's functions); one profile at a time, 1 to 60 s.
+/// On main there is no such path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_profiles_need_the_profiler_grant() {
+    let c = start_cluster().await;
+    let m = rbac_manager(&c, "profiled").await;
+    let roles = ctrlhub_tests::readme::repo().join("deploy/base/clusterrole.yaml");
+    let applied = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["apply", "-f"])
+        .arg(&roles)
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(applied.status.success(), "{applied:?}");
+    namespace(&c.client, "ops", &[]).await;
+    service_account(&c, "ops", "oncall").await;
+    let binding = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "oncall-profiler"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ctrlhub-profiler"},
+        "subjects": [{"kind": "ServiceAccount", "name": "oncall", "namespace": "ops"}],
+    });
+    apply(&c.client, &binding).await.expect("binding");
+    let hour = Duration::from_secs(3600);
+    let operator = c.dc.issue_token("ops", "oncall", &[], hour).expect("token");
+    tenant(&c, "team-a", "ctl").await;
+    let tenant_token = c.dc.issue_token("team-a", "ctl", &[], hour).expect("token");
+    let http = &m.http_client;
+    let url = format!("{}/debug/pprof/profile", m.http);
+    let get = |query: &str, token: Option<&str>| {
+        let req = http.get(format!("{url}{query}"));
+        match token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+        .send()
+    };
+
+    assert_eq!(get("?seconds=1", None).await.expect("answer").status(), 401);
+    let refused = get("?seconds=1", Some(&tenant_token))
+        .await
+        .expect("answer");
+    assert_eq!(refused.status(), 403);
+    let why = refused.text().await.expect("body");
+    assert!(why.contains("/debug/pprof/profile"), "{why}");
+    for bad in ["?seconds=0", "?seconds=61", "?seconds=1&format=flamegraph"] {
+        let r = get(bad, Some(&operator)).await.expect("answer");
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+
+    // The manager at work while it is profiled: scrapes, each rendering every series.
+    let busy = tokio::spawn({
+        let (client, metrics) = (m.http_client.clone(), format!("{}/metrics", m.http));
+        let token = m.http_token.clone().unwrap_or_default();
+        async move {
+            loop {
+                let _ = client.get(&metrics).bearer_auth(&token).send().await;
+            }
+        }
+    });
+    let (a, b) = tokio::join!(
+        get("?seconds=2", Some(&operator)),
+        get("?seconds=2", Some(&operator))
+    );
+    let (a, b) = (a.expect("answer"), b.expect("answer"));
+    let mut statuses = [a.status().as_u16(), b.status().as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409], "one profile at a time");
+    let profile = if a.status() == 200 { a } else { b };
+    let body = profile.bytes().await.expect("profile");
+    // pprof's protobuf keeps function names in its string table, as UTF-8.
+    let names = String::from_utf8_lossy(&body);
+    assert!(
+        names.contains("ctrlhub::"),
+        "the manager's own functions are in the profile ({} bytes)",
+        body.len()
+    );
+    busy.abort();
+}

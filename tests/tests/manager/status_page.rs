@@ -418,3 +418,140 @@ fn check_png(path: &Path) {
         bytes.len()
     );
 }
+
+/// Under `--auth kubernetes` a person opens the page in a real browser, which cannot send a
+/// bearer header: `/` leads to the login form; a wrong token gets the form again with a clear
+/// reason and no cookie; team-a's ServiceAccount token opens a session whose cookie is
+/// `Secure`, `HttpOnly` (no script reads it) and `SameSite=Strict`, and the page then shows
+/// only what that identity may see (its tenant's controller, not team-b's); logging out ends
+/// it. On main `/` answered 401 to the browser and nothing let a person log in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_logs_in_with_a_token_and_sees_what_its_identity_may() {
+    use ctrlhub_tests::browser::Browser;
+    use ctrlhub_tests::rbac;
+    let c = start_cluster().await;
+    let m = rbac::rbac_manager(&c, "login-a").await;
+    let mut replicas = Vec::new();
+    for (ns, name) in [("team-a", "pager-a"), ("team-b", "pager-b")] {
+        let auth = rbac::tenant(&c, ns, "ctl").await;
+        rbac::grant_configmaps(&c, ns, "ctl", Some(ns)).await;
+        let reg = rbac::configmaps_in(name, &[ns]);
+        let r = Replica::connect_with(&m.grpc, reg, Some(&auth))
+            .await
+            .expect("registers");
+        replicas.push(r);
+    }
+    // What `kubectl -n team-a create token ctl` prints: a token for the API server's audience.
+    let token =
+        c.dc.issue_token("team-a", "ctl", &[], std::time::Duration::from_secs(3600))
+            .expect("token");
+
+    let browser = Browser::launch().await.expect("chromium starts");
+    let mut page = browser.page().await.expect("a tab");
+    page.goto(&format!("{}/", m.http)).await.expect("navigates");
+    page.wait_for(
+        "the page sends a browser without credentials to the login form",
+        "location.pathname === '/login' && !!document.querySelector('#token')",
+    )
+    .await
+    .expect("login form");
+
+    page.type_into("#token", "not-a-token")
+        .await
+        .expect("typed");
+    page.click("#submit").await.expect("clicked");
+    page.wait_for("the refusal", "!!document.querySelector('#login-error')")
+        .await
+        .expect("refusal shown");
+    let refused = page.html().await.expect("html");
+    assert!(
+        refused.contains("The API server did not accept this token"),
+        "a clear message: {refused}"
+    );
+    page.screenshot(&target_dir().join("status-page-login-refused.png"))
+        .await
+        .expect("screenshot");
+    let session = |cookies: &[serde_json::Value]| {
+        cookies
+            .iter()
+            .find(|c| c["name"] == "__Host-ctrlhub-session")
+            .cloned()
+    };
+    assert!(session(&page.cookies().await.expect("cookies")).is_none());
+
+    page.type_into("#token", &token).await.expect("typed");
+    page.click("#submit").await.expect("clicked");
+    page.wait_for(
+        "the status page after the login",
+        "location.pathname === '/' && !!document.querySelector('#leadership')",
+    )
+    .await
+    .expect("status page");
+    let dom = page.html().await.expect("html");
+    assert!(
+        dom.contains("data-name=\"pager-a\""),
+        "team-a's controller: {dom}"
+    );
+    assert!(
+        !dom.contains("pager-b") && !dom.contains("team-b"),
+        "nothing of team-b: {dom}"
+    );
+    let shot = target_dir().join("status-page-login.png");
+    page.screenshot(&shot).await.expect("screenshot");
+    println!("logged-in page: {}", shot.display());
+    let cookie = session(&page.cookies().await.expect("cookies")).expect("a session cookie");
+    assert_eq!(cookie["secure"], true, "{cookie}");
+    assert_eq!(cookie["httpOnly"], true, "{cookie}");
+    assert_eq!(cookie["sameSite"], "Strict", "{cookie}");
+    assert_eq!(cookie["path"], "/", "{cookie}");
+    assert!(
+        cookie["value"]
+            .as_str()
+            .is_some_and(|v| v.len() == 43 && v != token),
+        "a random id, not the token: {cookie}"
+    );
+    assert_eq!(
+        page.eval("document.cookie").await.expect("eval"),
+        "",
+        "no script can read the session"
+    );
+
+    page.goto(&format!("{}/status", m.http))
+        .await
+        .expect("navigates");
+    page.wait_for("JSON", "document.body.innerText.startsWith('{')")
+        .await
+        .expect("status JSON");
+    let text = page.eval("document.body.innerText").await.expect("eval");
+    let status: serde_json::Value =
+        serde_json::from_str(text.as_str().unwrap_or_default()).expect("JSON");
+    assert_eq!(status["view"]["scope"], "tenant", "{status}");
+
+    page.goto(&format!("{}/login", m.http))
+        .await
+        .expect("navigates");
+    page.wait_for("who is logged in", "!!document.querySelector('#signed-in')")
+        .await
+        .expect("signed in");
+    let signed = page.html().await.expect("html");
+    assert!(
+        signed.contains("system:serviceaccount:team-a:ctl"),
+        "{signed}"
+    );
+    page.click("#logout").await.expect("clicked");
+    page.wait_for(
+        "logged out",
+        "location.pathname === '/login' && !document.querySelector('#signed-in')",
+    )
+    .await
+    .expect("logged out");
+    assert!(session(&page.cookies().await.expect("cookies")).is_none());
+    page.goto(&format!("{}/", m.http)).await.expect("navigates");
+    page.wait_for(
+        "the page asks for a login again",
+        "location.pathname === '/login' && !!document.querySelector('#token')",
+    )
+    .await
+    .expect("login again");
+    drop(replicas);
+}
