@@ -2,12 +2,12 @@
 //! `/_devcluster/` admin endpoints for out-of-process fault injection.
 
 use crate::authn::Authenticator;
+use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
 use crate::fieldcheck::FieldValidation;
 use crate::meta;
 use crate::rbac::{self, Attributes, Decision};
 use crate::render::{self, Format};
-use crate::resources::ResourceInfo;
 use crate::reviews::{self, Review};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, success_status};
@@ -235,7 +235,7 @@ async fn route(
         ["openapi", "v2"] => return Ok(openapi_v2(app, accept)),
         ["openapi", "v3"] => {
             let registry = app.store.lock().registry.clone();
-            return Ok(ok(&crate::openapi::v3_index(&registry)));
+            return Ok(ok(&crate::catalog::openapi::v3_index(&registry)));
         }
         ["openapi", "v3", rest @ ..] => return openapi_v3(app, &rest.join("/"), headers, query),
         ["api"] => {
@@ -856,7 +856,7 @@ fn openapi_v2(app: &App, accept: Option<&str>) -> Response {
             .into_response();
     }
     let registry = app.store.lock().registry.clone();
-    ok(&crate::openapi::v2_document(&registry))
+    ok(&crate::catalog::openapi::v2_document(&registry))
 }
 
 /// `/openapi/v3/{api/v1 | apis/group/version}`, with kube-apiserver's caching: an `ETag`, 304
@@ -872,9 +872,9 @@ fn openapi_v3(
     let api_version = registry
         .all()
         .map(ResourceInfo::api_version)
-        .find(|av| crate::openapi::v3_path(av) == path)
+        .find(|av| crate::catalog::openapi::v3_path(av) == path)
         .ok_or_else(|| ApiError::no_route(&format!("/openapi/v3/{path}")))?;
-    let doc = crate::openapi::v3_rendered(&registry, &api_version);
+    let doc = crate::catalog::openapi::v3_rendered(&registry, &api_version);
     let etag = format!("\"{}\"", doc.etag);
     if let Some(hash) = query.get("hash")
         && *hash != doc.etag

@@ -2,7 +2,7 @@
 //! the static admin token (a `system:masters` member, what the generated kubeconfig uses) or a
 //! ServiceAccount token minted by the TokenRequest API.
 
-use crate::resources::GroupResource;
+use crate::catalog::resources::GroupResource;
 use crate::store::Store;
 use crate::token::{self, Claims, Signer, TokenError};
 use axum::http::{HeaderMap, header};

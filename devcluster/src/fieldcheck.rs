@@ -7,8 +7,8 @@
 //! Custom resources reach [`enforce`] with the fields their structural schema pruned, so both
 //! kinds of object answer `fieldValidation` the same way.
 
-use crate::openapi::CATALOG;
-use crate::resources::ResourceInfo;
+use crate::catalog::openapi::CATALOG;
+use crate::catalog::resources::ResourceInfo;
 use crate::status::ApiError;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -120,7 +120,8 @@ impl Shapes {
             roots: HashMap::new(),
         };
         for (key, name) in CATALOG.root_names() {
-            let reference = json!({ "$ref": format!("{}{name}", crate::openapi::DEFINITIONS) });
+            let reference =
+                json!({ "$ref": format!("{}{name}", crate::catalog::openapi::DEFINITIONS) });
             let id = shapes.compile(&reference);
             shapes.roots.insert(key, id);
         }
@@ -393,7 +394,7 @@ fn go_json_kind(x: &Value, integer: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::Registry;
+    use crate::catalog::resources::Registry;
     use serde_json::json;
 
     fn info(api_version: &str, plural: &str) -> ResourceInfo {

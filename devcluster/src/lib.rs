@@ -18,19 +18,17 @@
 
 pub mod api;
 pub mod authn;
+pub mod catalog;
 pub mod faults;
 pub mod fieldcheck;
 pub mod fieldmanager;
 pub mod listoptions;
 pub mod meta;
-pub mod openapi;
 pub mod patch;
 pub mod protobuf;
 pub mod rbac;
 pub mod render;
-pub mod resources;
 pub mod reviews;
-pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod status;

@@ -126,7 +126,7 @@ fn message_json(m: &DynamicMessage) -> Value {
         return special;
     }
     let mut out = Map::new();
-    let definition = crate::openapi::CATALOG
+    let definition = crate::catalog::openapi::CATALOG
         .definitions
         .get(&format!("io.k8s.{}", m.descriptor().full_name()));
     for (field, value) in m.fields() {

@@ -8,7 +8,7 @@
 //! `system:public-info-viewer`) and ask about themselves (`system:basic-user`).
 
 use crate::authn::{AUTHENTICATED, Identity};
-use crate::resources::GroupResource;
+use crate::catalog::resources::GroupResource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::State;

@@ -1,8 +1,8 @@
 //! Response shapes a client can ask for with `Accept`: plain objects, `meta.k8s.io/v1` Tables
 //! (kubectl's server-side printing) and PartialObjectMetadata (metadata-only informers).
 
+use crate::catalog::resources::ResourceInfo;
 use crate::meta;
-use crate::resources::ResourceInfo;
 use serde_json::{Value, json};
 use std::sync::Arc;
 

@@ -3,9 +3,9 @@
 //! stored; each answers with the request object plus a computed `status`.
 
 use crate::authn::{Authenticator, Identity, MintError};
+use crate::catalog::resources::ResourceInfo;
 use crate::protobuf::{self, ProtobufError};
 use crate::rbac::{self, Attributes, ResourceAttributes};
-use crate::resources::ResourceInfo;
 use crate::status::ApiError;
 use crate::store::Store;
 use crate::token::{DEFAULT_TTL, MIN_TTL};

@@ -5,12 +5,12 @@
 //! Everything happens under one mutex so that a resourceVersion totally orders all writes, a
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
+use crate::catalog::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
+use crate::catalog::schema;
 use crate::fieldcheck::{self, FieldValidation};
 use crate::fieldmanager;
 use crate::meta;
 use crate::patch;
-use crate::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
-use crate::schema;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, Cause};
 use crate::validation;

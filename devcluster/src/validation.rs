@@ -8,7 +8,7 @@
 //! ConfigMap and Secret keys, sizes and immutability; Lease fields. See LIMITATIONS.md for the
 //! rest.
 
-use crate::resources::ResourceInfo;
+use crate::catalog::resources::ResourceInfo;
 use crate::selector::LabelSelector;
 use crate::status::{ApiError, Cause};
 use serde_json::{Map, Value};
@@ -931,7 +931,7 @@ fn lease(obj: &Value, errs: &mut Errors) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::Registry;
+    use crate::catalog::resources::Registry;
     use serde_json::json;
 
     fn info(group: &str, plural: &str) -> ResourceInfo {

@@ -2,10 +2,10 @@
 //! ADDED/DELETED when objects enter or leave the selection, periodic bookmarks, the
 //! `k8s.io/initial-events-end` bookmark, and in-stream 410 Expired when a client falls behind.
 
+use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
 use crate::meta;
 use crate::render::{self, Format};
-use crate::resources::ResourceInfo;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::{Change, EventType, WatchSetup};

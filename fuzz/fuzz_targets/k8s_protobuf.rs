@@ -5,7 +5,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use devcluster::resources::Registry;
+use devcluster::catalog::resources::Registry;
 use devcluster::{fieldcheck, protobuf, validation};
 use libfuzzer_sys::fuzz_target;
 use prost::encoding::{WireType, encode_key, encode_varint};

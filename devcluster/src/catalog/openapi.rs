@@ -5,7 +5,7 @@
 //! The same definitions drive request decoding checks ([`crate::fieldcheck`]), so what kubectl
 //! explains and validates is what the server enforces.
 
-use crate::resources::{Registry, ResourceInfo};
+use crate::catalog::resources::{Registry, ResourceInfo};
 use parking_lot::Mutex;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
@@ -454,7 +454,7 @@ mod tests {
 
     #[test]
     fn v3_documents_hold_the_closure_with_v3_refs() {
-        let registry = crate::resources::Registry::builtin();
+        let registry = crate::catalog::resources::Registry::builtin();
         let doc = v3_document(&registry, "apps/v1");
         let schemas = &doc["components"]["schemas"];
         assert!(schemas.get("io.k8s.api.apps.v1.Deployment").is_some());
