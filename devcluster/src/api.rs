@@ -449,9 +449,9 @@ async fn serve(
             let mut scale = st.get_scale(info, ns.unwrap_or_default(), name)?;
             match kind {
                 PatchType::Merge | PatchType::Strategic => {
-                    crate::patch::merge_patch(&mut scale, &patch)
+                    crate::apply::patch::merge_patch(&mut scale, &patch)
                 }
-                PatchType::Json => crate::patch::json_patch(&mut scale, &patch)
+                PatchType::Json => crate::apply::patch::json_patch(&mut scale, &patch)
                     .map_err(|e| ApiError::bad_request(e.to_string()))?,
                 PatchType::Apply => return Err(ApiError::unsupported_media_type(content_type)),
             }

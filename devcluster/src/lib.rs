@@ -17,14 +17,13 @@
 //! ```
 
 pub mod api;
+pub mod apply;
 pub mod authn;
 pub mod catalog;
 pub mod faults;
 pub mod fieldcheck;
-pub mod fieldmanager;
 pub mod listoptions;
 pub mod meta;
-pub mod patch;
 pub mod protobuf;
 pub mod rbac;
 pub mod render;

@@ -5,12 +5,13 @@
 //! Everything happens under one mutex so that a resourceVersion totally orders all writes, a
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
+use crate::apply::fieldmanager;
+use crate::apply::lists::list_key_of;
+use crate::apply::patch;
 use crate::catalog::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
 use crate::catalog::schema;
 use crate::fieldcheck::{self, FieldValidation};
-use crate::fieldmanager;
 use crate::meta;
-use crate::patch;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, Cause};
 use crate::validation;
@@ -1654,20 +1655,6 @@ fn record(
         list_key: &list_key,
     };
     fieldmanager::record_update(old, obj, &op);
-}
-
-/// How managed fields and apply treat the list at a path: metadata and built-in kinds by the
-/// merge-key table, custom resources by their schema's `x-kubernetes-list-type`.
-fn list_key_of(info: &ResourceInfo, path: &[&str]) -> Option<fieldmanager::ListKey> {
-    if info.builtin || path.first() == Some(&"metadata") {
-        return patch::list_merge_key(path).map(|k| match k {
-            patch::MergeKey::Key(k) => fieldmanager::ListKey::Key(k),
-            patch::MergeKey::Set => fieldmanager::ListKey::Set,
-        });
-    }
-    info.schema
-        .as_ref()
-        .and_then(|s| schema::list_type(s, path))
 }
 
 fn scale_of(info: &ResourceInfo, obj: &Value) -> Result<Value, ApiError> {

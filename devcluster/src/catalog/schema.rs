@@ -227,36 +227,6 @@ fn apply_defaults(x: &mut Value, s: &Value, root: bool) {
     }
 }
 
-/// The `x-kubernetes-list-type` of the list at a path of field names (list items are stepped
-/// through implicitly), with its `x-kubernetes-list-map-keys` for `map` lists: what
-/// server-side apply merges CRD lists by.
-pub fn list_type(schema: &Value, names: &[&str]) -> Option<crate::fieldmanager::ListKey> {
-    use crate::fieldmanager::ListKey;
-    let mut s = schema;
-    for name in names {
-        while s.get("type").and_then(Value::as_str) == Some("array") {
-            s = s.get("items")?;
-        }
-        s = s
-            .get("properties")
-            .and_then(|p| p.get(*name))
-            .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))?;
-    }
-    match s.get("x-kubernetes-list-type")?.as_str()? {
-        "set" => Some(ListKey::Set),
-        "map" => {
-            let keys: Vec<String> = s
-                .get("x-kubernetes-list-map-keys")?
-                .as_array()?
-                .iter()
-                .filter_map(|k| k.as_str().map(str::to_string))
-                .collect();
-            (!keys.is_empty()).then_some(ListKey::Keys(keys))
-        }
-        _ => None,
-    }
-}
-
 /// Validates `obj` against the schema and returns every failure found.
 ///
 /// Checks `type` (`integer` accepts whole-number JSON numbers such as `3.0`),
@@ -1087,25 +1057,5 @@ mod tests {
         let reasons: Vec<&str> = c.iter().map(|c| c.reason).collect();
         assert_eq!(reasons, vec!["FieldValueRequired", "FieldValueInvalid"]);
         assert_eq!(c[0].field, "a");
-    }
-
-    #[test]
-    fn list_types_come_from_the_schema_extensions() {
-        use crate::fieldmanager::ListKey;
-        let s = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
-            "ports": {"type": "array", "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["port", "protocol"],
-                "items": {"type": "object", "properties": {"tags": {"type": "array",
-                    "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}},
-            "args": {"type": "array", "items": {"type": "string"}}}}}});
-        assert_eq!(
-            list_type(&s, &["spec", "ports"]),
-            Some(ListKey::Keys(vec!["port".into(), "protocol".into()]))
-        );
-        assert_eq!(
-            list_type(&s, &["spec", "ports", "tags"]),
-            Some(ListKey::Set)
-        );
-        assert_eq!(list_type(&s, &["spec", "args"]), None);
     }
 }
