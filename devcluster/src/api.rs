@@ -1,10 +1,10 @@
 //! The HTTP surface: Kubernetes REST paths, discovery, `/version`, `/openapi/v2`, and the
 //! `/_devcluster/` admin endpoints for out-of-process fault injection.
 
+use crate::admission::fieldcheck::FieldValidation;
 use crate::authn::Authenticator;
 use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
-use crate::fieldcheck::FieldValidation;
 use crate::meta;
 use crate::rbac::{self, Attributes, Decision};
 use crate::render::{self, Format};

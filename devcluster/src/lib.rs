@@ -16,12 +16,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admission;
 pub mod api;
 pub mod apply;
 pub mod authn;
 pub mod catalog;
 pub mod faults;
-pub mod fieldcheck;
 pub mod listoptions;
 pub mod meta;
 pub mod protobuf;
@@ -34,7 +34,6 @@ pub mod status;
 pub mod store;
 pub mod tls;
 pub mod token;
-pub mod validation;
 pub mod watch;
 
 pub use authn::{AuthCounts, Identity};

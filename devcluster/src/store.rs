@@ -5,16 +5,16 @@
 //! Everything happens under one mutex so that a resourceVersion totally orders all writes, a
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
+use crate::admission::fieldcheck::{self, FieldValidation};
+use crate::admission::validation;
 use crate::apply::fieldmanager;
 use crate::apply::lists::list_key_of;
 use crate::apply::patch;
 use crate::catalog::resources::{GroupResource, Registry, ResourceInfo, infos_from_crd};
 use crate::catalog::schema;
-use crate::fieldcheck::{self, FieldValidation};
 use crate::meta;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, Cause};
-use crate::validation;
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -6,7 +6,8 @@
 
 use arbitrary::Arbitrary;
 use devcluster::catalog::resources::Registry;
-use devcluster::{fieldcheck, protobuf, validation};
+use devcluster::admission::{fieldcheck, validation};
+use devcluster::protobuf;
 use libfuzzer_sys::fuzz_target;
 use prost::encoding::{WireType, encode_key, encode_varint};
 

@@ -2,7 +2,7 @@
 //! implementations, and the `/openapi/v2` and `/openapi/v3` documents served from them plus the
 //! CRDs' structural schemas.
 //!
-//! The same definitions drive request decoding checks ([`crate::fieldcheck`]), so what kubectl
+//! The same definitions drive request decoding checks (admission's `fieldcheck`), so what kubectl
 //! explains and validates is what the server enforces.
 
 use crate::catalog::resources::{Registry, ResourceInfo};
