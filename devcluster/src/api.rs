@@ -11,7 +11,7 @@ use crate::render::{self, Format};
 use crate::reviews::{self, Review};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, success_status};
-use crate::store::{
+use crate::storage::store::{
     DeleteOptions, Deleted, PatchType, Propagation, Store, WatchStart, WriteOptions,
 };
 use crate::watch::{self, WatchSpec};

@@ -3,7 +3,7 @@
 //! ServiceAccount token minted by the TokenRequest API.
 
 use crate::catalog::resources::GroupResource;
-use crate::store::Store;
+use crate::storage::store::Store;
 use crate::token::{self, Claims, Signer, TokenError};
 use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};

@@ -31,7 +31,7 @@ pub mod reviews;
 pub mod selector;
 pub mod server;
 pub mod status;
-pub mod store;
+pub mod storage;
 pub mod tls;
 pub mod token;
 pub mod watch;

@@ -11,7 +11,7 @@ use crate::authn::{AUTHENTICATED, Identity};
 use crate::catalog::resources::GroupResource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::store::State;
+use crate::storage::store::State;
 use axum::http::Method;
 use serde_json::Value;
 use std::collections::HashMap;

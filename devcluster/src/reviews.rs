@@ -7,7 +7,7 @@ use crate::catalog::resources::ResourceInfo;
 use crate::protobuf::{self, ProtobufError};
 use crate::rbac::{self, Attributes, ResourceAttributes};
 use crate::status::ApiError;
-use crate::store::Store;
+use crate::storage::store::Store;
 use crate::token::{DEFAULT_TTL, MIN_TTL};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@ use crate::Error;
 use crate::api::{self, App};
 use crate::authn::{AuthCounts, Authenticator};
 use crate::faults::{Faults, Stats};
-use crate::store::Store;
+use crate::storage::store::Store;
 use crate::tls;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;

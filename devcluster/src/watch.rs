@@ -8,7 +8,7 @@ use crate::meta;
 use crate::render::{self, Format};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::store::{Change, EventType, WatchSetup};
+use crate::storage::store::{Change, EventType, WatchSetup};
 use bytes::Bytes;
 use serde_json::{Value, json};
 use std::convert::Infallible;

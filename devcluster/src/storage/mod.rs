@@ -1,0 +1,14 @@
+//! Storage: the objects, the one resourceVersion that orders every write, the bounded watch
+//! history, and the write semantics kube-apiserver's registry applies (preconditions,
+//! generation, the status split, finalizers and deletion, owner-reference garbage collection,
+//! namespace termination, CRD registration).
+//!
+//! Owns:
+//! - `store`: the shared [`store::Store`] handle and the synchronous [`store::State`] behind its
+//!   lock — reads, lists with continue tokens, watch subscriptions, and every write.
+//!
+//! May call `admission` (every write is checked before it commits), `apply` (patches,
+//! server-side apply, managed fields), `catalog` (the registry, which CRD writes change) and the
+//! leaves; never `auth` or `http`, which call it.
+
+pub mod store;
