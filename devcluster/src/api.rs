@@ -2,13 +2,13 @@
 //! `/_devcluster/` admin endpoints for out-of-process fault injection.
 
 use crate::admission::fieldcheck::FieldValidation;
-use crate::authn::Authenticator;
+use crate::auth::authn::Authenticator;
+use crate::auth::rbac::{self, Attributes, Decision};
+use crate::auth::reviews::{self, Review};
 use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
 use crate::meta;
-use crate::rbac::{self, Attributes, Decision};
 use crate::render::{self, Format};
-use crate::reviews::{self, Review};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, success_status};
 use crate::storage::store::{

@@ -19,24 +19,21 @@
 pub mod admission;
 pub mod api;
 pub mod apply;
-pub mod authn;
+pub mod auth;
 pub mod catalog;
 pub mod faults;
 pub mod listoptions;
 pub mod meta;
 pub mod protobuf;
-pub mod rbac;
 pub mod render;
-pub mod reviews;
 pub mod selector;
 pub mod server;
 pub mod status;
 pub mod storage;
 pub mod tls;
-pub mod token;
 pub mod watch;
 
-pub use authn::{AuthCounts, Identity};
+pub use auth::authn::{AuthCounts, Identity};
 pub use faults::{Faults, Stats};
 pub use server::{DevCluster, Options};
 
@@ -54,5 +51,5 @@ pub enum Error {
     Client(String),
     /// A token could not be issued.
     #[error("cannot issue a token: {0}")]
-    Token(#[from] authn::MintError),
+    Token(#[from] auth::authn::MintError),
 }

@@ -2,7 +2,7 @@
 
 use crate::Error;
 use crate::api::{self, App};
-use crate::authn::{AuthCounts, Authenticator};
+use crate::auth::authn::{AuthCounts, Authenticator};
 use crate::faults::{Faults, Stats};
 use crate::storage::store::Store;
 use crate::tls;

@@ -2,9 +2,9 @@
 //! the static admin token (a `system:masters` member, what the generated kubeconfig uses) or a
 //! ServiceAccount token minted by the TokenRequest API.
 
+use crate::auth::token::{self, Claims, Signer, TokenError};
 use crate::catalog::resources::GroupResource;
 use crate::storage::store::Store;
-use crate::token::{self, Claims, Signer, TokenError};
 use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@
 //! every cluster has is built in: authenticated users may read discovery (`system:discovery`,
 //! `system:public-info-viewer`) and ask about themselves (`system:basic-user`).
 
-use crate::authn::{AUTHENTICATED, Identity};
+use crate::auth::authn::{AUTHENTICATED, Identity};
 use crate::catalog::resources::GroupResource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;

@@ -2,13 +2,13 @@
 //! (`serviceaccounts/token`), TokenReview, and the SubjectAccessReview family. Nothing is
 //! stored; each answers with the request object plus a computed `status`.
 
-use crate::authn::{Authenticator, Identity, MintError};
+use crate::auth::authn::{Authenticator, Identity, MintError};
+use crate::auth::rbac::{self, Attributes, ResourceAttributes};
+use crate::auth::token::{DEFAULT_TTL, MIN_TTL};
 use crate::catalog::resources::ResourceInfo;
 use crate::protobuf::{self, ProtobufError};
-use crate::rbac::{self, Attributes, ResourceAttributes};
 use crate::status::ApiError;
 use crate::storage::store::Store;
-use crate::token::{DEFAULT_TTL, MIN_TTL};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
