@@ -17,25 +17,23 @@
 //! ```
 
 pub mod admission;
-pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod catalog;
+pub mod cluster;
 pub mod faults;
+pub mod http;
 pub mod listoptions;
 pub mod meta;
 pub mod protobuf;
 pub mod render;
 pub mod selector;
-pub mod server;
 pub mod status;
 pub mod storage;
-pub mod tls;
-pub mod watch;
 
 pub use auth::authn::{AuthCounts, Identity};
+pub use cluster::{DevCluster, Options};
 pub use faults::{Faults, Stats};
-pub use server::{DevCluster, Options};
 
 /// Why a devcluster could not start or a client could not be built for it.
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,7 @@ use crate::auth::rbac::{self, Attributes, Decision};
 use crate::auth::reviews::{self, Review};
 use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
+use crate::http::watch::{self, WatchSpec};
 use crate::meta;
 use crate::render::{self, Format};
 use crate::selector::{FieldSelector, LabelSelector};
@@ -14,7 +15,6 @@ use crate::status::{ApiError, success_status};
 use crate::storage::store::{
     DeleteOptions, Deleted, PatchType, Propagation, Store, WatchStart, WriteOptions,
 };
-use crate::watch::{self, WatchSpec};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Query, State};

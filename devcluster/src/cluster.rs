@@ -1,11 +1,11 @@
 //! Starting, addressing and stopping a devcluster: the listener, TLS, and the handle tests hold.
 
 use crate::Error;
-use crate::api::{self, App};
 use crate::auth::authn::{AuthCounts, Authenticator};
 use crate::faults::{Faults, Stats};
+use crate::http::api::{self, App};
+use crate::http::tls;
 use crate::storage::store::Store;
-use crate::tls;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use std::net::SocketAddr;
