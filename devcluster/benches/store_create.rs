@@ -47,10 +47,7 @@ fn measure(group: &str, plural: &str, make: fn(usize) -> Value) -> f64 {
     let mut per_create = Vec::new();
     for round in 0..ROUNDS {
         let store = Store::new(10_000);
-        let opts = WriteOptions {
-            manager: "bench".into(),
-            ..Default::default()
-        };
+        let opts = WriteOptions::new("bench");
         let mut st = store.lock();
         let ns_info = st
             .registry

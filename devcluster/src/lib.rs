@@ -16,19 +16,21 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(unreachable_pub)]
+
 pub mod admission;
-pub mod apply;
-pub mod auth;
+pub(crate) mod apply;
+pub(crate) mod auth;
 pub mod catalog;
-pub mod cluster;
-pub mod faults;
-pub mod http;
-pub mod listoptions;
-pub mod meta;
+pub(crate) mod cluster;
+pub(crate) mod faults;
+pub(crate) mod http;
+pub(crate) mod listoptions;
+pub(crate) mod meta;
 pub mod protobuf;
-pub mod render;
+pub(crate) mod render;
 pub mod selector;
-pub mod status;
+pub(crate) mod status;
 pub mod storage;
 
 pub use auth::authn::{AuthCounts, Identity};

@@ -41,7 +41,7 @@ fn message(name: &str) -> Option<MessageDescriptor> {
 }
 
 /// Whether a body is protobuf-encoded, by its content type.
-pub fn is_protobuf(content_type: &str) -> bool {
+pub(crate) fn is_protobuf(content_type: &str) -> bool {
     content_type.contains("protobuf")
 }
 

@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 /// The `fieldValidation` query parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FieldValidation {
+pub(crate) enum FieldValidation {
     /// Unknown fields fail the request.
     Strict,
     /// Unknown fields are dropped with a warning header each (the server default).
@@ -29,7 +29,7 @@ pub enum FieldValidation {
 
 impl FieldValidation {
     /// Parses the query parameter; an unknown value is kube-apiserver's 400.
-    pub fn parse(v: Option<&str>) -> Result<Self, ApiError> {
+    pub(crate) fn parse(v: Option<&str>) -> Result<Self, ApiError> {
         match v {
             None | Some("") | Some("Warn") => Ok(Self::Warn),
             Some("Strict") => Ok(Self::Strict),
@@ -259,7 +259,7 @@ pub fn check(info: &ResourceInfo, obj: &mut Value) -> Result<Vec<String>, ApiErr
 
 /// Applies the `fieldValidation` policy to the unknown fields found while decoding: `Strict`
 /// refuses them (400), `Warn` returns one warning per field, `Ignore` nothing.
-pub fn enforce(
+pub(crate) fn enforce(
     info: &ResourceInfo,
     policy: FieldValidation,
     unknown: &[String],

@@ -125,7 +125,7 @@ const IANA_SVC_NAME_MSG: &str =
     "must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)";
 
 /// `IsDNS1123Label`.
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -135,7 +135,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
 }
 
 /// `IsDNS1123Subdomain`.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
@@ -473,7 +473,7 @@ fn pod_template(obj: &Value, restart_policies: &[&str], errs: &mut Errors) {
 }
 
 /// The label the server puts on a Job's selector and pods (`batch.kubernetes.io/controller-uid`).
-pub const JOB_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+pub(crate) const JOB_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
 
 fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
     for f in [
@@ -520,7 +520,7 @@ fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
 
 /// Fills in what kube-apiserver generates for a Job without `manualSelector`: a selector on
 /// the Job's uid and the matching pod template labels.
-pub fn default_job(obj: &mut Value) {
+pub(crate) fn default_job(obj: &mut Value) {
     let manual = get_in(obj, &["spec", "manualSelector"])
         .and_then(Value::as_bool)
         .unwrap_or(false);

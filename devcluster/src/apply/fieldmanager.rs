@@ -20,11 +20,11 @@ use serde_json::{Map, Value, json};
 /// not of a particular item. `metadata.finalizers` (set) and
 /// `metadata.ownerReferences` (keyed by `uid`) are built in and only consulted
 /// when the callback returns `None`.
-pub type ListKeyFn<'a> = &'a dyn Fn(&[&str]) -> Option<ListKey>;
+pub(crate) type ListKeyFn<'a> = &'a dyn Fn(&[&str]) -> Option<ListKey>;
 
 /// Merge strategy of a list, mirroring `x-kubernetes-list-type`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListKey {
+pub(crate) enum ListKey {
     /// `map` list: items are objects identified by this (scalar) field.
     Key(&'static str),
     /// `map` list with `x-kubernetes-list-map-keys` from a schema: items are identified by
@@ -47,17 +47,17 @@ impl ListKey {
 
 /// One field that an apply would take away from another manager.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     /// Name of the manager currently owning the field.
-    pub manager: String,
+    pub(crate) manager: String,
     /// Path in structured-merge-diff notation, like `.spec.replicas` or
     /// `.spec.containers[name="web"].image`.
-    pub field: String,
+    pub(crate) field: String,
 }
 
 /// Why an apply was rejected.
 #[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
+pub(crate) enum ApplyError {
     /// Fields owned by other managers would change; the server answers 409.
     #[error("Apply failed with {} conflict(s)", .0.len())]
     Conflicts(Vec<Conflict>),
@@ -67,17 +67,17 @@ pub enum ApplyError {
 }
 
 /// Who is writing, and how lists are merged for this resource.
-pub struct Op<'a> {
+pub(crate) struct Op<'a> {
     /// Field manager name (`?fieldManager=`).
-    pub manager: &'a str,
+    pub(crate) manager: &'a str,
     /// API version the request was made in; recorded in the entry.
-    pub api_version: &'a str,
+    pub(crate) api_version: &'a str,
     /// Request time in RFC3339; recorded in the entry.
-    pub time: &'a str,
+    pub(crate) time: &'a str,
     /// Subresource written (e.g. `status`), which separates ownership entries.
-    pub subresource: Option<&'a str>,
+    pub(crate) subresource: Option<&'a str>,
     /// Merge strategy lookup for list fields.
-    pub list_key: ListKeyFn<'a>,
+    pub(crate) list_key: ListKeyFn<'a>,
 }
 
 /// Metadata fields that are server-controlled or identity, so owning them
@@ -763,7 +763,7 @@ fn write_entries(obj: &mut Value, mut entries: Vec<Entry>) {
 /// object unless another entry still owns them. Maps merge; lists merge by
 /// [`ListKey`] (keyed items are owned as `k:{..}` plus their fields, set
 /// values as `v:`); other lists are atomic leaves.
-pub fn apply(
+pub(crate) fn apply(
     live: Option<&Value>,
     applied: &Value,
     force: bool,
@@ -932,7 +932,7 @@ fn upgrades_client_side_apply(
 /// empty. The starting entries come from `old`, unless the client sent a
 /// different non-empty `managedFields` in `new`, which k8s honours as an
 /// explicit override (an empty list never wipes ownership).
-pub fn record_update(old: Option<&Value>, new: &mut Value, op: &Op) {
+pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, op: &Op) {
     if !new.is_object() {
         return;
     }
@@ -986,7 +986,7 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, op: &Op) {
 /// Renders conflicts the way kube-apiserver does for a 409 `Status`: the
 /// message (`Apply failed with 1 conflict: conflict with "mgr": .spec.replicas`,
 /// or grouped by manager for several) and the `details.causes` list.
-pub fn conflict_status_parts(conflicts: &[Conflict]) -> (String, Vec<Value>) {
+pub(crate) fn conflict_status_parts(conflicts: &[Conflict]) -> (String, Vec<Value>) {
     // Go's %q and JSON agree for the manager names that occur in practice.
     let quote = |s: &str| Value::String(s.to_string()).to_string();
     let causes = conflicts

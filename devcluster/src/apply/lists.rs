@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// How managed fields and apply treat the list at a path: metadata and built-in kinds by the
 /// merge-key table, custom resources by their schema's `x-kubernetes-list-type`.
-pub fn list_key_of(info: &ResourceInfo, path: &[&str]) -> Option<ListKey> {
+pub(crate) fn list_key_of(info: &ResourceInfo, path: &[&str]) -> Option<ListKey> {
     if info.builtin || path.first() == Some(&"metadata") {
         return crate::apply::patch::list_merge_key(path).map(|k| match k {
             crate::apply::patch::MergeKey::Key(k) => ListKey::Key(k),

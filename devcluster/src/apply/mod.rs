@@ -12,6 +12,6 @@
 //! May call `catalog` (a resource's kind and schema); nothing that stores or serves. The store
 //! calls into it while it writes.
 
-pub mod fieldmanager;
-pub mod lists;
-pub mod patch;
+pub(crate) mod fieldmanager;
+pub(crate) mod lists;
+pub(crate) mod patch;

@@ -13,7 +13,7 @@
 //! May call `storage` (ServiceAccounts and RBAC objects are read live from the store), `catalog`
 //! and the leaves; never `http`, which calls it.
 
-pub mod authn;
-pub mod rbac;
-pub mod reviews;
-pub mod token;
+pub(crate) mod authn;
+pub(crate) mod rbac;
+pub(crate) mod reviews;
+pub(crate) mod token;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Which review a request is.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Review {
+pub(crate) enum ReviewApi {
     /// `POST /api/v1/namespaces/{namespace}/serviceaccounts/{name}/token`.
     TokenRequest {
         /// The ServiceAccount's namespace.
@@ -38,28 +38,28 @@ pub enum Review {
     },
 }
 
-impl Review {
+impl ReviewApi {
     /// The review a resolved request target is, if any.
-    pub fn of(
+    pub(crate) fn of(
         info: &ResourceInfo,
         namespace: Option<&str>,
         name: Option<&str>,
         sub: Option<&str>,
-    ) -> Option<Review> {
+    ) -> Option<ReviewApi> {
         let ns = namespace.unwrap_or_default().to_string();
         match (info.group.as_str(), info.plural.as_str(), name, sub) {
-            ("", "serviceaccounts", Some(name), Some("token")) => Some(Review::TokenRequest {
+            ("", "serviceaccounts", Some(name), Some("token")) => Some(ReviewApi::TokenRequest {
                 namespace: ns,
                 name: name.to_string(),
             }),
-            ("authentication.k8s.io", "tokenreviews", ..) => Some(Review::TokenReview),
-            ("authentication.k8s.io", "selfsubjectreviews", ..) => Some(Review::SelfSubject),
-            ("authorization.k8s.io", "subjectaccessreviews", ..) => Some(Review::SubjectAccess),
+            ("authentication.k8s.io", "tokenreviews", ..) => Some(ReviewApi::TokenReview),
+            ("authentication.k8s.io", "selfsubjectreviews", ..) => Some(ReviewApi::SelfSubject),
+            ("authorization.k8s.io", "subjectaccessreviews", ..) => Some(ReviewApi::SubjectAccess),
             ("authorization.k8s.io", "selfsubjectaccessreviews", ..) => {
-                Some(Review::SelfSubjectAccess)
+                Some(ReviewApi::SelfSubjectAccess)
             }
             ("authorization.k8s.io", "localsubjectaccessreviews", ..) => {
-                Some(Review::LocalSubjectAccess { namespace: ns })
+                Some(ReviewApi::LocalSubjectAccess { namespace: ns })
             }
             _ => None,
         }
@@ -99,27 +99,27 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 }
 
 /// Answer a review; the caller has already authenticated and authorized the request.
-pub fn handle(
+pub(crate) fn handle(
     auth: &Authenticator,
     store: &Store,
-    review: &Review,
+    review: &ReviewApi,
     requester: &Identity,
     content_type: &str,
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let request = parse_body(content_type, body)?;
     match review {
-        Review::TokenRequest { namespace, name } => {
+        ReviewApi::TokenRequest { namespace, name } => {
             token_request(auth, store, namespace, name, &request)
         }
-        Review::TokenReview => Ok(token_review(auth, store, request)),
-        Review::SelfSubject => Ok(json!({
+        ReviewApi::TokenReview => Ok(token_review(auth, store, request)),
+        ReviewApi::SelfSubject => Ok(json!({
             "kind": "SelfSubjectReview",
             "apiVersion": "authentication.k8s.io/v1",
             "metadata": {"creationTimestamp": null},
             "status": {"userInfo": requester.to_json()},
         })),
-        Review::SubjectAccess => {
+        ReviewApi::SubjectAccess => {
             let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
             let user = Identity {
                 username: str_at(&spec, "/user").to_string(),
@@ -137,10 +137,10 @@ pub fn handle(
             }
             access_review(store, request, "SubjectAccessReview", &user, None)
         }
-        Review::SelfSubjectAccess => {
+        ReviewApi::SelfSubjectAccess => {
             access_review(store, request, "SelfSubjectAccessReview", requester, None)
         }
-        Review::LocalSubjectAccess { namespace } => {
+        ReviewApi::LocalSubjectAccess { namespace } => {
             let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
             let user = Identity {
                 username: str_at(&spec, "/user").to_string(),

@@ -11,6 +11,6 @@
 //! May call nothing else of the crate: every room above reads the catalog, the catalog reads
 //! nobody.
 
-pub mod openapi;
+pub(crate) mod openapi;
 pub mod resources;
-pub mod schema;
+pub(crate) mod schema;

@@ -8,27 +8,27 @@ use std::collections::BTreeMap;
 
 /// Where a resource's scale subresource reads and writes replicas.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ScalePaths {
+pub(crate) struct ScalePaths {
     /// Dotted path of the desired replicas, e.g. `spec.replicas`.
-    pub spec_replicas: String,
+    pub(crate) spec_replicas: String,
     /// Dotted path of the observed replicas, e.g. `status.replicas`.
-    pub status_replicas: String,
+    pub(crate) status_replicas: String,
     /// Dotted path of the serialized label selector in status, if any.
-    pub label_selector: Option<String>,
+    pub(crate) label_selector: Option<String>,
 }
 
 /// A (group, plural) pair: the unit of storage, shared by every served version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupResource {
+pub(crate) struct GroupResource {
     /// API group, empty for core.
-    pub group: String,
+    pub(crate) group: String,
     /// Plural resource name.
-    pub resource: String,
+    pub(crate) resource: String,
 }
 
 impl GroupResource {
     /// Build from borrowed parts.
-    pub fn new(group: &str, resource: &str) -> Self {
+    pub(crate) fn new(group: &str, resource: &str) -> Self {
         GroupResource {
             group: group.to_string(),
             resource: resource.to_string(),
@@ -40,40 +40,40 @@ impl GroupResource {
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
     /// API group, empty for core.
-    pub group: String,
+    pub(crate) group: String,
     /// Served version.
-    pub version: String,
+    pub(crate) version: String,
     /// Plural name used in URLs.
-    pub plural: String,
+    pub(crate) plural: String,
     /// Singular name.
-    pub singular: String,
+    pub(crate) singular: String,
     /// Kind.
     pub kind: String,
     /// Whether objects live in namespaces.
-    pub namespaced: bool,
+    pub(crate) namespaced: bool,
     /// kubectl short names.
-    pub short_names: Vec<String>,
+    pub(crate) short_names: Vec<String>,
     /// Categories such as `all`.
-    pub categories: Vec<String>,
+    pub(crate) categories: Vec<String>,
     /// Whether a status subresource splits spec and status writes.
-    pub status: bool,
+    pub(crate) status: bool,
     /// The scale subresource, if any.
-    pub scale: Option<ScalePaths>,
+    pub(crate) scale: Option<ScalePaths>,
     /// Built-in kinds accept strategic merge patches; custom resources answer 415.
     pub builtin: bool,
     /// Whether writes maintain `metadata.generation`.
-    pub generation: bool,
+    pub(crate) generation: bool,
     /// Whether unconditional updates (PUT without resourceVersion) are allowed.
-    pub unconditional_update: bool,
+    pub(crate) unconditional_update: bool,
     /// The CRD's structural schema for this version.
-    pub schema: Option<Value>,
+    pub(crate) schema: Option<Value>,
     /// The CRD's additionalPrinterColumns for this version.
-    pub printer_columns: Vec<Value>,
+    pub(crate) printer_columns: Vec<Value>,
     /// The CRD that defines this resource.
-    pub crd: Option<String>,
+    pub(crate) crd: Option<String>,
     /// A virtual kind that only answers `create` and stores nothing (TokenReview,
     /// SubjectAccessReview, ...).
-    pub create_only: bool,
+    pub(crate) create_only: bool,
 }
 
 impl ResourceInfo {
@@ -87,7 +87,7 @@ impl ResourceInfo {
     }
 
     /// The storage key shared by all versions.
-    pub fn group_resource(&self) -> GroupResource {
+    pub(crate) fn group_resource(&self) -> GroupResource {
         GroupResource::new(&self.group, &self.plural)
     }
 
@@ -149,7 +149,7 @@ impl ResourceInfo {
     }
 
     /// The discovery `APIResource` entries for this resource and its subresources.
-    pub fn discovery_entries(&self) -> Vec<Value> {
+    pub(crate) fn discovery_entries(&self) -> Vec<Value> {
         let verbs = [
             "create",
             "delete",
@@ -358,7 +358,7 @@ impl Registry {
     }
 
     /// Add or replace one resource version.
-    pub fn insert(&mut self, info: ResourceInfo) {
+    pub(crate) fn insert(&mut self, info: ResourceInfo) {
         self.by_gvr.insert(
             (
                 info.group.clone(),
@@ -370,7 +370,7 @@ impl Registry {
     }
 
     /// Remove every version a CRD defined.
-    pub fn remove_crd(&mut self, crd_name: &str) {
+    pub(crate) fn remove_crd(&mut self, crd_name: &str) {
         self.by_gvr
             .retain(|_, info| info.crd.as_deref() != Some(crd_name));
     }
@@ -381,27 +381,13 @@ impl Registry {
             .get(&(group.to_string(), version.to_string(), plural.to_string()))
     }
 
-    /// Any served version of a storage key (used for events and garbage collection).
-    pub fn any_version(&self, gr: &GroupResource) -> Option<&ResourceInfo> {
-        self.by_gvr
-            .values()
-            .find(|i| i.group == gr.group && i.plural == gr.resource)
-    }
-
-    /// Find a resource by apiVersion and kind (for ownerReferences and Scale).
-    pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<&ResourceInfo> {
-        self.by_gvr
-            .values()
-            .find(|i| i.api_version() == api_version && i.kind == kind)
-    }
-
     /// Every served resource version.
     pub fn all(&self) -> impl Iterator<Item = &ResourceInfo> {
         self.by_gvr.values()
     }
 
     /// Served groups with their versions, in a stable order (core excluded); the first version is preferred.
-    pub fn groups(&self) -> Vec<(String, Vec<String>)> {
+    pub(crate) fn groups(&self) -> Vec<(String, Vec<String>)> {
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for info in self.by_gvr.values().filter(|i| !i.group.is_empty()) {
             let versions = groups.entry(info.group.clone()).or_default();
@@ -416,7 +402,7 @@ impl Registry {
     }
 
     /// Discovery `APIResourceList` for one group version.
-    pub fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
+    pub(crate) fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
         let entries: Vec<Value> = self
             .by_gvr
             .values()
@@ -456,7 +442,7 @@ fn version_priority(v: &str) -> (u8, u32, u32) {
 }
 
 /// Register every served version of a CRD object; returns the accepted names or an error message.
-pub fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
+pub(crate) fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
     let spec = crd.get("spec").ok_or("spec is required")?;
     let group = spec
         .get("group")

@@ -13,15 +13,15 @@ use serde_json::{Map, Number, Value};
 /// One validation failure, rendered into a `metav1.Status` cause by the
 /// server.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cause {
+pub(crate) struct Cause {
     /// The k8s `CauseType`: `"FieldValueRequired"`, `"FieldValueInvalid"`,
     /// `"FieldValueNotSupported"` or `"FieldValueTypeInvalid"`.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     /// Dotted path of the offending field, e.g. `spec.size` or
     /// `spec.items[0].name`.
-    pub field: String,
+    pub(crate) field: String,
     /// Human-readable text in the k8s wording, e.g. `Required value`.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Fields that belong to the API machinery rather than the CRD author; a
@@ -62,7 +62,7 @@ fn field_schema<'a>(s: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
 ///
 /// Returns the paths of the pruned fields (`spec.foo`, `spec.items[0].bar`), for
 /// `fieldValidation`.
-pub fn prune_and_default(obj: &mut Value, schema: &Value) -> Vec<String> {
+pub(crate) fn prune_and_default(obj: &mut Value, schema: &Value) -> Vec<String> {
     let mut pruned = Vec::new();
     prune(obj, Some(schema), true, "", &mut pruned);
     apply_defaults(obj, schema, true);
@@ -236,7 +236,7 @@ fn apply_defaults(x: &mut Value, s: &Value, root: bool) {
 /// `uniqueItems`, `minProperties`/`maxProperties` and `allOf`. `format` and
 /// `pattern` are not enforced (no regex engine), nor are `anyOf`, `oneOf`
 /// and `not`. The root's `apiVersion`, `kind` and `metadata` are skipped.
-pub fn validate(obj: &Value, schema: &Value) -> Vec<Cause> {
+pub(crate) fn validate(obj: &Value, schema: &Value) -> Vec<Cause> {
     let mut out = Vec::new();
     validate_node(obj, schema, "", true, &mut out);
     out

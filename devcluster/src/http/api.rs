@@ -4,7 +4,7 @@
 use crate::admission::fieldcheck::FieldValidation;
 use crate::auth::authn::Authenticator;
 use crate::auth::rbac::{self, Attributes, Decision};
-use crate::auth::reviews::{self, Review};
+use crate::auth::reviews::{self, ReviewApi};
 use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
 use crate::http::watch::{self, WatchSpec};
@@ -30,26 +30,26 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 /// Shared state of the HTTP handlers.
-pub struct App {
+pub(crate) struct App {
     /// The object store.
-    pub store: Store,
+    pub(crate) store: Store,
     /// Fault injection and statistics.
-    pub faults: Faults,
+    pub(crate) faults: Faults,
     /// Verifies bearer tokens (the admin's and ServiceAccount tokens) and mints the latter.
-    pub auth: Arc<Authenticator>,
+    pub(crate) auth: Arc<Authenticator>,
     /// How often watches with allowWatchBookmarks get a bookmark.
-    pub bookmark_interval: Duration,
+    pub(crate) bookmark_interval: Duration,
     /// Cancelled on shutdown; ends every watch.
-    pub shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
     /// The address clients reach the server at (for `/api`'s serverAddressByClientCIDRs).
-    pub address: String,
+    pub(crate) address: String,
 }
 
 /// The request body limit: kube-apiserver accepts about 3 MiB objects; allow headroom for lists.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
 
 /// The axum router for the whole server.
-pub fn router(app: Arc<App>) -> Router {
+pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/_devcluster/close-watches", post(admin_close_watches))
         .route("/_devcluster/compact", post(admin_compact))
@@ -261,7 +261,7 @@ async fn route(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let review = Review::of(
+    let review = ReviewApi::of(
         &target.info,
         target.namespace.as_deref(),
         target.name.as_deref(),
@@ -820,7 +820,7 @@ fn group_list(store: &Store) -> Value {
 }
 
 /// `/version`, with every field kube-apiserver reports.
-pub fn version() -> Value {
+pub(crate) fn version() -> Value {
     json!({
         "major": "1",
         "minor": "33",

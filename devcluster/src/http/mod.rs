@@ -10,6 +10,6 @@
 //! modules `faults`, `render`, `protobuf`, `listoptions`, `selector`, `status` and `meta`;
 //! nothing calls into it but the crate root's [`crate::DevCluster`].
 
-pub mod api;
-pub mod tls;
-pub mod watch;
+pub(crate) mod api;
+pub(crate) mod tls;
+pub(crate) mod watch;

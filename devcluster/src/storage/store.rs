@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 /// The kind of a change, as watch events name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
+pub(crate) enum EventType {
     /// An object was created.
     Added,
     /// An object changed.
@@ -35,7 +35,7 @@ pub enum EventType {
 
 impl EventType {
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventType::Added => "ADDED",
             EventType::Modified => "MODIFIED",
@@ -46,22 +46,22 @@ impl EventType {
 
 /// One committed change, kept in the history and broadcast to watches.
 #[derive(Debug)]
-pub struct Change {
+pub(crate) struct Change {
     /// The resourceVersion the change was committed at.
-    pub rv: u64,
+    pub(crate) rv: u64,
     /// Which collection changed.
-    pub gr: GroupResource,
+    pub(crate) gr: GroupResource,
     /// What happened.
-    pub kind: EventType,
+    pub(crate) kind: EventType,
     /// The object after the change (for deletes: its last state, with the delete's resourceVersion).
-    pub object: Arc<Value>,
+    pub(crate) object: Arc<Value>,
     /// The object before the change, so selector watches can see objects leave and enter.
-    pub old: Option<Arc<Value>>,
+    pub(crate) old: Option<Arc<Value>>,
 }
 
 /// How a delete propagates to dependents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Propagation {
+pub(crate) enum Propagation {
     /// Remove the owner reference from dependents.
     Orphan,
     /// Delete the owner now, dependents afterwards.
@@ -72,33 +72,42 @@ pub enum Propagation {
 
 /// Options of a delete request.
 #[derive(Debug, Clone)]
-pub struct DeleteOptions {
+pub(crate) struct DeleteOptions {
     /// Propagation policy; None = the kind's default (background).
-    pub propagation: Option<Propagation>,
+    pub(crate) propagation: Option<Propagation>,
     /// `preconditions.uid`.
-    pub uid: Option<String>,
+    pub(crate) uid: Option<String>,
     /// `preconditions.resourceVersion`.
-    pub resource_version: Option<String>,
+    pub(crate) resource_version: Option<String>,
     /// `dryRun=All`.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 }
 
 /// Options shared by create, update and patch.
 #[derive(Debug, Clone, Default)]
 pub struct WriteOptions {
     /// The field manager recorded in managedFields.
-    pub manager: String,
+    pub(crate) manager: String,
     /// `dryRun=All`: validate and answer, store nothing.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// `force=true` for server-side apply.
-    pub force: bool,
+    pub(crate) force: bool,
     /// What to do with fields the kind's schema does not declare.
-    pub field_validation: FieldValidation,
+    pub(crate) field_validation: FieldValidation,
     /// Warnings for the response's `Warning` headers (unknown fields under `Warn`).
-    pub warnings: Arc<parking_lot::Mutex<Vec<String>>>,
+    pub(crate) warnings: Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl WriteOptions {
+    /// Options for writes by field manager `manager`, with every other option at its default
+    /// (not a dry run, no force, `fieldValidation=Warn`).
+    pub fn new(manager: &str) -> Self {
+        WriteOptions {
+            manager: manager.to_string(),
+            ..Default::default()
+        }
+    }
+
     /// Type-checks an object against its kind's schema, drops undeclared fields and applies
     /// `fieldValidation` to them.
     fn decode_check(&self, info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
@@ -115,7 +124,7 @@ impl WriteOptions {
 
 /// The outcome of a delete.
 #[derive(Debug)]
-pub enum Deleted {
+pub(crate) enum Deleted {
     /// The object is gone; this was its last state.
     Gone(Arc<Value>),
     /// Deletion is pending on finalizers; this is the object now.
@@ -124,7 +133,7 @@ pub enum Deleted {
 
 /// A patch request's body, by content type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatchType {
+pub(crate) enum PatchType {
     /// application/merge-patch+json
     Merge,
     /// application/json-patch+json
@@ -136,20 +145,20 @@ pub enum PatchType {
 }
 
 /// The result of a list.
-pub struct ListResult {
+pub(crate) struct ListResult {
     /// Items in key order.
-    pub items: Vec<Arc<Value>>,
+    pub(crate) items: Vec<Arc<Value>>,
     /// The list's resourceVersion (the snapshot it reflects).
-    pub rv: u64,
+    pub(crate) rv: u64,
     /// Token for the next page.
-    pub continue_token: Option<String>,
+    pub(crate) continue_token: Option<String>,
     /// Items after this page.
-    pub remaining: Option<usize>,
+    pub(crate) remaining: Option<usize>,
 }
 
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy)]
-pub enum WatchStart {
+pub(crate) enum WatchStart {
     /// Synthetic ADDED events for the current state, then live changes.
     Now {
         /// Send the `k8s.io/initial-events-end` bookmark after the initial events.
@@ -160,15 +169,15 @@ pub enum WatchStart {
 }
 
 /// What a new watch needs: its initial events, its receiver, and the resourceVersion it starts at.
-pub struct WatchSetup {
+pub(crate) struct WatchSetup {
     /// Synthetic ADDED objects (for `WatchStart::Now`).
-    pub initial: Vec<Arc<Value>>,
+    pub(crate) initial: Vec<Arc<Value>>,
     /// Changes replayed from history (for `WatchStart::From`).
-    pub replay: Vec<Arc<Change>>,
+    pub(crate) replay: Vec<Arc<Change>>,
     /// Live changes committed after `rv`.
-    pub receiver: broadcast::Receiver<Arc<Change>>,
+    pub(crate) receiver: broadcast::Receiver<Arc<Change>>,
     /// The resourceVersion this watch is current as of.
-    pub rv: u64,
+    pub(crate) rv: u64,
 }
 
 struct Snapshot {
@@ -241,10 +250,7 @@ impl Store {
                 for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
                     let obj =
                         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-                    let opts = WriteOptions {
-                        manager: "devcluster".into(),
-                        ..Default::default()
-                    };
+                    let opts = WriteOptions::new("devcluster");
                     if let Err(e) = st.create(&info, None, obj, &opts) {
                         tracing::error!(error = %e, "creating default namespace");
                     }
@@ -263,17 +269,17 @@ impl Store {
 
 impl State {
     /// The current (latest committed) resourceVersion.
-    pub fn current_rv(&self) -> u64 {
+    pub(crate) fn current_rv(&self) -> u64 {
         self.rv
     }
 
     /// Number of stored objects, for statistics.
-    pub fn object_count(&self) -> usize {
+    pub(crate) fn object_count(&self) -> usize {
         self.collections.values().map(BTreeMap::len).sum()
     }
 
     /// Drop the watch history so any resume from an older resourceVersion gets 410 Expired.
-    pub fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         self.history.clear();
         // Nothing at or after the current version was lost, so a client that relists and
         // resumes from the list's resourceVersion must not loop on 410.
@@ -282,7 +288,7 @@ impl State {
     }
 
     /// One object.
-    pub fn get(&self, gr: &GroupResource, ns: &str, name: &str) -> Option<Arc<Value>> {
+    pub(crate) fn get(&self, gr: &GroupResource, ns: &str, name: &str) -> Option<Arc<Value>> {
         self.collections
             .get(gr)?
             .get(&(ns.to_string(), name.to_string()))
@@ -291,7 +297,7 @@ impl State {
 
     /// Every object of one collection, or only those in namespace `ns`, without the copying and
     /// paging of [`State::list`] (the authorizer reads bindings on every non-admin request).
-    pub fn objects<'a>(
+    pub(crate) fn objects<'a>(
         &'a self,
         gr: &GroupResource,
         ns: Option<&str>,
@@ -311,12 +317,17 @@ impl State {
     }
 
     /// Get for the GET verb.
-    pub fn read(&self, info: &ResourceInfo, ns: &str, name: &str) -> Result<Arc<Value>, ApiError> {
+    pub(crate) fn read(
+        &self,
+        info: &ResourceInfo,
+        ns: &str,
+        name: &str,
+    ) -> Result<Arc<Value>, ApiError> {
         self.require(info, ns, name)
     }
 
     /// List with selectors and pagination.
-    pub fn list(
+    pub(crate) fn list(
         &mut self,
         info: &ResourceInfo,
         ns: Option<&str>,
@@ -410,7 +421,7 @@ impl State {
     }
 
     /// Subscribe a watch atomically with its starting state.
-    pub fn watch(
+    pub(crate) fn watch(
         &self,
         info: &ResourceInfo,
         ns: Option<&str>,
@@ -755,7 +766,7 @@ impl State {
     }
 
     /// Replace an object (PUT), on the main resource or a subresource.
-    pub fn update(
+    pub(crate) fn update(
         &mut self,
         info: &ResourceInfo,
         ns: &str,
@@ -789,7 +800,7 @@ impl State {
 
     /// Patch an object (PATCH), including server-side apply and create-on-apply.
     #[allow(clippy::too_many_arguments)]
-    pub fn patch(
+    pub(crate) fn patch(
         &mut self,
         info: &ResourceInfo,
         ns: &str,
@@ -943,13 +954,18 @@ impl State {
     }
 
     /// Read the scale subresource.
-    pub fn get_scale(&self, info: &ResourceInfo, ns: &str, name: &str) -> Result<Value, ApiError> {
+    pub(crate) fn get_scale(
+        &self,
+        info: &ResourceInfo,
+        ns: &str,
+        name: &str,
+    ) -> Result<Value, ApiError> {
         let obj = self.require(info, ns, name)?;
         scale_of(info, &obj)
     }
 
     /// Write the scale subresource from a Scale object.
-    pub fn set_scale(
+    pub(crate) fn set_scale(
         &mut self,
         info: &ResourceInfo,
         ns: &str,
@@ -1195,7 +1211,7 @@ impl State {
     }
 
     /// Delete one object (DELETE).
-    pub fn delete(
+    pub(crate) fn delete(
         &mut self,
         info: &ResourceInfo,
         ns: &str,
@@ -1318,7 +1334,7 @@ impl State {
     }
 
     /// Delete every object of a collection that matches the selectors (DELETE on a collection).
-    pub fn delete_collection(
+    pub(crate) fn delete_collection(
         &mut self,
         info: &ResourceInfo,
         ns: Option<&str>,
@@ -1737,10 +1753,7 @@ mod tests {
     }
 
     fn opts() -> WriteOptions {
-        WriteOptions {
-            manager: "test".into(),
-            ..Default::default()
-        }
+        WriteOptions::new("test")
     }
 
     #[test]
