@@ -113,12 +113,6 @@ impl ResourceInfo {
         }
     }
 
-    fn review(group: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
-        let mut info = Self::builtin(group, "v1", plural, kind, namespaced);
-        info.create_only = true;
-        info
-    }
-
     fn short(mut self, names: &[&str]) -> Self {
         self.short_names = names.iter().map(|s| s.to_string()).collect();
         self
@@ -192,6 +186,55 @@ impl ResourceInfo {
     }
 }
 
+/// [`BUILTIN`] flags: a status subresource.
+const STATUS: u8 = 1;
+/// A scale subresource at `spec.replicas` / `status.replicas` / `status.selector`.
+const SCALE: u8 = 1 << 1;
+/// Writes maintain `metadata.generation`.
+const GENERATION: u8 = 1 << 2;
+/// In the `all` category.
+const IN_ALL: u8 = 1 << 3;
+/// A virtual kind that only answers `create` (the review APIs).
+const CREATE_ONLY: u8 = 1 << 4;
+
+/// One row of [`BUILTIN`]: group, plural, kind, namespaced, kubectl short names, flags.
+type Builtin = (&'static str, &'static str, &'static str, bool, &'static [&'static str], u8);
+
+/// The built-in kinds devcluster serves from the start, all at `v1`.
+#[rustfmt::skip]
+const BUILTIN: &[Builtin] = &[
+    ("", "namespaces", "Namespace", false, &["ns"], STATUS),
+    ("", "configmaps", "ConfigMap", true, &["cm"], 0),
+    ("", "secrets", "Secret", true, &[], 0),
+    ("", "serviceaccounts", "ServiceAccount", true, &["sa"], 0),
+    ("", "pods", "Pod", true, &["po"], STATUS | GENERATION | IN_ALL),
+    ("", "services", "Service", true, &["svc"], STATUS | IN_ALL),
+    ("", "events", "Event", true, &["ev"], 0),
+    ("events.k8s.io", "events", "Event", true, &["ev"], 0),
+    ("apps", "deployments", "Deployment", true, &["deploy"], STATUS | SCALE | GENERATION | IN_ALL),
+    ("apps", "replicasets", "ReplicaSet", true, &["rs"], STATUS | SCALE | GENERATION | IN_ALL),
+    ("apps", "statefulsets", "StatefulSet", true, &["sts"], STATUS | SCALE | GENERATION | IN_ALL),
+    ("apps", "daemonsets", "DaemonSet", true, &["ds"], STATUS | GENERATION | IN_ALL),
+    ("coordination.k8s.io", "leases", "Lease", true, &[], 0),
+    ("", "resourcequotas", "ResourceQuota", true, &["quota"], STATUS),
+    ("batch", "jobs", "Job", true, &[], STATUS | GENERATION | IN_ALL),
+    ("batch", "cronjobs", "CronJob", true, &["cj"], STATUS | GENERATION | IN_ALL),
+    ("networking.k8s.io", "ingresses", "Ingress", true, &["ing"], STATUS | GENERATION),
+    ("scheduling.k8s.io", "priorityclasses", "PriorityClass", false, &["pc"], 0),
+    ("policy", "poddisruptionbudgets", "PodDisruptionBudget", true, &["pdb"], STATUS | GENERATION),
+    ("networking.k8s.io", "networkpolicies", "NetworkPolicy", true, &["netpol"], GENERATION),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], STATUS | GENERATION),
+    ("rbac.authorization.k8s.io", "roles", "Role", true, &[], 0),
+    ("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", true, &[], 0),
+    ("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", false, &[], 0),
+    ("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", false, &[], 0),
+    ("authentication.k8s.io", "tokenreviews", "TokenReview", false, &[], CREATE_ONLY),
+    ("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", false, &[], CREATE_ONLY),
+    ("authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", false, &[], CREATE_ONLY),
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false, &[], CREATE_ONLY),
+    ("authorization.k8s.io", "localsubjectaccessreviews", "LocalSubjectAccessReview", true, &[], CREATE_ONLY),
+];
+
 /// All served resources, looked up by URL parts or by storage key.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
@@ -199,159 +242,26 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The built-in kinds devcluster serves from the start.
+    /// The built-in kinds devcluster serves from the start ([`BUILTIN`]).
     pub fn builtin() -> Self {
         let mut r = Registry::default();
-        let core = [
-            ResourceInfo::builtin("", "v1", "namespaces", "Namespace", false)
-                .short(&["ns"])
-                .with_status(),
-            ResourceInfo::builtin("", "v1", "configmaps", "ConfigMap", true).short(&["cm"]),
-            ResourceInfo::builtin("", "v1", "secrets", "Secret", true),
-            ResourceInfo::builtin("", "v1", "serviceaccounts", "ServiceAccount", true)
-                .short(&["sa"]),
-            ResourceInfo::builtin("", "v1", "pods", "Pod", true)
-                .short(&["po"])
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("", "v1", "services", "Service", true)
-                .short(&["svc"])
-                .with_status()
-                .in_all(),
-            ResourceInfo::builtin("", "v1", "events", "Event", true).short(&["ev"]),
-            ResourceInfo::builtin("events.k8s.io", "v1", "events", "Event", true).short(&["ev"]),
-            ResourceInfo::builtin("apps", "v1", "deployments", "Deployment", true)
-                .short(&["deploy"])
-                .with_status()
-                .with_scale()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("apps", "v1", "replicasets", "ReplicaSet", true)
-                .short(&["rs"])
-                .with_status()
-                .with_scale()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("apps", "v1", "statefulsets", "StatefulSet", true)
-                .short(&["sts"])
-                .with_status()
-                .with_scale()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("apps", "v1", "daemonsets", "DaemonSet", true)
-                .short(&["ds"])
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("coordination.k8s.io", "v1", "leases", "Lease", true),
-            ResourceInfo::builtin("", "v1", "resourcequotas", "ResourceQuota", true)
-                .short(&["quota"])
-                .with_status(),
-            ResourceInfo::builtin("batch", "v1", "jobs", "Job", true)
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("batch", "v1", "cronjobs", "CronJob", true)
-                .short(&["cj"])
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("networking.k8s.io", "v1", "ingresses", "Ingress", true)
-                .short(&["ing"])
-                .with_status()
-                .with_generation(),
-            ResourceInfo::builtin(
-                "scheduling.k8s.io",
-                "v1",
-                "priorityclasses",
-                "PriorityClass",
-                false,
-            )
-            .short(&["pc"]),
-            ResourceInfo::builtin(
-                "policy",
-                "v1",
-                "poddisruptionbudgets",
-                "PodDisruptionBudget",
-                true,
-            )
-            .short(&["pdb"])
-            .with_status()
-            .with_generation(),
-            ResourceInfo::builtin(
-                "networking.k8s.io",
-                "v1",
-                "networkpolicies",
-                "NetworkPolicy",
-                true,
-            )
-            .short(&["netpol"])
-            .with_generation(),
-            ResourceInfo::builtin(
-                "apiextensions.k8s.io",
-                "v1",
-                "customresourcedefinitions",
-                "CustomResourceDefinition",
-                false,
-            )
-            .short(&["crd", "crds"])
-            .with_status()
-            .with_generation(),
-            ResourceInfo::builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", true),
-            ResourceInfo::builtin(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "rolebindings",
-                "RoleBinding",
-                true,
-            ),
-            ResourceInfo::builtin(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterroles",
-                "ClusterRole",
-                false,
-            ),
-            ResourceInfo::builtin(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterrolebindings",
-                "ClusterRoleBinding",
-                false,
-            ),
-            ResourceInfo::review(
-                "authentication.k8s.io",
-                "tokenreviews",
-                "TokenReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authentication.k8s.io",
-                "selfsubjectreviews",
-                "SelfSubjectReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authorization.k8s.io",
-                "subjectaccessreviews",
-                "SubjectAccessReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authorization.k8s.io",
-                "selfsubjectaccessreviews",
-                "SelfSubjectAccessReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authorization.k8s.io",
-                "localsubjectaccessreviews",
-                "LocalSubjectAccessReview",
-                true,
-            ),
-        ];
-        for info in core {
+        for &(group, plural, kind, namespaced, short, flags) in BUILTIN {
+            let mut info =
+                ResourceInfo::builtin(group, "v1", plural, kind, namespaced).short(short);
+            let has = |flag: u8| flags & flag != 0;
+            if has(STATUS) {
+                info = info.with_status();
+            }
+            if has(SCALE) {
+                info = info.with_scale();
+            }
+            if has(GENERATION) {
+                info = info.with_generation();
+            }
+            if has(IN_ALL) {
+                info = info.in_all();
+            }
+            info.create_only = has(CREATE_ONLY);
             r.insert(info);
         }
         r
@@ -476,16 +386,6 @@ pub(crate) fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
             "metadata.name must be spec.names.plural+\".\"+spec.group: {plural}.{group}"
         ));
     }
-    let strings = |v: Option<&Value>| -> Vec<String> {
-        v.and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let versions = spec
         .get("versions")
         .and_then(Value::as_array)
@@ -493,50 +393,75 @@ pub(crate) fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
     if versions.is_empty() {
         return Err("spec.versions must have at least one version".into());
     }
+    let template = ResourceInfo {
+        group: group.into(),
+        version: String::new(),
+        plural: plural.into(),
+        singular,
+        kind: kind.into(),
+        namespaced,
+        short_names: strings(names.get("shortNames")),
+        categories: strings(names.get("categories")),
+        status: false,
+        scale: None,
+        builtin: false,
+        generation: true,
+        unconditional_update: false,
+        schema: None,
+        printer_columns: Vec::new(),
+        crd: Some(crd_name.to_string()),
+        create_only: false,
+    };
     let mut out = Vec::new();
     for v in versions {
         let name = v
             .get("name")
             .and_then(Value::as_str)
             .ok_or("spec.versions[].name is required")?;
-        if !v.get("served").and_then(Value::as_bool).unwrap_or(false) {
-            continue;
+        if v.get("served").and_then(Value::as_bool).unwrap_or(false) {
+            out.push(served_version(&template, name, v));
         }
-        let subresources = v.get("subresources");
-        let scale = subresources
-            .and_then(|s| s.get("scale"))
-            .map(|s| ScalePaths {
-                spec_replicas: trim_path(s.get("specReplicasPath"))
-                    .unwrap_or_else(|| "spec.replicas".into()),
-                status_replicas: trim_path(s.get("statusReplicasPath"))
-                    .unwrap_or_else(|| "status.replicas".into()),
-                label_selector: trim_path(s.get("labelSelectorPath")),
-            });
-        out.push(ResourceInfo {
-            group: group.into(),
-            version: name.into(),
-            plural: plural.into(),
-            singular: singular.clone(),
-            kind: kind.into(),
-            namespaced,
-            short_names: strings(names.get("shortNames")),
-            categories: strings(names.get("categories")),
-            status: subresources.and_then(|s| s.get("status")).is_some(),
-            scale,
-            builtin: false,
-            generation: true,
-            unconditional_update: false,
-            schema: v.pointer("/schema/openAPIV3Schema").cloned(),
-            printer_columns: v
-                .get("additionalPrinterColumns")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default(),
-            crd: Some(crd_name.to_string()),
-            create_only: false,
-        });
     }
     Ok(out)
+}
+
+/// One served version of a CRD: the CRD's names with this version's subresources, schema and
+/// printer columns.
+fn served_version(template: &ResourceInfo, name: &str, v: &Value) -> ResourceInfo {
+    let subresources = v.get("subresources");
+    let scale = subresources
+        .and_then(|s| s.get("scale"))
+        .map(|s| ScalePaths {
+            spec_replicas: trim_path(s.get("specReplicasPath"))
+                .unwrap_or_else(|| "spec.replicas".into()),
+            status_replicas: trim_path(s.get("statusReplicasPath"))
+                .unwrap_or_else(|| "status.replicas".into()),
+            label_selector: trim_path(s.get("labelSelectorPath")),
+        });
+    ResourceInfo {
+        version: name.into(),
+        status: subresources.and_then(|s| s.get("status")).is_some(),
+        scale,
+        schema: v.pointer("/schema/openAPIV3Schema").cloned(),
+        printer_columns: v
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        ..template.clone()
+    }
+}
+
+/// A JSON array's strings (none when absent).
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn trim_path(v: Option<&Value>) -> Option<String> {

@@ -408,99 +408,124 @@ fn validate_node(x: &Value, s: &Value, path: &str, root: bool, out: &mut Vec<Cau
         }
     }
 
-    let count = |k: &str| s.get(k).and_then(Value::as_u64);
     match x {
         Value::Number(n) => validate_number(n, x, s, path, out),
-        Value::String(st) => {
-            let len = st.chars().count() as u64;
-            if let Some(min) = count("minLength")
-                && len < min
-            {
-                invalid(
-                    out,
-                    path,
-                    x,
-                    &format!("should be at least {min} chars long"),
-                );
-            }
-            if let Some(max) = count("maxLength")
-                && len > max
-            {
-                invalid(out, path, x, &format!("may not be longer than {max}"));
-            }
-        }
-        Value::Array(items) => {
-            let len = items.len() as u64;
-            if let Some(min) = count("minItems")
-                && len < min
-            {
-                invalid(out, path, x, &format!("should have at least {min} items"));
-            }
-            if let Some(max) = count("maxItems")
-                && len > max
-            {
-                invalid(out, path, x, &format!("should have at most {max} items"));
-            }
-            if flag(s, "uniqueItems")
-                && items
-                    .iter()
-                    .enumerate()
-                    .any(|(i, a)| items[i + 1..].iter().any(|b| json_eq(a, b)))
-            {
-                invalid(out, path, x, "shouldn't contain duplicates");
-            }
-            if let Some(is) = s.get("items") {
-                for (i, v) in items.iter().enumerate() {
-                    validate_node(v, is, &format!("{path}[{i}]"), false, out);
-                }
-            }
-        }
-        Value::Object(m) => {
-            let len = m.len() as u64;
-            if let Some(min) = count("minProperties")
-                && len < min
-            {
-                invalid(
-                    out,
-                    path,
-                    x,
-                    &format!("should have at least {min} properties"),
-                );
-            }
-            if let Some(max) = count("maxProperties")
-                && len > max
-            {
-                invalid(
-                    out,
-                    path,
-                    x,
-                    &format!("should have at most {max} properties"),
-                );
-            }
-            if let Some(req) = s.get("required").and_then(Value::as_array) {
-                for k in req.iter().filter_map(Value::as_str) {
-                    if root && is_meta_field(k) {
-                        continue;
-                    }
-                    if !m.contains_key(k) {
-                        out.push(Cause {
-                            reason: "FieldValueRequired",
-                            field: child_path(path, k),
-                            message: "Required value".to_owned(),
-                        });
-                    }
-                }
-            }
-            for (k, v) in m {
-                if root && is_meta_field(k) {
-                    continue;
-                }
-                if let Some(fs) = field_schema(s, k) {
-                    validate_node(v, fs, &child_path(path, k), false, out);
-                }
-            }
-        }
+        Value::String(st) => validate_string(st, x, s, path, out),
+        Value::Array(items) => validate_array(items, x, s, path, out),
+        Value::Object(m) => validate_object(m, x, s, path, root, out),
         Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// `minLength` and `maxLength`, in characters.
+fn validate_string(st: &str, x: &Value, s: &Map<String, Value>, path: &str, out: &mut Vec<Cause>) {
+    let count = |k: &str| s.get(k).and_then(Value::as_u64);
+    let len = st.chars().count() as u64;
+    if let Some(min) = count("minLength")
+        && len < min
+    {
+        invalid(
+            out,
+            path,
+            x,
+            &format!("should be at least {min} chars long"),
+        );
+    }
+    if let Some(max) = count("maxLength")
+        && len > max
+    {
+        invalid(out, path, x, &format!("may not be longer than {max}"));
+    }
+}
+
+/// `minItems`, `maxItems`, `uniqueItems`, then each item against `items`.
+fn validate_array(
+    items: &[Value],
+    x: &Value,
+    s: &Map<String, Value>,
+    path: &str,
+    out: &mut Vec<Cause>,
+) {
+    let count = |k: &str| s.get(k).and_then(Value::as_u64);
+    let len = items.len() as u64;
+    if let Some(min) = count("minItems")
+        && len < min
+    {
+        invalid(out, path, x, &format!("should have at least {min} items"));
+    }
+    if let Some(max) = count("maxItems")
+        && len > max
+    {
+        invalid(out, path, x, &format!("should have at most {max} items"));
+    }
+    if flag(s, "uniqueItems")
+        && items
+            .iter()
+            .enumerate()
+            .any(|(i, a)| items[i + 1..].iter().any(|b| json_eq(a, b)))
+    {
+        invalid(out, path, x, "shouldn't contain duplicates");
+    }
+    if let Some(is) = s.get("items") {
+        for (i, v) in items.iter().enumerate() {
+            validate_node(v, is, &format!("{path}[{i}]"), false, out);
+        }
+    }
+}
+
+/// `minProperties`, `maxProperties`, `required`, then each field against its schema (the root's
+/// `apiVersion`, `kind` and `metadata` skipped).
+fn validate_object(
+    m: &Map<String, Value>,
+    x: &Value,
+    s: &Map<String, Value>,
+    path: &str,
+    root: bool,
+    out: &mut Vec<Cause>,
+) {
+    let count = |k: &str| s.get(k).and_then(Value::as_u64);
+    let len = m.len() as u64;
+    if let Some(min) = count("minProperties")
+        && len < min
+    {
+        invalid(
+            out,
+            path,
+            x,
+            &format!("should have at least {min} properties"),
+        );
+    }
+    if let Some(max) = count("maxProperties")
+        && len > max
+    {
+        invalid(
+            out,
+            path,
+            x,
+            &format!("should have at most {max} properties"),
+        );
+    }
+    if let Some(req) = s.get("required").and_then(Value::as_array) {
+        for k in req.iter().filter_map(Value::as_str) {
+            if root && is_meta_field(k) {
+                continue;
+            }
+            if !m.contains_key(k) {
+                out.push(Cause {
+                    reason: "FieldValueRequired",
+                    field: child_path(path, k),
+                    message: "Required value".to_owned(),
+                });
+            }
+        }
+    }
+    for (k, v) in m {
+        if root && is_meta_field(k) {
+            continue;
+        }
+        if let Some(fs) = field_schema(s, k) {
+            validate_node(v, fs, &child_path(path, k), false, out);
+        }
     }
 }
 
