@@ -6,7 +6,6 @@ use crate::auth::authn::{Authenticator, Identity, MintError};
 use crate::auth::rbac::{self, Attributes, ResourceAttributes};
 use crate::auth::token::{DEFAULT_TTL, MIN_TTL};
 use crate::catalog::resources::ResourceInfo;
-use crate::protobuf::{self, ProtobufError};
 use crate::status::ApiError;
 use crate::storage::store::Store;
 use serde_json::{Value, json};
@@ -66,21 +65,6 @@ impl ReviewApi {
     }
 }
 
-/// The request body as JSON, decoding kubectl's protobuf where needed.
-fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
-    if protobuf::is_protobuf(content_type) {
-        return protobuf::decode(body).map_err(|e| match e {
-            ProtobufError::Malformed => ApiError::bad_request(e.to_string()),
-            ProtobufError::Unsupported(_) => ApiError {
-                message: e.to_string(),
-                ..ApiError::unsupported_media_type(content_type)
-            },
-        });
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
-}
-
 fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
         .map(|a| {
@@ -104,10 +88,8 @@ pub(crate) fn handle(
     store: &Store,
     review: &ReviewApi,
     requester: &Identity,
-    content_type: &str,
-    body: &[u8],
+    request: Value,
 ) -> Result<Value, ApiError> {
-    let request = parse_body(content_type, body)?;
     match review {
         ReviewApi::TokenRequest { namespace, name } => {
             token_request(auth, store, namespace, name, &request)

@@ -1,15 +1,34 @@
-//! HTTP: serving, routing and TLS — the Kubernetes REST paths, discovery, `/version`, the
-//! OpenAPI endpoints, watch streams, and the `/_devcluster/` fault-injection endpoints.
+//! HTTP: serving, routing and TLS — the Kubernetes REST paths, discovery and OpenAPI, watch
+//! streams, and the `/_devcluster/` fault-injection endpoints.
 //!
 //! Owns:
-//! - `api`: the router and the request path;
+//! - `serve`: the accept loop, TLS handshakes, HTTP/1.1 and HTTP/2, graceful shutdown;
+//! - `tls`: the generated CA and serving certificate, and kubeconfigs;
+//! - `router`: the axum router and the state its handlers share ([`App`]);
+//! - `admin`: the `/_devcluster/` endpoints;
+//! - `request`: the request path as named steps — authenticate, authorize, resolve, decode,
+//!   inject faults, then a handler;
+//! - `target`: a path resolved to a resource, namespace, name and subresource, and its verb;
+//! - `decode`: bodies (protobuf, JSON, YAML) and query parameters into store options;
+//! - `discovery`: `/version`, health, discovery and OpenAPI documents;
+//! - `verbs`: a handler per verb, and the review APIs;
 //! - `watch`: watch streams (events, bookmarks, in-stream errors);
-//! - `tls`: the generated CA and serving certificate, and kubeconfigs.
+//! - `reply`: JSON responses and `Warning` headers.
 //!
 //! May call every room below it (`auth`, `storage`, `admission`, `apply`, `catalog`) and the
 //! modules `faults`, `render`, `protobuf`, `listoptions`, `selector`, `status` and `meta`;
-//! nothing calls into it but the crate root's [`crate::DevCluster`].
+//! only the crate root's [`crate::DevCluster`] calls into it.
 
-pub(crate) mod api;
+mod admin;
+mod decode;
+mod discovery;
+mod reply;
+mod request;
+mod router;
+pub(crate) mod serve;
+mod target;
 pub(crate) mod tls;
-pub(crate) mod watch;
+mod verbs;
+mod watch;
+
+pub(crate) use router::{App, router};
