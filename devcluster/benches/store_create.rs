@@ -10,7 +10,7 @@
 //! Output: per kind, the median over rounds of CPU nanoseconds per create, then one line
 //! `BENCH_JSON {...}`.
 
-use devcluster::storage::store::{Store, WriteOptions};
+use devcluster::storage::{Store, WriteOptions};
 use serde_json::{Value, json};
 
 /// Objects created per round, and rounds per kind (the median round is reported).

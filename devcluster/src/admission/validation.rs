@@ -928,6 +928,32 @@ fn lease(obj: &Value, errs: &mut Errors) {
     }
 }
 
+/// The name rules of custom resources (built-in kinds are checked per kind by [`validate`]):
+/// path-segment safe, and a DNS-1123 subdomain (a label for `namespaces`) except in the RBAC group.
+pub(crate) fn custom_resource_name(info: &ResourceInfo, name: &str) -> Result<(), ApiError> {
+    let rbac = info.group == "rbac.authorization.k8s.io";
+    let problem = if name == "." || name == ".." || name.contains('/') || name.contains('%') {
+        Some("may not be '.' or '..' and may not contain '/' or '%'")
+    } else if rbac {
+        None
+    } else if info.plural == "namespaces" {
+        (!is_dns1123_label(name)).then_some("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+    } else {
+        (!is_dns1123_subdomain(name)).then_some("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+    };
+    match problem {
+        None => Ok(()),
+        Some(why) => Err(ApiError::invalid_field(
+            &info.kind,
+            &info.group,
+            name,
+            "metadata.name",
+            "FieldValueInvalid",
+            &format!("Invalid value: \"{name}\": {why}"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

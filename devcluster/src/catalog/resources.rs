@@ -198,7 +198,14 @@ const IN_ALL: u8 = 1 << 3;
 const CREATE_ONLY: u8 = 1 << 4;
 
 /// One row of [`BUILTIN`]: group, plural, kind, namespaced, kubectl short names, flags.
-type Builtin = (&'static str, &'static str, &'static str, bool, &'static [&'static str], u8);
+type Builtin = (
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    &'static [&'static str],
+    u8,
+);
 
 /// The built-in kinds devcluster serves from the start, all at `v1`.
 #[rustfmt::skip]

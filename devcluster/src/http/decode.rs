@@ -8,7 +8,7 @@ use crate::catalog::resources::ResourceInfo;
 use crate::protobuf::{self, ProtobufError};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::storage::store::{DeleteOptions, PatchType, Propagation, WriteOptions};
+use crate::storage::{DeleteOptions, PatchType, Propagation, WriteOptions};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};

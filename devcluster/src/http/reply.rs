@@ -1,6 +1,6 @@
 //! Response helpers shared by the handlers: JSON bodies and the `Warning` headers of writes.
 
-use crate::storage::store::WriteOptions;
+use crate::storage::WriteOptions;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
