@@ -8,7 +8,7 @@ use crate::status::ApiError;
 use serde_json::{Value, json};
 
 /// Fills in what kube-apiserver defaults on a new object of `info`'s kind.
-pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value, now: &str) -> Result<(), ApiError> {
     match (info.group.as_str(), info.plural.as_str()) {
         ("", "namespaces") => {
             meta::set_path(obj, "spec.finalizers", json!(["kubernetes"]));
@@ -39,7 +39,6 @@ pub(crate) fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiE
                 )
             })?;
             let _ = infos;
-            let now = meta::now();
             let names = obj
                 .pointer("/spec/names")
                 .cloned()

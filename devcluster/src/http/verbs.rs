@@ -16,7 +16,7 @@ use crate::render::{self, Format};
 use crate::selector::FieldSelector;
 use crate::status::{ApiError, success_status};
 use crate::storage::store::WatchStart;
-use crate::storage::{Deleted, PatchType, WriteOptions};
+use crate::storage::{Delete, Deleted, PatchType, Write, WriteOptions};
 use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -141,8 +141,8 @@ fn list(call: &Call) -> Result<Response, ApiError> {
 fn create(call: &Call) -> Result<Response, ApiError> {
     let info = &call.target.info;
     let obj = parse_json(&call.body)?;
-    let created =
-        (call.app.store.lock()).create(info, call.target.namespace.as_deref(), obj, &call.wopts)?;
+    let write = Write::create(info, call.target.ns(), &call.wopts);
+    let created = call.app.store.lock().create(&write, obj)?;
     Ok(json_response(
         StatusCode::CREATED,
         &render::object(info, Format::Json, &created),
@@ -155,20 +155,15 @@ fn update(call: &Call, name: &str, sub: Option<&str>) -> Result<Response, ApiErr
         return Err(ApiError::no_route(&call.req.path));
     }
     let obj = parse_json(&call.body)?;
-    let updated =
-        (call.app.store.lock()).update(info, call.target.ns(), name, obj, sub, &call.wopts)?;
+    let write = Write::to(info, call.target.ns(), name, sub, &call.wopts);
+    let updated = call.app.store.lock().update(&write, obj)?;
     Ok(ok(&render::object(info, Format::Json, &updated)))
 }
 
 fn update_scale(call: &Call, name: &str) -> Result<Response, ApiError> {
     let scale = parse_json(&call.body)?;
-    Ok(ok(&call.app.store.lock().set_scale(
-        &call.target.info,
-        call.target.ns(),
-        name,
-        &scale,
-        &call.wopts,
-    )?))
+    let write = Write::to(&call.target.info, call.target.ns(), name, None, &call.wopts);
+    Ok(ok(&call.app.store.lock().set_scale(&write, &scale)?))
 }
 
 fn patch(call: &Call, name: &str, sub: Option<&str>) -> Result<Response, ApiError> {
@@ -185,7 +180,7 @@ fn patch(call: &Call, name: &str, sub: Option<&str>) -> Result<Response, ApiErro
     let mut st = call.app.store.lock();
     // Apply to a missing object creates it: 201 instead of 200.
     let existed = st.get(&info.group_resource(), ns, name).is_some();
-    let patched = st.patch(info, ns, name, kind, &patch, sub, &call.wopts)?;
+    let patched = st.patch(&Write::to(info, ns, name, sub, &call.wopts), kind, &patch)?;
     drop(st);
     let code = if existed {
         StatusCode::OK
@@ -213,13 +208,19 @@ fn patch_scale(call: &Call, name: &str) -> Result<Response, ApiError> {
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
         PatchType::Apply => return Err(ApiError::unsupported_media_type(content_type)),
     }
-    Ok(ok(&st.set_scale(info, ns, name, &scale, &call.wopts)?))
+    let write = Write::to(info, ns, name, None, &call.wopts);
+    Ok(ok(&st.set_scale(&write, &scale)?))
 }
 
 fn delete(call: &Call, name: &str) -> Result<Response, ApiError> {
     let info = &call.target.info;
     let opts = delete_options(&call.req.query, &call.body)?;
-    let outcome = (call.app.store.lock()).delete(info, call.target.ns(), name, &opts)?;
+    let outcome = call.app.store.lock().delete(&Delete {
+        info,
+        namespace: call.target.ns(),
+        name,
+        options: &opts,
+    })?;
     Ok(match outcome {
         Deleted::Pending(obj) => ok(&render::object(info, Format::Json, &obj)),
         // Custom resources answer with the object, built-in kinds with a Status.

@@ -44,6 +44,18 @@ pub(crate) enum Deleted {
     Pending(Arc<Value>),
 }
 
+/// One delete of one object: which, and how.
+pub(crate) struct Delete<'a> {
+    /// The resource version the request addressed.
+    pub(crate) info: &'a ResourceInfo,
+    /// The object's namespace (empty for cluster-scoped resources).
+    pub(crate) namespace: &'a str,
+    /// The object's name.
+    pub(crate) name: &'a str,
+    /// Preconditions, propagation and dry run.
+    pub(crate) options: &'a DeleteOptions,
+}
+
 impl State {
     /// Remove an object for good and run the cascade it triggers.
     pub(super) fn remove(
@@ -71,7 +83,7 @@ impl State {
         if is_ns {
             // Nothing else to do: content was removed before the namespace could go.
         }
-        self.run(tasks);
+        self.collect_garbage(tasks);
         gone
     }
 
@@ -97,13 +109,8 @@ impl State {
     }
 
     /// Delete one object (DELETE).
-    pub(crate) fn delete(
-        &mut self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        opts: &DeleteOptions,
-    ) -> Result<Deleted, ApiError> {
+    pub(crate) fn delete(&mut self, d: &Delete) -> Result<Deleted, ApiError> {
+        let (info, ns, name, opts) = (d.info, d.namespace, d.name, d.options);
         let old = self.require(info, ns, name)?;
         if let Some(uid) = &opts.uid
             && uid != meta::uid(&old)
@@ -167,7 +174,11 @@ impl State {
         }
         let mut new = (*old).clone();
         if !meta::is_deleting(&old) {
-            meta::set(&mut new, "deletionTimestamp", Some(json!(meta::now())));
+            meta::set(
+                &mut new,
+                "deletionTimestamp",
+                Some(json!(self.clock.timestamp())),
+            );
             meta::set(&mut new, "deletionGracePeriodSeconds", Some(json!(0)));
             if new.pointer("/metadata/generation").is_some() {
                 let g = new
@@ -191,7 +202,7 @@ impl State {
         if is_ns {
             tasks.push(Task::Namespace(meta::name(&pending).to_string()));
         }
-        self.run(tasks);
+        self.collect_garbage(tasks);
         // The cascade may already have removed it.
         match self.get(gr, meta::namespace(&pending), meta::name(&pending)) {
             Some(now) => Deleted::Pending(now),

@@ -12,13 +12,21 @@ use std::sync::Arc;
 /// Work left over by a write: garbage collection and namespace termination run to completion
 /// inside the same lock so clients observe a consistent cascade.
 pub(super) enum Task {
+    /// The object with this uid is gone: its dependents lose the owner reference, or are
+    /// deleted when it was their last live owner.
     OwnerGone(String),
+    /// The owner with this uid may be waiting in foreground deletion: delete its dependents, and
+    /// drop its `foregroundDeletion` finalizer once they are gone.
     Foreground(String),
+    /// This namespace may be terminating: delete its content, and remove it once it is empty
+    /// and has no finalizers.
     Namespace(String),
 }
 
 impl State {
-    pub(super) fn run(&mut self, mut tasks: Vec<Task>) {
+    /// Runs the cascade a write left (the garbage collector and namespace controller of a real
+    /// cluster, synchronously).
+    pub(super) fn collect_garbage(&mut self, mut tasks: Vec<Task>) {
         // Bounded by the number of objects: each step removes or finalizes at least one.
         let mut budget = 1_000_000usize;
         while let Some(task) = tasks.pop() {
@@ -28,133 +36,140 @@ impl State {
                 return;
             }
             match task {
-                Task::OwnerGone(uid) => {
-                    let deps: Vec<Location> = self
-                        .by_owner
-                        .get(&uid)
-                        .map(|s| s.iter().cloned().collect())
-                        .unwrap_or_default();
-                    for (gr, ns, name) in deps {
-                        let Some(dep) = self.get(&gr, &ns, &name) else {
-                            continue;
-                        };
-                        let live_owners = meta::owner_uids(&dep)
-                            .into_iter()
-                            .filter(|o| o != &uid && self.by_uid.contains_key(o))
-                            .count();
-                        if live_owners > 0 {
-                            let mut new = (*dep).clone();
-                            if let Some(refs) = new
-                                .pointer_mut("/metadata/ownerReferences")
-                                .and_then(Value::as_array_mut)
-                            {
-                                refs.retain(|r| {
-                                    r.get("uid").and_then(Value::as_str) != Some(uid.as_str())
-                                });
-                            }
-                            self.commit(&gr, EventType::Modified, new, Some(dep));
-                        } else if !meta::is_deleting(&dep) {
-                            self.delete_object(&gr, dep, Propagation::Background);
-                        }
-                    }
+                Task::OwnerGone(uid) => self.owner_gone(&uid),
+                Task::Foreground(owner_uid) => self.finish_foreground(&owner_uid),
+                Task::Namespace(ns) => self.terminate_namespace(&ns),
+            }
+        }
+    }
+
+    /// [`Task::OwnerGone`].
+    fn owner_gone(&mut self, uid: &str) {
+        let deps: Vec<Location> = self
+            .by_owner
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for (gr, ns, name) in deps {
+            let Some(dep) = self.get(&gr, &ns, &name) else {
+                continue;
+            };
+            let live_owners = meta::owner_uids(&dep)
+                .into_iter()
+                .filter(|o| o != uid && self.by_uid.contains_key(o))
+                .count();
+            if live_owners > 0 {
+                let mut new = (*dep).clone();
+                if let Some(refs) = new
+                    .pointer_mut("/metadata/ownerReferences")
+                    .and_then(Value::as_array_mut)
+                {
+                    refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
                 }
-                Task::Foreground(owner_uid) => {
-                    let Some((gr, ns, name)) = self.by_uid.get(&owner_uid).cloned() else {
-                        continue;
-                    };
-                    let Some(owner) = self.get(&gr, &ns, &name) else {
-                        continue;
-                    };
-                    if !meta::is_deleting(&owner)
-                        || !meta::finalizers(&owner)
-                            .iter()
-                            .any(|f| f == "foregroundDeletion")
-                    {
-                        continue;
-                    }
-                    let deps: Vec<Location> = self
-                        .by_owner
-                        .get(&owner_uid)
-                        .map(|s| s.iter().cloned().collect())
-                        .unwrap_or_default();
-                    let mut remaining = 0;
-                    for (dgr, dns, dname) in deps {
-                        let Some(dep) = self.get(&dgr, &dns, &dname) else {
-                            continue;
-                        };
-                        remaining += 1;
-                        if !meta::is_deleting(&dep) {
-                            self.delete_object(&dgr, dep, Propagation::Foreground);
-                        }
-                    }
-                    let still: usize = self
-                        .by_owner
-                        .get(&owner_uid)
-                        .map(|s| {
-                            s.iter()
-                                .filter(|(g, n, m)| self.get(g, n, m).is_some())
-                                .count()
-                        })
-                        .unwrap_or(0);
-                    if remaining == 0 || still == 0 {
-                        let Some(owner) = self.get(&gr, &ns, &name) else {
-                            continue;
-                        };
-                        let mut new = (*owner).clone();
-                        let rest: Vec<String> = meta::finalizers(&owner)
-                            .into_iter()
-                            .filter(|f| f != "foregroundDeletion")
-                            .collect();
-                        if rest.is_empty() {
-                            self.remove(&gr, new, owner);
-                        } else {
-                            meta::set(&mut new, "finalizers", Some(json!(rest)));
-                            self.commit(&gr, EventType::Modified, new, Some(owner));
-                        }
-                    }
+                self.commit(&gr, EventType::Modified, new, Some(dep));
+            } else if !meta::is_deleting(&dep) {
+                self.delete_object(&gr, dep, Propagation::Background);
+            }
+        }
+    }
+
+    /// [`Task::Foreground`].
+    fn finish_foreground(&mut self, owner_uid: &str) {
+        let Some((gr, ns, name)) = self.by_uid.get(owner_uid).cloned() else {
+            return;
+        };
+        let Some(owner) = self.get(&gr, &ns, &name) else {
+            return;
+        };
+        if !meta::is_deleting(&owner)
+            || !meta::finalizers(&owner)
+                .iter()
+                .any(|f| f == "foregroundDeletion")
+        {
+            return;
+        }
+        let deps: Vec<Location> = self
+            .by_owner
+            .get(owner_uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        let mut remaining = 0;
+        for (dgr, dns, dname) in deps {
+            let Some(dep) = self.get(&dgr, &dns, &dname) else {
+                continue;
+            };
+            remaining += 1;
+            if !meta::is_deleting(&dep) {
+                self.delete_object(&dgr, dep, Propagation::Foreground);
+            }
+        }
+        let still: usize = self
+            .by_owner
+            .get(owner_uid)
+            .map(|s| {
+                s.iter()
+                    .filter(|(g, n, m)| self.get(g, n, m).is_some())
+                    .count()
+            })
+            .unwrap_or(0);
+        if remaining == 0 || still == 0 {
+            let Some(owner) = self.get(&gr, &ns, &name) else {
+                return;
+            };
+            let mut new = (*owner).clone();
+            let rest: Vec<String> = meta::finalizers(&owner)
+                .into_iter()
+                .filter(|f| f != "foregroundDeletion")
+                .collect();
+            if rest.is_empty() {
+                self.remove(&gr, new, owner);
+            } else {
+                meta::set(&mut new, "finalizers", Some(json!(rest)));
+                self.commit(&gr, EventType::Modified, new, Some(owner));
+            }
+        }
+    }
+
+    /// [`Task::Namespace`].
+    fn terminate_namespace(&mut self, ns: &str) {
+        let ns_gr = GroupResource::new("", "namespaces");
+        let Some(nsobj) = self.get(&ns_gr, "", ns) else {
+            return;
+        };
+        if !meta::is_deleting(&nsobj) {
+            return;
+        }
+        let mut left = 0usize;
+        let grs: Vec<GroupResource> = self.collections.keys().cloned().collect();
+        for gr in grs {
+            let objs: Vec<Arc<Value>> = self
+                .collections
+                .get(&gr)
+                .map(|c| {
+                    c.range((ns.to_string(), String::new())..)
+                        .take_while(|((n, _), _)| n == ns)
+                        .map(|(_, o)| o.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for obj in objs {
+                if !meta::is_deleting(&obj) {
+                    self.delete_object(&gr, obj.clone(), Propagation::Background);
                 }
-                Task::Namespace(ns) => {
-                    let ns_gr = GroupResource::new("", "namespaces");
-                    let Some(nsobj) = self.get(&ns_gr, "", &ns) else {
-                        continue;
-                    };
-                    if !meta::is_deleting(&nsobj) {
-                        continue;
-                    }
-                    let mut left = 0usize;
-                    let grs: Vec<GroupResource> = self.collections.keys().cloned().collect();
-                    for gr in grs {
-                        let objs: Vec<Arc<Value>> = self
-                            .collections
-                            .get(&gr)
-                            .map(|c| {
-                                c.range((ns.clone(), String::new())..)
-                                    .take_while(|((n, _), _)| n == &ns)
-                                    .map(|(_, o)| o.clone())
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        for obj in objs {
-                            if !meta::is_deleting(&obj) {
-                                self.delete_object(&gr, obj.clone(), Propagation::Background);
-                            }
-                            if self.get(&gr, &ns, meta::name(&obj)).is_some() {
-                                left += 1;
-                            }
-                        }
-                    }
-                    if left == 0 && meta::finalizers(&nsobj).is_empty() {
-                        let Some(nsobj) = self.get(&ns_gr, "", &ns) else {
-                            continue;
-                        };
-                        let mut last = (*nsobj).clone();
-                        if let Some(spec) = last.get_mut("spec").and_then(Value::as_object_mut) {
-                            spec.remove("finalizers");
-                        }
-                        self.commit(&ns_gr, EventType::Deleted, last, Some(nsobj));
-                    }
+                if self.get(&gr, ns, meta::name(&obj)).is_some() {
+                    left += 1;
                 }
             }
+        }
+        if left == 0 && meta::finalizers(&nsobj).is_empty() {
+            let Some(nsobj) = self.get(&ns_gr, "", ns) else {
+                return;
+            };
+            let mut last = (*nsobj).clone();
+            if let Some(spec) = last.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove("finalizers");
+            }
+            self.commit(&ns_gr, EventType::Deleted, last, Some(nsobj));
         }
     }
 }

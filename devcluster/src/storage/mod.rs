@@ -15,12 +15,13 @@
 //! server-side apply, managed fields), `catalog` (the registry, which CRD writes change) and the
 //! leaves; never `auth` or `http`, which call it.
 
+mod clock;
 mod delete;
 mod gc;
 pub mod store;
 mod write;
 
-pub(crate) use delete::{DeleteOptions, Deleted, Propagation};
+pub(crate) use delete::{Delete, DeleteOptions, Deleted, Propagation};
 pub use store::{State, Store};
 pub(crate) use write::PatchType;
-pub use write::WriteOptions;
+pub use write::{Write, WriteOptions};

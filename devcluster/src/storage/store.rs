@@ -5,7 +5,8 @@
 //! Everything happens under one mutex so that a resourceVersion totally orders all writes, a
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
-use super::write::WriteOptions;
+use super::clock::Clock;
+use super::write::{Write, WriteOptions};
 use crate::catalog::resources::{GroupResource, Registry, ResourceInfo};
 use crate::meta;
 use crate::selector::{FieldSelector, LabelSelector};
@@ -114,6 +115,8 @@ pub struct State {
     snapshots: HashMap<u64, Snapshot>,
     next_snapshot: u64,
     events: broadcast::Sender<Arc<Change>>,
+    /// Timestamps and continue-token ages; tests set it by hand.
+    pub(super) clock: Clock,
 }
 
 /// The shared store handle.
@@ -142,6 +145,7 @@ impl Store {
             snapshots: HashMap::new(),
             next_snapshot: 1,
             events,
+            clock: Clock::default(),
         };
         let store = Store {
             inner: Arc::new(Mutex::new(state)),
@@ -154,7 +158,7 @@ impl Store {
                     let obj =
                         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
                     let opts = WriteOptions::new("devcluster");
-                    if let Err(e) = st.create(&info, None, obj, &opts) {
+                    if let Err(e) = st.create(&Write::create(&info, "", &opts), obj) {
                         tracing::error!(error = %e, "creating default namespace");
                     }
                 }
@@ -294,7 +298,7 @@ impl State {
                         Snapshot {
                             items: items.clone(),
                             rv,
-                            created: Instant::now(),
+                            created: self.clock.instant(),
                         },
                     );
                     id
@@ -313,8 +317,9 @@ impl State {
     }
 
     fn expire_snapshots(&mut self) {
+        let now = self.clock.instant();
         self.snapshots
-            .retain(|_, s| s.created.elapsed() < SNAPSHOT_TTL);
+            .retain(|_, s| now.duration_since(s.created) < SNAPSHOT_TTL);
         while self.snapshots.len() >= MAX_SNAPSHOTS {
             let oldest = self
                 .snapshots
@@ -458,7 +463,7 @@ fn decode_continue(token: &str) -> Option<(u64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{DeleteOptions, Deleted};
+    use crate::storage::{Delete, DeleteOptions, Deleted};
 
     fn cm_info(st: &State) -> ResourceInfo {
         st.registry
@@ -478,25 +483,23 @@ mod tests {
         let info = cm_info(&st);
         let a = st
             .create(
-                &info,
-                Some("default"),
+                &Write::create(&info, "default", &opts()),
                 json!({"metadata": {"name": "a"}, "data": {"k": "v"}}),
-                &opts(),
             )
             .expect("create");
         let rv_a: u64 = meta::resource_version(&a).parse().expect("numeric rv");
         let del = st
-            .delete(
-                &info,
-                "default",
-                "a",
-                &DeleteOptions {
+            .delete(&Delete {
+                info: &info,
+                namespace: "default",
+                name: "a",
+                options: &DeleteOptions {
                     propagation: None,
                     uid: None,
                     resource_version: None,
                     dry_run: false,
                 },
-            )
+            })
             .expect("delete");
         let Deleted::Gone(gone) = del else {
             panic!("no finalizers: must be gone")
@@ -513,10 +516,8 @@ mod tests {
         let info = cm_info(&st);
         for i in 0..5 {
             st.create(
-                &info,
-                Some("default"),
+                &Write::create(&info, "default", &opts()),
                 json!({"metadata": {"name": format!("cm{i}")}}),
-                &opts(),
             )
             .expect("create");
         }
@@ -527,10 +528,8 @@ mod tests {
             .expect("list");
         assert_eq!(first.items.len(), 2);
         st.create(
-            &info,
-            Some("default"),
+            &Write::create(&info, "default", &opts()),
             json!({"metadata": {"name": "cm-late"}}),
-            &opts(),
         )
         .expect("create");
         let token = first.continue_token.clone().expect("more pages");
@@ -550,10 +549,8 @@ mod tests {
         let info = cm_info(&st);
         let before = st.current_rv();
         st.create(
-            &info,
-            Some("default"),
+            &Write::create(&info, "default", &opts()),
             json!({"metadata": {"name": "x"}}),
-            &opts(),
         )
         .expect("create");
         st.compact();

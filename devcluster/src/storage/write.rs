@@ -68,6 +68,60 @@ pub(crate) enum PatchType {
     Apply,
 }
 
+/// One write to the store: the resource version it addresses, where, and how. Every write
+/// (create, update, patch, apply, scale) takes one.
+pub struct Write<'a> {
+    /// The resource version the request addressed (its kind, schema and subresources).
+    pub info: &'a ResourceInfo,
+    /// The URL's namespace; empty for cluster-scoped resources, or for a create whose body names
+    /// the namespace.
+    pub namespace: &'a str,
+    /// The URL's object name; empty for a create (the body names the object).
+    pub name: &'a str,
+    /// `status` or `scale`, or None for the object itself.
+    pub subresource: Option<&'a str>,
+    /// Field manager, dry run, force and field validation.
+    pub options: &'a WriteOptions,
+}
+
+impl<'a> Write<'a> {
+    /// A create in `namespace` (empty: cluster-scoped, or as the body says).
+    pub fn create(info: &'a ResourceInfo, namespace: &'a str, options: &'a WriteOptions) -> Self {
+        Write {
+            info,
+            namespace,
+            name: "",
+            subresource: None,
+            options,
+        }
+    }
+
+    /// A write to the object `namespace/name`, or to its subresource.
+    pub(crate) fn to(
+        info: &'a ResourceInfo,
+        namespace: &'a str,
+        name: &'a str,
+        subresource: Option<&'a str>,
+        options: &'a WriteOptions,
+    ) -> Self {
+        Write {
+            info,
+            namespace,
+            name,
+            subresource,
+            options,
+        }
+    }
+}
+
+/// Whether a write records its manager in `managedFields` as an update (create, update, patch,
+/// scale), or leaves that to server-side apply, which computed them already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fields {
+    Record,
+    Applied,
+}
+
 impl State {
     fn namespace_gate(&self, info: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
         if !info.namespaced {
@@ -85,97 +139,46 @@ impl State {
         }
     }
 
-    /// Create an object (POST), including create-on-apply.
-    pub fn create(
-        &mut self,
-        info: &ResourceInfo,
-        ns: Option<&str>,
-        mut obj: Value,
-        opts: &WriteOptions,
-    ) -> Result<Arc<Value>, ApiError> {
-        self.create_inner(info, ns, &mut obj, opts, true)
+    /// Create an object (POST).
+    pub fn create(&mut self, w: &Write, mut obj: Value) -> Result<Arc<Value>, ApiError> {
+        self.create_new(w, &mut obj, Fields::Record)
     }
 
-    fn create_inner(
+    /// Create, or create-on-apply: checks, server-set metadata, defaults, validation, commit.
+    fn create_new(
         &mut self,
-        info: &ResourceInfo,
-        ns: Option<&str>,
+        w: &Write,
         obj: &mut Value,
-        opts: &WriteOptions,
-        record_fields: bool,
+        fields: Fields,
     ) -> Result<Arc<Value>, ApiError> {
+        let (info, opts) = (w.info, w.options);
         check_type(info, obj)?;
         opts.decode_check(info, obj)?;
-        let ns = normalize_namespace(info, ns, obj)?;
-        let mut name = meta::name(obj).to_string();
-        if name.is_empty() {
-            let generate = obj
-                .pointer("/metadata/generateName")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if generate.is_empty() {
-                return Err(ApiError::invalid_field(
-                    &info.kind,
-                    &info.group,
-                    "",
-                    "metadata.name",
-                    "FieldValueRequired",
-                    "Required value: name or generateName is required",
-                ));
-            }
-            name = format!("{generate}{}", random_suffix());
-            meta::set(obj, "name", Some(json!(name)));
-        }
+        let ns = normalize_namespace(info, w.namespace, obj)?;
+        let name = name_or_generated(info, obj)?;
         if !info.builtin {
             // Built-in names are checked per kind by validation::validate.
             validation::custom_resource_name(info, &name)?;
         }
         self.namespace_gate(info, &ns)
             .map_err(|e| e.with_resource_name(&name))?;
-        let gr = info.group_resource();
-        {
-            let md = meta::metadata_mut(obj);
-            md.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-            md.insert("creationTimestamp".into(), json!(meta::now()));
-            for f in [
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "resourceVersion",
-                "selfLink",
-            ] {
-                md.remove(f);
-            }
-            if info.generation {
-                md.insert("generation".into(), json!(1));
-            } else {
-                md.remove("generation");
-            }
-            if md
-                .get("finalizers")
-                .is_some_and(|f| f.as_array().is_some_and(Vec::is_empty))
-            {
-                md.remove("finalizers");
-            }
-        }
-        if info.status
-            && let Some(map) = obj.as_object_mut()
-        {
-            map.remove("status");
-        }
-        defaults::on_create(info, obj)?;
+        let now = self.clock.timestamp();
+        set_server_metadata(info, obj, &now);
+        defaults::on_create(info, obj, &now)?;
         validation::validate(info, obj, None)?;
-        self.check_custom(info, obj, &name, opts)?;
+        check_custom(info, obj, &name, opts)?;
+        let gr = info.group_resource();
         // Like kube-apiserver, an invalid object is refused as invalid even if the name is taken.
         if self.get(&gr, &ns, &name).is_some() {
             return Err(ApiError::already_exists(&info.group, &info.plural, &name));
         }
-        if record_fields {
-            record(obj, None, info, opts, None);
+        if fields == Fields::Record {
+            record(obj, None, w, &now);
         }
         if opts.dry_run {
             return Ok(Arc::new(obj.clone()));
         }
-        if gr.group == "apiextensions.k8s.io" && gr.resource == "customresourcedefinitions" {
+        if is_crd(&gr) {
             self.register_crd(obj, &name)?;
         }
         Ok(self.commit(&gr, EventType::Added, obj.clone(), None))
@@ -199,143 +202,59 @@ impl State {
         Ok(())
     }
 
-    /// Prune, default and validate a custom resource against its CRD's structural schema.
-    fn check_custom(
-        &self,
-        info: &ResourceInfo,
-        obj: &mut Value,
-        name: &str,
-        opts: &WriteOptions,
-    ) -> Result<(), ApiError> {
-        let Some(schema) = &info.schema else {
-            return Ok(());
-        };
-        let pruned = schema::prune_and_default(obj, schema);
-        opts.enforce(info, &pruned)?;
-        let causes = schema::validate(obj, schema);
-        if causes.is_empty() {
-            return Ok(());
-        }
-        Err(ApiError::invalid(
-            &info.kind,
-            &info.group,
-            name,
-            causes
-                .into_iter()
-                .map(|c| Cause {
-                    reason: c.reason.to_string(),
-                    message: c.message,
-                    field: c.field,
-                })
-                .collect(),
-        ))
-    }
-
     /// Replace an object (PUT), on the main resource or a subresource.
-    pub(crate) fn update(
-        &mut self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        mut obj: Value,
-        sub: Option<&str>,
-        opts: &WriteOptions,
-    ) -> Result<Arc<Value>, ApiError> {
+    pub(crate) fn update(&mut self, w: &Write, mut obj: Value) -> Result<Arc<Value>, ApiError> {
+        let info = w.info;
         check_type(info, &obj)?;
-        let old = self.require(info, ns, name)?;
-        let given_rv = meta::resource_version(&obj).to_string();
-        if given_rv.is_empty() {
+        let old = self.require(info, w.namespace, w.name)?;
+        if meta::resource_version(&obj).is_empty() {
             if !info.unconditional_update {
                 return Err(ApiError::invalid_field(
                     &info.kind,
                     &info.group,
-                    name,
+                    w.name,
                     "metadata.resourceVersion",
                     "FieldValueInvalid",
                     "Invalid value: 0x0: must be specified for an update",
                 ));
             }
-            meta::set(
-                &mut obj,
-                "resourceVersion",
-                Some(json!(meta::resource_version(&old))),
-            );
+            keep_resource_version(&mut obj, &old);
         }
-        self.write_existing(info, ns, name, old, obj, sub, opts, true)
+        self.write_existing(w, old, obj, Fields::Record)
     }
 
     /// Patch an object (PATCH), including server-side apply and create-on-apply.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn patch(
         &mut self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
+        w: &Write,
         kind: PatchType,
         body: &Value,
-        sub: Option<&str>,
-        opts: &WriteOptions,
     ) -> Result<Arc<Value>, ApiError> {
-        let existing = self.get(&info.group_resource(), ns, name);
+        let existing = self.get(&w.info.group_resource(), w.namespace, w.name);
         if kind == PatchType::Apply {
-            return self.apply(info, ns, name, existing, body, sub, opts);
+            return self.apply(w, existing, body);
         }
-        let old = existing.ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
+        let old =
+            existing.ok_or_else(|| ApiError::not_found(&w.info.group, &w.info.plural, w.name))?;
         let mut new = (*old).clone();
-        match kind {
-            PatchType::Merge => {
-                if !body.is_object() {
-                    return Err(ApiError::bad_request(
-                        "the body of a merge patch must be a JSON object",
-                    ));
-                }
-                patch::merge_patch(&mut new, body)
-            }
-            PatchType::Json => patch::json_patch(&mut new, body).map_err(|e| match e {
-                patch::PatchError::Malformed(m) => ApiError::bad_request(m),
-                patch::PatchError::Failed(m) => ApiError::invalid_field(
-                    &info.kind,
-                    &info.group,
-                    name,
-                    "",
-                    "FieldValueInvalid",
-                    &m,
-                ),
-            })?,
-            PatchType::Strategic => {
-                if !info.builtin {
-                    return Err(ApiError::unsupported_media_type(
-                        "application/strategic-merge-patch+json",
-                    ));
-                }
-                patch::strategic_merge_patch(&mut new, body)
-                    .map_err(|e| ApiError::bad_request(e.to_string()))?
-            }
-            PatchType::Apply => unreachable!("handled above"),
-        }
+        patch_object(w, kind, &mut new, body)?;
         // A resourceVersion that differs from the live one can only have come from the patch body:
         // it is a precondition, checked in write_existing.
         if meta::resource_version(&new).is_empty() {
-            meta::set(
-                &mut new,
-                "resourceVersion",
-                Some(json!(meta::resource_version(&old))),
-            );
+            keep_resource_version(&mut new, &old);
         }
-        self.write_existing(info, ns, name, old, new, sub, opts, true)
+        self.write_existing(w, old, new, Fields::Record)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Server-side apply: merge the apply configuration into the live object (or create it),
+    /// with field ownership and conflicts computed by `apply::fieldmanager`.
     fn apply(
         &mut self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
+        w: &Write,
         existing: Option<Arc<Value>>,
         body: &Value,
-        sub: Option<&str>,
-        opts: &WriteOptions,
     ) -> Result<Arc<Value>, ApiError> {
+        let (info, opts, name) = (w.info, w.options, w.name);
         if !body.is_object() {
             return Err(ApiError::bad_request(
                 "the body of an apply patch must be a YAML or JSON object",
@@ -345,8 +264,7 @@ impl State {
         // Undeclared fields are dropped before ownership is computed, so nobody owns them.
         let mut body = body.clone();
         opts.decode_check(info, &mut body)?;
-        let body = &body;
-        let body_name = meta::name(body);
+        let body_name = meta::name(&body);
         if !body_name.is_empty() && body_name != name {
             return Err(ApiError::bad_request(format!(
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
@@ -357,64 +275,31 @@ impl State {
                 "PATCH requests with apply content type must include fieldManager",
             ));
         }
-        let now = meta::now();
+        let now = self.clock.timestamp();
         let api_version = info.api_version();
         let list_key = |path: &[&str]| list_key_of(info, path);
         let op = fieldmanager::Op {
             manager: &opts.manager,
             api_version: &api_version,
             time: &now,
-            subresource: sub,
+            subresource: w.subresource,
             list_key: &list_key,
         };
-        let merged = fieldmanager::apply(existing.as_deref(), body, opts.force, &op).map_err(
-            |e| match e {
-                fieldmanager::ApplyError::Conflicts(conflicts) => {
-                    let (message, causes) = fieldmanager::conflict_status_parts(&conflicts);
-                    ApiError::apply_conflict(
-                        message,
-                        causes
-                            .into_iter()
-                            .map(|c| Cause {
-                                reason: c
-                                    .get("type")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("FieldManagerConflict")
-                                    .to_string(),
-                                message: c
-                                    .get("message")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or_default()
-                                    .to_string(),
-                                field: c
-                                    .get("field")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or_default()
-                                    .to_string(),
-                            })
-                            .collect(),
-                    )
-                }
-                fieldmanager::ApplyError::Invalid(m) => ApiError::bad_request(m),
-            },
-        )?;
+        let merged = fieldmanager::apply(existing.as_deref(), &body, opts.force, &op)
+            .map_err(apply_error)?;
         match existing {
             None => {
                 let mut obj = merged;
                 meta::set(&mut obj, "name", Some(json!(name)));
                 if info.namespaced {
-                    meta::set(&mut obj, "namespace", Some(json!(ns)));
+                    meta::set(&mut obj, "namespace", Some(json!(w.namespace)));
                 }
-                self.create_inner(info, Some(ns), &mut obj, opts, false)
+                self.create_new(w, &mut obj, Fields::Applied)
             }
             Some(old) => {
                 let mut new = merged;
-                meta::set(
-                    &mut new,
-                    "resourceVersion",
-                    Some(json!(meta::resource_version(&old))),
-                );
-                self.write_existing(info, ns, name, old, new, sub, opts, false)
+                keep_resource_version(&mut new, &old);
+                self.write_existing(w, old, new, Fields::Applied)
             }
         }
     }
@@ -431,19 +316,13 @@ impl State {
     }
 
     /// Write the scale subresource from a Scale object.
-    pub(crate) fn set_scale(
-        &mut self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        scale: &Value,
-        opts: &WriteOptions,
-    ) -> Result<Value, ApiError> {
+    pub(crate) fn set_scale(&mut self, w: &Write, scale: &Value) -> Result<Value, ApiError> {
+        let (info, name) = (w.info, w.name);
         let paths = info
             .scale
             .clone()
             .ok_or_else(|| ApiError::no_route("scale"))?;
-        let old = self.require(info, ns, name)?;
+        let old = self.require(info, w.namespace, name)?;
         let replicas = scale
             .pointer("/spec/replicas")
             .and_then(Value::as_i64)
@@ -469,133 +348,43 @@ impl State {
         }
         let given = meta::resource_version(scale);
         if !given.is_empty() && given != meta::resource_version(&old) {
-            return Err(ApiError::conflict(
-                &info.group,
-                &info.plural,
-                name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
+            return Err(modified(info, name));
         }
         let mut new = (*old).clone();
         meta::set_path(&mut new, &paths.spec_replicas, json!(replicas));
-        let updated = self.write_existing(info, ns, name, old, new, None, opts, true)?;
+        // The scale write is a write of the object itself, not of a subresource.
+        let main = Write {
+            subresource: None,
+            ..*w
+        };
+        let updated = self.write_existing(&main, old, new, Fields::Record)?;
         scale_of(info, &updated)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The common end of update, patch, apply and scale: preconditions, the status split,
+    /// server-owned fields, finalizers, validation, generation, managed fields, commit — or
+    /// removal, when the last finalizer of an object being deleted goes.
     fn write_existing(
         &mut self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
+        w: &Write,
         old: Arc<Value>,
         mut new: Value,
-        sub: Option<&str>,
-        opts: &WriteOptions,
-        record_fields: bool,
+        fields: Fields,
     ) -> Result<Arc<Value>, ApiError> {
-        let gr = info.group_resource();
+        let (info, opts, sub) = (w.info, w.options, w.subresource);
         opts.decode_check(info, &mut new)?;
-        if meta::name(&new) != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({}) does not match the name on the URL ({name})",
-                meta::name(&new)
-            )));
-        }
-        if info.namespaced {
-            let body_ns = meta::namespace(&new);
-            if !body_ns.is_empty() && body_ns != ns {
-                return Err(ApiError::bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                ));
-            }
-            meta::set(&mut new, "namespace", Some(json!(ns)));
-        }
-        if meta::resource_version(&new) != meta::resource_version(&old) {
-            return Err(ApiError::conflict(
-                &info.group,
-                &info.plural,
-                name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
-        }
+        check_identity(w, &old, &mut new)?;
         new["apiVersion"] = old.get("apiVersion").cloned().unwrap_or(Value::Null);
         new["kind"] = json!(info.kind);
-        match sub {
-            Some("status") => {
-                let status = new.get("status").cloned();
-                let mut only_status = (*old).clone();
-                match status {
-                    Some(s) => only_status["status"] = s,
-                    None => {
-                        if let Some(m) = only_status.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-                // Status writers may still carry managedFields; everything else of metadata is ignored.
-                new = only_status;
-            }
-            Some(other) => return Err(ApiError::no_route(other)),
-            None => {
-                if info.status {
-                    match old.get("status") {
-                        Some(s) => new["status"] = s.clone(),
-                        None => {
-                            if let Some(m) = new.as_object_mut() {
-                                m.remove("status");
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // Fields the server owns are not the client's to change.
-        for field in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "generation",
-        ] {
-            meta::set(
-                &mut new,
-                field,
-                old.pointer(&format!("/metadata/{field}")).cloned(),
-            );
-        }
-        if sub.is_none() || !record_fields {
-            // keep client-supplied managedFields only through apply
-        }
-        if new
-            .pointer("/metadata/finalizers")
-            .is_some_and(|f| f.as_array().is_some_and(Vec::is_empty))
-        {
-            meta::set(&mut new, "finalizers", None);
-        }
+        let mut new = split_status(w, &old, new)?;
+        keep_server_fields(&old, &mut new);
         let deleting = meta::is_deleting(&old);
         if deleting {
-            let before: BTreeSet<String> = meta::finalizers(&old).into_iter().collect();
-            let added: Vec<String> = meta::finalizers(&new)
-                .into_iter()
-                .filter(|f| !before.contains(f))
-                .collect();
-            if !added.is_empty() {
-                return Err(ApiError::invalid_field(
-                    &info.kind,
-                    &info.group,
-                    name,
-                    "metadata.finalizers",
-                    "FieldValueForbidden",
-                    &format!(
-                        "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
-                    ),
-                ));
-            }
+            no_new_finalizers(w, &old, &new)?;
         }
         if sub.is_none() {
             validation::validate(info, &new, Some(&old))?;
-            self.check_custom(info, &mut new, name, opts)?;
+            check_custom(info, &mut new, w.name, opts)?;
         }
         if info.generation && spec_changed(info, &old, &new) {
             let generation = old
@@ -607,28 +396,308 @@ impl State {
         if same_ignoring_managed_fields(&old, &new) {
             return Ok(old);
         }
-        if record_fields {
-            record(&mut new, Some(&old), info, opts, sub);
-        } else if let Some(mf) = old.pointer("/metadata/managedFields")
-            && new.pointer("/metadata/managedFields").is_none()
-        {
-            meta::set(&mut new, "managedFields", Some(mf.clone()));
+        match fields {
+            Fields::Record => record(&mut new, Some(&old), w, &self.clock.timestamp()),
+            Fields::Applied => {
+                if let Some(mf) = old.pointer("/metadata/managedFields")
+                    && new.pointer("/metadata/managedFields").is_none()
+                {
+                    meta::set(&mut new, "managedFields", Some(mf.clone()));
+                }
+            }
         }
         if opts.dry_run {
             return Ok(Arc::new(new));
         }
-        if gr.group == "apiextensions.k8s.io"
-            && gr.resource == "customresourcedefinitions"
-            && sub.is_none()
-        {
-            self.register_crd(&new, name)?;
+        let gr = info.group_resource();
+        if is_crd(&gr) && sub.is_none() {
+            self.register_crd(&new, w.name)?;
         }
         if deleting && meta::finalizers(&new).is_empty() {
-            let gone = self.remove(&gr, new, old);
-            return Ok(gone);
+            return Ok(self.remove(&gr, new, old));
         }
         Ok(self.commit(&gr, EventType::Modified, new, Some(old)))
     }
+}
+
+fn is_crd(gr: &GroupResource) -> bool {
+    gr.group == "apiextensions.k8s.io" && gr.resource == "customresourcedefinitions"
+}
+
+/// The 409 of a write whose resourceVersion precondition failed.
+fn modified(info: &ResourceInfo, name: &str) -> ApiError {
+    ApiError::conflict(
+        &info.group,
+        &info.plural,
+        name,
+        "the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+/// A write without a resourceVersion is unconditional: it is taken as the live one.
+fn keep_resource_version(new: &mut Value, old: &Value) {
+    meta::set(
+        new,
+        "resourceVersion",
+        Some(json!(meta::resource_version(old))),
+    );
+}
+
+/// The object's name, or one generated from `metadata.generateName` (422 when neither is set).
+fn name_or_generated(info: &ResourceInfo, obj: &mut Value) -> Result<String, ApiError> {
+    let name = meta::name(obj).to_string();
+    if !name.is_empty() {
+        return Ok(name);
+    }
+    let generate = obj
+        .pointer("/metadata/generateName")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if generate.is_empty() {
+        return Err(ApiError::invalid_field(
+            &info.kind,
+            &info.group,
+            "",
+            "metadata.name",
+            "FieldValueRequired",
+            "Required value: name or generateName is required",
+        ));
+    }
+    let name = format!("{generate}{}", random_suffix());
+    meta::set(obj, "name", Some(json!(name)));
+    Ok(name)
+}
+
+/// The metadata a new object gets from the server (uid, creationTimestamp, generation 1), what a
+/// client may not set on create (deletion fields, resourceVersion, selfLink), and no status
+/// where status is a subresource.
+fn set_server_metadata(info: &ResourceInfo, obj: &mut Value, now: &str) {
+    let md = meta::metadata_mut(obj);
+    md.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+    md.insert("creationTimestamp".into(), json!(now));
+    for f in [
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "resourceVersion",
+        "selfLink",
+    ] {
+        md.remove(f);
+    }
+    if info.generation {
+        md.insert("generation".into(), json!(1));
+    } else {
+        md.remove("generation");
+    }
+    if md
+        .get("finalizers")
+        .is_some_and(|f| f.as_array().is_some_and(Vec::is_empty))
+    {
+        md.remove("finalizers");
+    }
+    if info.status
+        && let Some(map) = obj.as_object_mut()
+    {
+        map.remove("status");
+    }
+}
+
+/// A merge, JSON or strategic merge patch applied to `new` (the live object's copy).
+fn patch_object(w: &Write, kind: PatchType, new: &mut Value, body: &Value) -> Result<(), ApiError> {
+    let info = w.info;
+    match kind {
+        PatchType::Merge => {
+            if !body.is_object() {
+                return Err(ApiError::bad_request(
+                    "the body of a merge patch must be a JSON object",
+                ));
+            }
+            patch::merge_patch(new, body);
+            Ok(())
+        }
+        PatchType::Json => patch::json_patch(new, body).map_err(|e| match e {
+            patch::PatchError::Malformed(m) => ApiError::bad_request(m),
+            patch::PatchError::Failed(m) => ApiError::invalid_field(
+                &info.kind,
+                &info.group,
+                w.name,
+                "",
+                "FieldValueInvalid",
+                &m,
+            ),
+        }),
+        PatchType::Strategic => {
+            if !info.builtin {
+                return Err(ApiError::unsupported_media_type(
+                    "application/strategic-merge-patch+json",
+                ));
+            }
+            patch::strategic_merge_patch(new, body)
+                .map_err(|e| ApiError::bad_request(e.to_string()))
+        }
+        // State::patch hands apply patches to State::apply before getting here.
+        PatchType::Apply => Err(ApiError::unsupported_media_type(
+            "application/apply-patch+yaml",
+        )),
+    }
+}
+
+/// An apply's conflicts as kube-apiserver's 409 (one cause per field), or its 400.
+fn apply_error(e: fieldmanager::ApplyError) -> ApiError {
+    match e {
+        fieldmanager::ApplyError::Conflicts(conflicts) => {
+            let (message, causes) = fieldmanager::conflict_status_parts(&conflicts);
+            let field = |c: &Value, k: &str| c.get(k).and_then(Value::as_str).map(str::to_string);
+            ApiError::apply_conflict(
+                message,
+                causes
+                    .iter()
+                    .map(|c| Cause {
+                        reason: field(c, "type")
+                            .unwrap_or_else(|| "FieldManagerConflict".to_string()),
+                        message: field(c, "message").unwrap_or_default(),
+                        field: field(c, "field").unwrap_or_default(),
+                    })
+                    .collect(),
+            )
+        }
+        fieldmanager::ApplyError::Invalid(m) => ApiError::bad_request(m),
+    }
+}
+
+/// The body names the URL's object, in the URL's namespace, at the live resourceVersion (the
+/// precondition: 409 otherwise).
+fn check_identity(w: &Write, old: &Value, new: &mut Value) -> Result<(), ApiError> {
+    let (info, name, ns) = (w.info, w.name, w.namespace);
+    if meta::name(new) != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            meta::name(new)
+        )));
+    }
+    if info.namespaced {
+        let body_ns = meta::namespace(new);
+        if !body_ns.is_empty() && body_ns != ns {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        meta::set(new, "namespace", Some(json!(ns)));
+    }
+    if meta::resource_version(new) != meta::resource_version(old) {
+        return Err(modified(info, name));
+    }
+    Ok(())
+}
+
+/// The status split: a write to `status` changes only status (the rest is the live object's);
+/// a write to the object keeps the live status where status is a subresource.
+fn split_status(w: &Write, old: &Value, mut new: Value) -> Result<Value, ApiError> {
+    match w.subresource {
+        Some("status") => {
+            let status = new.get("status").cloned();
+            let mut only_status = old.clone();
+            match status {
+                Some(s) => only_status["status"] = s,
+                None => {
+                    if let Some(m) = only_status.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+            // Status writers may still carry managedFields; everything else of metadata is ignored.
+            Ok(only_status)
+        }
+        Some(other) => Err(ApiError::no_route(other)),
+        None => {
+            if w.info.status {
+                match old.get("status") {
+                    Some(s) => new["status"] = s.clone(),
+                    None => {
+                        if let Some(m) = new.as_object_mut() {
+                            m.remove("status");
+                        }
+                    }
+                }
+            }
+            Ok(new)
+        }
+    }
+}
+
+/// Fields the server owns are not the client's to change; an empty finalizer list is none.
+fn keep_server_fields(old: &Value, new: &mut Value) {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
+        meta::set(
+            new,
+            field,
+            old.pointer(&format!("/metadata/{field}")).cloned(),
+        );
+    }
+    if new
+        .pointer("/metadata/finalizers")
+        .is_some_and(|f| f.as_array().is_some_and(Vec::is_empty))
+    {
+        meta::set(new, "finalizers", None);
+    }
+}
+
+/// An object being deleted may lose finalizers but not gain them (422).
+fn no_new_finalizers(w: &Write, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let before: BTreeSet<String> = meta::finalizers(old).into_iter().collect();
+    let added: Vec<String> = meta::finalizers(new)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid_field(
+        &w.info.kind,
+        &w.info.group,
+        w.name,
+        "metadata.finalizers",
+        "FieldValueForbidden",
+        &format!(
+            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+        ),
+    ))
+}
+
+/// Prune, default and validate a custom resource against its CRD's structural schema.
+fn check_custom(
+    info: &ResourceInfo,
+    obj: &mut Value,
+    name: &str,
+    opts: &WriteOptions,
+) -> Result<(), ApiError> {
+    let Some(schema) = &info.schema else {
+        return Ok(());
+    };
+    let pruned = schema::prune_and_default(obj, schema);
+    opts.enforce(info, &pruned)?;
+    let causes = schema::validate(obj, schema);
+    if causes.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &info.kind,
+        &info.group,
+        name,
+        causes
+            .into_iter()
+            .map(|c| Cause {
+                reason: c.reason.to_string(),
+                message: c.message,
+                field: c.field,
+            })
+            .collect(),
+    ))
 }
 
 impl ApiError {
@@ -674,7 +743,7 @@ fn check_type(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
 
 fn normalize_namespace(
     info: &ResourceInfo,
-    ns: Option<&str>,
+    url_ns: &str,
     obj: &mut Value,
 ) -> Result<String, ApiError> {
     obj["apiVersion"] = json!(info.api_version());
@@ -683,7 +752,6 @@ fn normalize_namespace(
         meta::set(obj, "namespace", None);
         return Ok(String::new());
     }
-    let url_ns = ns.unwrap_or_default();
     let body_ns = meta::namespace(obj).to_string();
     if !body_ns.is_empty() && !url_ns.is_empty() && body_ns != url_ns {
         return Err(ApiError::bad_request(
@@ -738,13 +806,9 @@ fn same_ignoring_managed_fields(old: &Value, new: &Value) -> bool {
     strip(old) == strip(new)
 }
 
-fn record(
-    obj: &mut Value,
-    old: Option<&Value>,
-    info: &ResourceInfo,
-    opts: &WriteOptions,
-    sub: Option<&str>,
-) {
+/// Records the writer as an update manager in `managedFields` (nothing without a manager).
+fn record(obj: &mut Value, old: Option<&Value>, w: &Write, now: &str) {
+    let (info, opts) = (w.info, w.options);
     if opts.manager.is_empty() {
         return;
     }
@@ -753,14 +817,13 @@ fn record(
     {
         meta::set(obj, "managedFields", Some(mf.clone()));
     }
-    let now = meta::now();
     let api_version = info.api_version();
     let list_key = |path: &[&str]| list_key_of(info, path);
     let op = fieldmanager::Op {
         manager: &opts.manager,
         api_version: &api_version,
-        time: &now,
-        subresource: sub,
+        time: now,
+        subresource: w.subresource,
         list_key: &list_key,
     };
     fieldmanager::record_update(old, obj, &op);
