@@ -769,26 +769,9 @@ pub(crate) fn apply(
     force: bool,
     op: &Op,
 ) -> Result<Value, ApplyError> {
-    if !applied.is_object() {
-        return Err(ApplyError::Invalid(
-            "apply configuration must be a JSON object".to_string(),
-        ));
-    }
-    if applied
-        .pointer("/metadata/managedFields")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(ApplyError::Invalid(
-            "metadata.managedFields must be nil".to_string(),
-        ));
-    }
     let empty = Value::Object(Map::new());
     let live = live.unwrap_or(&empty);
-    if !live.is_object() {
-        return Err(ApplyError::Invalid(
-            "live object is not a JSON object".to_string(),
-        ));
-    }
+    check_apply_input(live, applied)?;
 
     let strict = Walker {
         list_key: op.list_key,
@@ -809,6 +792,63 @@ pub(crate) fn apply(
     let own = entries.iter().position(|e| e.is_apply_of(op));
     let previous = own.map(|i| entries[i].set.clone()).unwrap_or_default();
 
+    let (mut conflicts, taken) = conflicts(&entries, &applied_set, live, &merged, op);
+    if !conflicts.is_empty() && !force && !upgrades_client_side_apply(live, &taken, op, &lenient) {
+        conflicts.sort_by(|a, b| a.manager.cmp(&b.manager));
+        return Err(ApplyError::Conflicts(conflicts));
+    }
+    for (i, path) in &taken {
+        entries[*i].set.remove(path);
+    }
+
+    prune_dropped(&mut merged, &entries, own, &previous, &applied_set);
+
+    match own {
+        Some(i) => {
+            let e = &mut entries[i];
+            e.set = applied_set;
+            e.api_version = op.api_version.to_string();
+            e.time = Some(op.time.to_string());
+        }
+        None => entries.push(Entry::new_for(op, true, applied_set)),
+    }
+    write_entries(&mut merged, entries);
+    Ok(merged)
+}
+
+/// The apply configuration and the live object are JSON objects, and the configuration sets no
+/// `managedFields`.
+fn check_apply_input(live: &Value, applied: &Value) -> Result<(), ApplyError> {
+    if !applied.is_object() {
+        return Err(ApplyError::Invalid(
+            "apply configuration must be a JSON object".to_string(),
+        ));
+    }
+    if applied
+        .pointer("/metadata/managedFields")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(ApplyError::Invalid(
+            "metadata.managedFields must be nil".to_string(),
+        ));
+    }
+    if !live.is_object() {
+        return Err(ApplyError::Invalid(
+            "live object is not a JSON object".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The fields this apply would take from other managers (a value it changes, or a keyed item it
+/// adds), once per manager and field, and each as (entry index, path) to take if allowed.
+fn conflicts(
+    entries: &[Entry],
+    applied_set: &Node,
+    live: &Value,
+    merged: &Value,
+    op: &Op,
+) -> (Vec<Conflict>, Vec<(usize, Path)>) {
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut taken: Vec<(usize, Path)> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
@@ -825,7 +865,7 @@ pub(crate) fn apply(
             // A keyed item "changes" only by appearing; its fields are
             // compared individually.
             let changed = if node.children.is_empty() {
-                before != get_path(&merged, &path)
+                before != get_path(merged, &path)
             } else {
                 before.is_none()
             };
@@ -844,16 +884,18 @@ pub(crate) fn apply(
             }
         }
     }
-    if !conflicts.is_empty() && !force && !upgrades_client_side_apply(live, &taken, op, &lenient) {
-        conflicts.sort_by(|a, b| a.manager.cmp(&b.manager));
-        return Err(ApplyError::Conflicts(conflicts));
-    }
-    for (i, path) in &taken {
-        entries[*i].set.remove(path);
-    }
+    (conflicts, taken)
+}
 
-    // Prune what this manager stopped applying, deepest first so that an
-    // item's fields go before the item.
+/// Removes what this manager applied last time and no longer applies, unless another entry
+/// still owns it; deepest first, so that an item's fields go before the item.
+fn prune_dropped(
+    merged: &mut Value,
+    entries: &[Entry],
+    own: Option<usize>,
+    previous: &Node,
+    applied_set: &Node,
+) {
     let mut dropped: Vec<Path> = previous
         .members()
         .into_iter()
@@ -869,21 +911,9 @@ pub(crate) fn apply(
             .enumerate()
             .any(|(i, e)| Some(i) != own && e.set.owns_at_or_below(&path));
         if !owned_elsewhere {
-            remove_path(&mut merged, &path);
+            remove_path(merged, &path);
         }
     }
-
-    match own {
-        Some(i) => {
-            let e = &mut entries[i];
-            e.set = applied_set;
-            e.api_version = op.api_version.to_string();
-            e.time = Some(op.time.to_string());
-        }
-        None => entries.push(Entry::new_for(op, true, applied_set)),
-    }
-    write_entries(&mut merged, entries);
-    Ok(merged)
 }
 
 /// The manager `kubectl apply --server-side` uses unless told otherwise.

@@ -414,16 +414,15 @@ fn merge_set(live: Vec<Value>, patch: &[Value]) -> Vec<Value> {
     result
 }
 
-fn merge_keyed<'p>(
-    live: Vec<Value>,
-    patch: &'p [Value],
+/// Applies a keyed list patch's `$patch: delete` items to `result`; true when an item says
+/// `$patch: replace` (the live list is dropped). Unknown directives are malformed.
+fn keyed_directives(
+    result: &mut Vec<Value>,
+    patch: &[Value],
     key: &'static str,
-    path: &mut Vec<&'p str>,
-) -> Result<Vec<Value>, PatchError> {
-    let mut result = live;
+    path: &[&str],
+) -> Result<bool, PatchError> {
     let mut replace = false;
-    // Deletions first, as upstream does, so a patch may delete an item and
-    // add a fresh one with the same key.
     for item in patch {
         match directive_of(item).map(|d| d.as_str()) {
             None => {}
@@ -446,7 +445,19 @@ fn merge_keyed<'p>(
             }
         }
     }
-    if replace {
+    Ok(replace)
+}
+
+fn merge_keyed<'p>(
+    live: Vec<Value>,
+    patch: &'p [Value],
+    key: &'static str,
+    path: &mut Vec<&'p str>,
+) -> Result<Vec<Value>, PatchError> {
+    let mut result = live;
+    // Deletions first, as upstream does, so a patch may delete an item and
+    // add a fresh one with the same key.
+    if keyed_directives(&mut result, patch, key, path)? {
         result.clear();
     }
     for item in patch {
