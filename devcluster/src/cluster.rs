@@ -4,7 +4,7 @@ use crate::Error;
 use crate::auth::authn::{AuthCounts, Authenticator};
 use crate::faults::{Faults, Stats};
 use crate::http::{self, App, serve, tls};
-use crate::storage::store::Store;
+use crate::storage::Store;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;

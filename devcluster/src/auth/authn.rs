@@ -4,7 +4,7 @@
 
 use crate::auth::token::{self, Claims, Signer, TokenError};
 use crate::catalog::resources::GroupResource;
-use crate::storage::store::Store;
+use crate::storage::Store;
 use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@ use crate::auth::rbac::{self, Attributes, ResourceAttributes};
 use crate::auth::token::{DEFAULT_TTL, MIN_TTL};
 use crate::catalog::resources::ResourceInfo;
 use crate::status::ApiError;
-use crate::storage::store::Store;
+use crate::storage::Store;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;

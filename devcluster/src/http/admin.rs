@@ -1,7 +1,7 @@
 //! The `/_devcluster/` endpoints: fault injection and statistics for tests that run devcluster
 //! out of process, backed by the same [`crate::Faults`] handle as the Rust API.
 
-use super::App;
+use super::app::App;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -2,9 +2,8 @@
 //! (answered before authentication, as kube-apiserver's public-info paths are), and the
 //! discovery and OpenAPI documents (answered once the request is authorized).
 
+use super::app::{App, Request};
 use super::reply::ok;
-use super::request::Request;
-use super::router::App;
 use crate::catalog::openapi;
 use crate::catalog::resources::ResourceInfo;
 use crate::status::ApiError;

@@ -4,7 +4,8 @@
 //! Owns:
 //! - `serve`: the accept loop, TLS handshakes, HTTP/1.1 and HTTP/2, graceful shutdown;
 //! - `tls`: the generated CA and serving certificate, and kubeconfigs;
-//! - `router`: the axum router and the state its handlers share ([`App`]);
+//! - `app`: what every handler shares — the server's state ([`App`]) and the request's head;
+//! - `router`: the axum router;
 //! - `admin`: the `/_devcluster/` endpoints;
 //! - `request`: the request path as named steps — authenticate, authorize, resolve, decode,
 //!   inject faults, then a handler;
@@ -20,6 +21,7 @@
 //! only the crate root's [`crate::DevCluster`] calls into it.
 
 mod admin;
+mod app;
 mod decode;
 mod discovery;
 mod reply;
@@ -31,4 +33,5 @@ pub(crate) mod tls;
 mod verbs;
 mod watch;
 
-pub(crate) use router::{App, router};
+pub(crate) use app::App;
+pub(crate) use router::router;

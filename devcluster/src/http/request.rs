@@ -12,9 +12,9 @@
 //! latency apply only to requests that were allowed (devcluster/README.md, "Fault injection").
 //! `/version` and the health checks need no credentials.
 
+use super::app::{App, Request};
 use super::decode;
 use super::discovery;
-use super::router::App;
 use super::target::Target;
 use super::verbs;
 use crate::auth::authn::Identity;
@@ -22,33 +22,8 @@ use crate::auth::rbac::{self, Attributes, Decision};
 use crate::auth::reviews::ReviewApi;
 use crate::status::ApiError;
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderName, Method, header};
+
 use axum::response::Response;
-use std::collections::HashMap;
-
-/// An HTTP request's head, as the steps read it.
-pub(crate) struct Request {
-    /// The HTTP method.
-    pub(crate) method: Method,
-    /// The URL path.
-    pub(crate) path: String,
-    /// The request headers.
-    pub(crate) headers: HeaderMap,
-    /// The query parameters.
-    pub(crate) query: HashMap<String, String>,
-}
-
-impl Request {
-    /// A header's value, if it is present and visible ASCII.
-    pub(super) fn header(&self, name: HeaderName) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    /// The `Content-Type`, empty when absent.
-    pub(super) fn content_type(&self) -> &str {
-        self.header(header::CONTENT_TYPE).unwrap_or_default()
-    }
-}
 
 /// Serves one request through the steps above.
 pub(super) async fn serve(app: &App, req: &Request, body: Bytes) -> Result<Response, ApiError> {

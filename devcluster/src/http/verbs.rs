@@ -2,10 +2,9 @@
 //! deletecollection) on a resource and its `status` and `scale` subresources, and the review
 //! APIs; each reads the request as [`Call`] and answers with the store's result rendered.
 
+use super::app::{App, Request};
 use super::decode::{self, delete_options, parse_json, parse_yaml, patch_type, selectors};
 use super::reply::{json_response, ok, with_warnings};
-use super::request::Request;
-use super::router::App;
 use super::target::{Target, flag, parse_bool};
 use super::watch::{self, WatchSpec};
 use crate::auth::authn::Identity;
