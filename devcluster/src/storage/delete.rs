@@ -1,7 +1,6 @@
 //! Deletes: preconditions, propagation (orphan, background, foreground), finalizers and the
 //! deletion timestamp, namespaces that terminate, and removal for good.
 
-use super::gc::Task;
 use super::store::{EventType, Location, State};
 use crate::catalog::resources::{GroupResource, ResourceInfo};
 use crate::meta;
@@ -69,21 +68,13 @@ impl State {
         let owners = meta::owner_uids(&last);
         let is_crd =
             gr.group == "apiextensions.k8s.io" && gr.resource == "customresourcedefinitions";
-        let is_ns = gr.group.is_empty() && gr.resource == "namespaces";
         let name = meta::name(&last).to_string();
         let gone = self.commit(gr, EventType::Deleted, last, Some(old));
-        let mut tasks = vec![Task::OwnerGone(uid)];
-        tasks.extend(owners.into_iter().map(Task::Foreground));
-        if !ns.is_empty() {
-            tasks.push(Task::Namespace(ns));
-        }
         if is_crd {
             self.drop_crd_objects(&name);
         }
-        if is_ns {
-            // Nothing else to do: content was removed before the namespace could go.
-        }
-        self.collect_garbage(tasks);
+        // A namespace's content was removed before the namespace could go: nothing more for it.
+        self.after_removal(uid, owners, ns);
         gone
     }
 
@@ -195,14 +186,9 @@ impl State {
             meta::set_path(&mut new, "status.phase", json!("Terminating"));
         }
         let pending = self.commit(gr, EventType::Modified, new, Some(old));
-        let mut tasks = Vec::new();
-        if policy == Propagation::Foreground {
-            tasks.push(Task::Foreground(uid));
-        }
-        if is_ns {
-            tasks.push(Task::Namespace(meta::name(&pending).to_string()));
-        }
-        self.collect_garbage(tasks);
+        let foreground = (policy == Propagation::Foreground).then_some(uid);
+        let namespace = is_ns.then(|| meta::name(&pending).to_string());
+        self.after_deletion_started(foreground, namespace);
         // The cascade may already have removed it.
         match self.get(gr, meta::namespace(&pending), meta::name(&pending)) {
             Some(now) => Deleted::Pending(now),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// Work left over by a write: garbage collection and namespace termination run to completion
 /// inside the same lock so clients observe a consistent cascade.
-pub(super) enum Task {
+enum Task {
     /// The object with this uid is gone: its dependents lose the owner reference, or are
     /// deleted when it was their last live owner.
     OwnerGone(String),
@@ -24,9 +24,33 @@ pub(super) enum Task {
 }
 
 impl State {
+    /// The cascade of an object removed for good: the namespace it was in, if terminating,
+    /// first; then the owners that may wait for it in foreground deletion; then its dependents.
+    pub(super) fn after_removal(&mut self, uid: String, owners: Vec<String>, namespace: String) {
+        let mut tasks = vec![Task::OwnerGone(uid)];
+        tasks.extend(owners.into_iter().map(Task::Foreground));
+        if !namespace.is_empty() {
+            tasks.push(Task::Namespace(namespace));
+        }
+        self.collect_garbage(tasks);
+    }
+
+    /// The cascade of a deletion that started (and waits on finalizers): a terminating
+    /// namespace's content first, then a foreground owner's dependents.
+    pub(super) fn after_deletion_started(
+        &mut self,
+        foreground_owner: Option<String>,
+        namespace: Option<String>,
+    ) {
+        let mut tasks = Vec::new();
+        tasks.extend(foreground_owner.map(Task::Foreground));
+        tasks.extend(namespace.map(Task::Namespace));
+        self.collect_garbage(tasks);
+    }
+
     /// Runs the cascade a write left (the garbage collector and namespace controller of a real
-    /// cluster, synchronously).
-    pub(super) fn collect_garbage(&mut self, mut tasks: Vec<Task>) {
+    /// cluster, synchronously), last task first.
+    fn collect_garbage(&mut self, mut tasks: Vec<Task>) {
         // Bounded by the number of objects: each step removes or finalizes at least one.
         let mut budget = 1_000_000usize;
         while let Some(task) = tasks.pop() {

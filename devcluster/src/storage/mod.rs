@@ -4,12 +4,15 @@
 //! namespace termination, CRD registration).
 //!
 //! Owns:
-//! - `store`: the shared [`store::Store`] handle and the synchronous [`store::State`] behind its
-//!   lock — reads, lists with continue tokens, watch subscriptions, and the commit every write
-//!   ends in;
+//! - `handle`: the shared [`Store`] handle, and the default namespaces every store starts with;
+//! - `store`: the synchronous [`State`] behind its lock — reads, lists with continue tokens,
+//!   watch subscriptions, and the commit every write ends in;
 //! - `write`: create, update, patch, apply and scale;
 //! - `delete`: deletes, propagation and finalizers;
-//! - `gc`: garbage collection and namespace termination, run inside the same lock.
+//! - `gc`: garbage collection and namespace termination, run inside the same lock;
+//! - `clock`: where timestamps and continue-token ages come from (stopped by hand in tests).
+//!
+//! Its unit tests (`tests.rs`) drive the write semantics on the synchronous state.
 //!
 //! May call `admission` (every write is checked before it commits), `apply` (patches,
 //! server-side apply, managed fields), `catalog` (the registry, which CRD writes change) and the
@@ -18,10 +21,14 @@
 mod clock;
 mod delete;
 mod gc;
-pub mod store;
+mod handle;
+pub(crate) mod store;
+#[cfg(test)]
+mod tests;
 mod write;
 
 pub(crate) use delete::{Delete, DeleteOptions, Deleted, Propagation};
-pub use store::{State, Store};
+pub use handle::Store;
+pub use store::State;
 pub(crate) use write::PatchType;
 pub use write::{Write, WriteOptions};

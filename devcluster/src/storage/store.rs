@@ -6,12 +6,10 @@
 //! watch can subscribe and read history atomically, and a continue token can pin a snapshot.
 
 use super::clock::Clock;
-use super::write::{Write, WriteOptions};
 use crate::catalog::resources::{GroupResource, Registry, ResourceInfo};
 use crate::meta;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use parking_lot::{Mutex, MutexGuard};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -119,21 +117,16 @@ pub struct State {
     pub(super) clock: Clock,
 }
 
-/// The shared store handle.
-#[derive(Clone)]
-pub struct Store {
-    inner: Arc<Mutex<State>>,
-}
-
 const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
 const MAX_SNAPSHOTS: usize = 512;
 const BROADCAST_CAPACITY: usize = 1 << 16;
 
-impl Store {
-    /// A store with the built-in kinds and the default namespaces.
-    pub fn new(history_limit: usize) -> Self {
+impl State {
+    /// An empty state serving the built-in kinds (no objects yet: [`super::Store::new`] adds the
+    /// default namespaces).
+    pub(super) fn new(history_limit: usize) -> Self {
         let (events, _) = broadcast::channel(BROADCAST_CAPACITY);
-        let state = State {
+        State {
             rv: 0,
             registry: Registry::builtin(),
             collections: HashMap::new(),
@@ -146,35 +139,9 @@ impl Store {
             next_snapshot: 1,
             events,
             clock: Clock::default(),
-        };
-        let store = Store {
-            inner: Arc::new(Mutex::new(state)),
-        };
-        {
-            let mut st = store.lock();
-            let ns_info = st.registry.get("", "v1", "namespaces").cloned();
-            if let Some(info) = ns_info {
-                for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-                    let obj =
-                        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-                    let opts = WriteOptions::new("devcluster");
-                    if let Err(e) = st.create(&Write::create(&info, "", &opts), obj) {
-                        tracing::error!(error = %e, "creating default namespace");
-                    }
-                }
-            }
         }
-        store
     }
 
-    /// Take the lock. parking_lot locks do not poison: every write commits atomically at its
-    /// end, so a panic mid-request leaves the state structurally valid and serving goes on.
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.lock()
-    }
-}
-
-impl State {
     /// The current (latest committed) resourceVersion.
     pub(crate) fn current_rv(&self) -> u64 {
         self.rv
@@ -458,110 +425,4 @@ fn decode_continue(token: &str) -> Option<(u64, usize)> {
         v.get("id")?.as_u64()?,
         usize::try_from(v.get("offset")?.as_u64()?).ok()?,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::{Delete, DeleteOptions, Deleted};
-
-    fn cm_info(st: &State) -> ResourceInfo {
-        st.registry
-            .get("", "v1", "configmaps")
-            .cloned()
-            .expect("configmaps served")
-    }
-
-    fn opts() -> WriteOptions {
-        WriteOptions::new("test")
-    }
-
-    #[test]
-    fn resource_versions_are_monotonic_and_deletes_get_a_new_one() {
-        let store = Store::new(100);
-        let mut st = store.lock();
-        let info = cm_info(&st);
-        let a = st
-            .create(
-                &Write::create(&info, "default", &opts()),
-                json!({"metadata": {"name": "a"}, "data": {"k": "v"}}),
-            )
-            .expect("create");
-        let rv_a: u64 = meta::resource_version(&a).parse().expect("numeric rv");
-        let del = st
-            .delete(&Delete {
-                info: &info,
-                namespace: "default",
-                name: "a",
-                options: &DeleteOptions {
-                    propagation: None,
-                    uid: None,
-                    resource_version: None,
-                    dry_run: false,
-                },
-            })
-            .expect("delete");
-        let Deleted::Gone(gone) = del else {
-            panic!("no finalizers: must be gone")
-        };
-        let rv_del: u64 = meta::resource_version(&gone).parse().expect("numeric rv");
-        assert!(rv_del > rv_a);
-        assert_eq!(st.current_rv(), rv_del);
-    }
-
-    #[test]
-    fn continue_tokens_pin_a_snapshot() {
-        let store = Store::new(100);
-        let mut st = store.lock();
-        let info = cm_info(&st);
-        for i in 0..5 {
-            st.create(
-                &Write::create(&info, "default", &opts()),
-                json!({"metadata": {"name": format!("cm{i}")}}),
-            )
-            .expect("create");
-        }
-        let all = LabelSelector::default();
-        let none = FieldSelector::default();
-        let first = st
-            .list(&info, Some("default"), &all, &none, Some(2), None)
-            .expect("list");
-        assert_eq!(first.items.len(), 2);
-        st.create(
-            &Write::create(&info, "default", &opts()),
-            json!({"metadata": {"name": "cm-late"}}),
-        )
-        .expect("create");
-        let token = first.continue_token.clone().expect("more pages");
-        let second = st
-            .list(&info, Some("default"), &all, &none, Some(10), Some(&token))
-            .expect("list");
-        assert_eq!(second.rv, first.rv);
-        assert_eq!(second.items.len(), 3);
-        assert!(second.items.iter().all(|o| meta::name(o) != "cm-late"));
-        assert!(second.continue_token.is_none());
-    }
-
-    #[test]
-    fn compacted_history_expires_resumes() {
-        let store = Store::new(100);
-        let mut st = store.lock();
-        let info = cm_info(&st);
-        let before = st.current_rv();
-        st.create(
-            &Write::create(&info, "default", &opts()),
-            json!({"metadata": {"name": "x"}}),
-        )
-        .expect("create");
-        st.compact();
-        assert!(
-            st.watch(&info, None, WatchStart::From(before)).is_err(),
-            "older versions are gone"
-        );
-        let now = st.current_rv();
-        assert!(
-            st.watch(&info, None, WatchStart::From(now)).is_ok(),
-            "the current version stays watchable"
-        );
-    }
 }
