@@ -29,6 +29,8 @@ pub(crate) mod listoptions;
 pub(crate) mod meta;
 pub mod protobuf;
 pub(crate) mod render;
+#[cfg(test)]
+mod rooms;
 pub mod selector;
 pub(crate) mod status;
 pub mod storage;
