@@ -4,7 +4,7 @@
 //! default) or nothing (`Ignore`). Unknown fields are dropped in every mode, as decoding into a
 //! Go struct drops them.
 //!
-//! Custom resources reach [`enforce`] with the fields their structural schema pruned, so both
+//! Custom resources reach `enforce` with the fields their structural schema pruned, so both
 //! kinds of object answer `fieldValidation` the same way.
 
 use crate::catalog::openapi::CATALOG;

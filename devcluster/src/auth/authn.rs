@@ -117,7 +117,7 @@ pub(crate) struct AuthStats {
     forbidden: AtomicU64,
 }
 
-/// A snapshot of [`AuthStats`].
+/// A snapshot of the authentication and authorization counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AuthCounts {
     /// Requests that authenticated.

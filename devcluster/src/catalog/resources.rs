@@ -249,7 +249,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The built-in kinds devcluster serves from the start ([`BUILTIN`]).
+    /// The built-in kinds devcluster serves from the start.
     pub fn builtin() -> Self {
         let mut r = Registry::default();
         for &(group, plural, kind, namespaced, short, flags) in BUILTIN {
