@@ -22,7 +22,6 @@ use crate::auth::rbac::{self, Attributes, Decision};
 use crate::auth::reviews::ReviewApi;
 use crate::status::ApiError;
 use axum::body::Bytes;
-
 use axum::response::Response;
 
 /// Serves one request through the steps above.
