@@ -10,7 +10,7 @@
 //! Output: per kind, the median over rounds of CPU nanoseconds per create, then one line
 //! `BENCH_JSON {...}`.
 
-use devcluster::store::{Store, WriteOptions};
+use devcluster::storage::{Store, Write, WriteOptions};
 use serde_json::{Value, json};
 
 /// Objects created per round, and rounds per kind (the median round is reported).
@@ -47,10 +47,7 @@ fn measure(group: &str, plural: &str, make: fn(usize) -> Value) -> f64 {
     let mut per_create = Vec::new();
     for round in 0..ROUNDS {
         let store = Store::new(10_000);
-        let opts = WriteOptions {
-            manager: "bench".into(),
-            ..Default::default()
-        };
+        let opts = WriteOptions::new("bench");
         let mut st = store.lock();
         let ns_info = st
             .registry
@@ -60,12 +57,13 @@ fn measure(group: &str, plural: &str, make: fn(usize) -> Value) -> f64 {
         let info = st.registry.get(group, "v1", plural).cloned().expect("kind");
         let ns = format!("bench-{round}");
         let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        st.create(&ns_info, None, namespace, &opts)
+        st.create(&Write::create(&ns_info, "", &opts), namespace)
             .expect("namespace");
         let objects: Vec<Value> = (0..PER_ROUND).map(make).collect();
         let start = thread_cpu_ns();
         for obj in objects {
-            st.create(&info, Some(&ns), obj, &opts).expect("create");
+            st.create(&Write::create(&info, &ns, &opts), obj)
+                .expect("create");
         }
         per_create.push((thread_cpu_ns() - start) as f64 / PER_ROUND as f64);
     }

@@ -3,7 +3,7 @@
 //! The same handle backs the Rust API and the `/_devcluster/` admin endpoints, so in-process and
 //! out-of-process tests inject identical faults.
 
-use crate::store::Store;
+use crate::storage::Store;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -16,33 +16,28 @@
 //! # Ok(()) }
 //! ```
 
-pub mod api;
-pub mod authn;
-pub mod faults;
-pub mod fieldcheck;
-pub mod fieldmanager;
-pub mod listoptions;
-pub mod meta;
-pub mod openapi;
-pub mod patch;
-pub mod protobuf;
-pub mod rbac;
-pub mod render;
-pub mod resources;
-pub mod reviews;
-pub mod schema;
-pub mod selector;
-pub mod server;
-pub mod status;
-pub mod store;
-pub mod tls;
-pub mod token;
-pub mod validation;
-pub mod watch;
+#![warn(unreachable_pub)]
 
-pub use authn::{AuthCounts, Identity};
+pub mod admission;
+pub(crate) mod apply;
+pub(crate) mod auth;
+pub mod catalog;
+pub(crate) mod cluster;
+pub(crate) mod faults;
+pub(crate) mod http;
+pub(crate) mod listoptions;
+pub(crate) mod meta;
+pub mod protobuf;
+pub(crate) mod render;
+#[cfg(test)]
+mod rooms;
+pub mod selector;
+pub(crate) mod status;
+pub mod storage;
+
+pub use auth::authn::{AuthCounts, Identity};
+pub use cluster::{DevCluster, Options};
 pub use faults::{Faults, Stats};
-pub use server::{DevCluster, Options};
 
 /// Why a devcluster could not start or a client could not be built for it.
 #[derive(Debug, thiserror::Error)]
@@ -58,5 +53,5 @@ pub enum Error {
     Client(String),
     /// A token could not be issued.
     #[error("cannot issue a token: {0}")]
-    Token(#[from] authn::MintError),
+    Token(#[from] auth::authn::MintError),
 }

@@ -96,7 +96,7 @@ fn list_causes(send_initial: bool, rv_match: &str, rv: &str, cont: &str) -> Vec<
 
 /// Validates a list (`watch == false`) or watch request's options: 422 `ListOptions.meta.k8s.io
 /// "" is invalid` with one cause per problem, as kube-apiserver answers.
-pub fn validate(query: &HashMap<String, String>, watch: bool) -> Result<(), ApiError> {
+pub(crate) fn validate(query: &HashMap<String, String>, watch: bool) -> Result<(), ApiError> {
     let get = |k: &str| query.get(k).map(String::as_str).unwrap_or_default();
     // Presence, not truth: `sendInitialEvents=false` counts as set, as the Go pointer does.
     let send_initial = query.contains_key("sendInitialEvents");

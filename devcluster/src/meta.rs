@@ -3,41 +3,41 @@
 use serde_json::{Map, Value, json};
 
 /// `metadata.name`, or "".
-pub fn name(obj: &Value) -> &str {
+pub(crate) fn name(obj: &Value) -> &str {
     obj.pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
 
 /// `metadata.namespace`, or "".
-pub fn namespace(obj: &Value) -> &str {
+pub(crate) fn namespace(obj: &Value) -> &str {
     obj.pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
 
 /// `metadata.uid`, or "".
-pub fn uid(obj: &Value) -> &str {
+pub(crate) fn uid(obj: &Value) -> &str {
     obj.pointer("/metadata/uid")
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
 
 /// `metadata.resourceVersion`, or "".
-pub fn resource_version(obj: &Value) -> &str {
+pub(crate) fn resource_version(obj: &Value) -> &str {
     obj.pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
 
 /// Whether `metadata.deletionTimestamp` is set.
-pub fn is_deleting(obj: &Value) -> bool {
+pub(crate) fn is_deleting(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
 }
 
 /// `metadata.finalizers` as strings.
-pub fn finalizers(obj: &Value) -> Vec<String> {
+pub(crate) fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
         .map(|a| {
@@ -50,7 +50,7 @@ pub fn finalizers(obj: &Value) -> Vec<String> {
 }
 
 /// `metadata.ownerReferences` entries as (uid, apiVersion, kind, name).
-pub fn owner_uids(obj: &Value) -> Vec<String> {
+pub(crate) fn owner_uids(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .map(|a| {
@@ -63,7 +63,7 @@ pub fn owner_uids(obj: &Value) -> Vec<String> {
 }
 
 /// `metadata` as a mutable map, created if missing or not an object.
-pub fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
+pub(crate) fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
     if !obj.is_object() {
         *obj = json!({});
     }
@@ -76,7 +76,7 @@ pub fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
 }
 
 /// Set (or with `None` remove) one metadata field.
-pub fn set(obj: &mut Value, field: &str, value: Option<Value>) {
+pub(crate) fn set(obj: &mut Value, field: &str, value: Option<Value>) {
     let md = metadata_mut(obj);
     match value {
         Some(v) => {
@@ -89,7 +89,7 @@ pub fn set(obj: &mut Value, field: &str, value: Option<Value>) {
 }
 
 /// Read a dotted path such as `spec.replicas`.
-pub fn get_path<'a>(obj: &'a Value, dotted: &str) -> Option<&'a Value> {
+pub(crate) fn get_path<'a>(obj: &'a Value, dotted: &str) -> Option<&'a Value> {
     dotted
         .split('.')
         .filter(|s| !s.is_empty())
@@ -97,7 +97,7 @@ pub fn get_path<'a>(obj: &'a Value, dotted: &str) -> Option<&'a Value> {
 }
 
 /// Write a dotted path, creating intermediate objects.
-pub fn set_path(obj: &mut Value, dotted: &str, value: Value) {
+pub(crate) fn set_path(obj: &mut Value, dotted: &str, value: Value) {
     let parts: Vec<&str> = dotted.split('.').filter(|s| !s.is_empty()).collect();
     let mut cur = obj;
     for (i, part) in parts.iter().enumerate() {
@@ -114,7 +114,7 @@ pub fn set_path(obj: &mut Value, dotted: &str, value: Value) {
 }
 
 /// The current time as Kubernetes writes `metav1.Time` (RFC 3339, seconds).
-pub fn now() -> String {
+pub(crate) fn now() -> String {
     jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()

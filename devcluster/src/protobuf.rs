@@ -41,7 +41,7 @@ fn message(name: &str) -> Option<MessageDescriptor> {
 }
 
 /// Whether a body is protobuf-encoded, by its content type.
-pub fn is_protobuf(content_type: &str) -> bool {
+pub(crate) fn is_protobuf(content_type: &str) -> bool {
     content_type.contains("protobuf")
 }
 
@@ -126,7 +126,7 @@ fn message_json(m: &DynamicMessage) -> Value {
         return special;
     }
     let mut out = Map::new();
-    let definition = crate::openapi::CATALOG
+    let definition = crate::catalog::openapi::CATALOG
         .definitions
         .get(&format!("io.k8s.{}", m.descriptor().full_name()));
     for (field, value) in m.fields() {

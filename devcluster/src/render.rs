@@ -1,14 +1,14 @@
 //! Response shapes a client can ask for with `Accept`: plain objects, `meta.k8s.io/v1` Tables
 //! (kubectl's server-side printing) and PartialObjectMetadata (metadata-only informers).
 
+use crate::catalog::resources::ResourceInfo;
 use crate::meta;
-use crate::resources::ResourceInfo;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// The representation negotiated from the `Accept` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// Plain JSON objects.
     Json,
     /// `as=Table`, with rows carrying the object as asked by `includeObject`.
@@ -19,7 +19,7 @@ pub enum Format {
 
 /// `includeObject` of a Table request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IncludeObject {
+pub(crate) enum IncludeObject {
     /// No object in rows.
     None,
     /// PartialObjectMetadata in rows (the default).
@@ -29,7 +29,7 @@ pub enum IncludeObject {
 }
 
 /// Pick the first representation of the Accept header that devcluster can produce.
-pub fn negotiate(accept: Option<&str>, include_object: Option<&str>) -> Format {
+pub(crate) fn negotiate(accept: Option<&str>, include_object: Option<&str>) -> Format {
     let include = match include_object {
         Some("None") => IncludeObject::None,
         Some("Object") => IncludeObject::Object,
@@ -67,7 +67,7 @@ pub fn negotiate(accept: Option<&str>, include_object: Option<&str>) -> Format {
 
 /// The object as the requested version presents it (CRD versions share storage; no conversion
 /// beyond the apiVersion, as with the `None` conversion strategy).
-pub fn versioned(info: &ResourceInfo, obj: &Arc<Value>) -> Arc<Value> {
+pub(crate) fn versioned(info: &ResourceInfo, obj: &Arc<Value>) -> Arc<Value> {
     let want = info.api_version();
     if obj.get("apiVersion").and_then(Value::as_str) == Some(want.as_str()) {
         return obj.clone();
@@ -78,7 +78,7 @@ pub fn versioned(info: &ResourceInfo, obj: &Arc<Value>) -> Arc<Value> {
 }
 
 /// PartialObjectMetadata for one object.
-pub fn partial(obj: &Value) -> Value {
+pub(crate) fn partial(obj: &Value) -> Value {
     json!({
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
@@ -87,7 +87,7 @@ pub fn partial(obj: &Value) -> Value {
 }
 
 /// One object in the negotiated representation.
-pub fn object(info: &ResourceInfo, format: Format, obj: &Arc<Value>) -> Value {
+pub(crate) fn object(info: &ResourceInfo, format: Format, obj: &Arc<Value>) -> Value {
     match format {
         Format::Json => (*versioned(info, obj)).clone(),
         Format::Metadata => partial(obj),
@@ -102,7 +102,7 @@ pub fn object(info: &ResourceInfo, format: Format, obj: &Arc<Value>) -> Value {
 }
 
 /// A list in the negotiated representation.
-pub fn list(
+pub(crate) fn list(
     info: &ResourceInfo,
     format: Format,
     items: &[Arc<Value>],
@@ -141,7 +141,7 @@ pub fn list(
 }
 
 /// A `meta.k8s.io/v1` Table: Name, the CRD's printer columns, Age.
-pub fn table(
+pub(crate) fn table(
     info: &ResourceInfo,
     include: IncludeObject,
     items: &[Arc<Value>],

@@ -173,7 +173,7 @@ impl LabelSelector {
     /// `null` and `{}` both yield the match-everything selector; callers for
     /// which an absent selector must select nothing (k8s `nil` semantics)
     /// have to check for absence themselves.
-    pub fn from_label_selector_json(v: &Value) -> Result<Self, SelectorError> {
+    pub(crate) fn from_label_selector_json(v: &Value) -> Result<Self, SelectorError> {
         let obj = match v {
             Value::Null => return Ok(Self::default()),
             Value::Object(o) => o,
@@ -218,12 +218,6 @@ impl LabelSelector {
         Ok(Self { requirements })
     }
 
-    /// True when the selector has no requirements and so matches everything;
-    /// lets the server skip per-object filtering.
-    pub fn is_empty(&self) -> bool {
-        self.requirements.is_empty()
-    }
-
     /// Tests an object's `metadata.labels`; `None` means the object has no
     /// labels, which still satisfies `!=`, `notin` and `!key` requirements.
     pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
@@ -232,7 +226,7 @@ impl LabelSelector {
 
     /// Convenience for [`LabelSelector::matches`] on a whole object, reading
     /// `metadata.labels` (absent or non-object labels count as none).
-    pub fn matches_object(&self, obj: &Value) -> bool {
+    pub(crate) fn matches_object(&self, obj: &Value) -> bool {
         let labels = obj
             .get("metadata")
             .and_then(|m| m.get("labels"))
@@ -643,7 +637,7 @@ struct FieldRequirement {
 ///
 /// The default value is the empty selector, which matches every object.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FieldSelector {
+pub(crate) struct FieldSelector {
     requirements: Vec<FieldRequirement>,
 }
 
@@ -654,7 +648,7 @@ impl FieldSelector {
     /// Fields other than `metadata.name` and `metadata.namespace` yield
     /// [`SelectorError::UnsupportedField`], matching the API server's
     /// "field label not supported" rejection.
-    pub fn parse(s: &str) -> Result<Self, SelectorError> {
+    pub(crate) fn parse(s: &str) -> Result<Self, SelectorError> {
         Self::parse_with(s, &[])
     }
 
@@ -662,7 +656,7 @@ impl FieldSelector {
     /// also accepts the field labels kube-apiserver registers for that
     /// resource (for core/v1 `events`: `involvedObject.*`, `reason`,
     /// `reportingComponent`, `source`, `type`).
-    pub fn parse_for(s: &str, group: &str, resource: &str) -> Result<Self, SelectorError> {
+    pub(crate) fn parse_for(s: &str, group: &str, resource: &str) -> Result<Self, SelectorError> {
         Self::parse_with(s, resource_fields(group, resource))
     }
 
@@ -701,15 +695,10 @@ impl FieldSelector {
         Ok(Self { requirements })
     }
 
-    /// True when the selector has no clauses and so matches everything.
-    pub fn is_empty(&self) -> bool {
-        self.requirements.is_empty()
-    }
-
     /// Tests an object; a missing field compares as `""` (as in kube-apiserver,
     /// whose field sets hold every label), which is how cluster-scoped objects
     /// match `metadata.namespace=`.
-    pub fn matches(&self, obj: &Value) -> bool {
+    pub(crate) fn matches(&self, obj: &Value) -> bool {
         let text = |path: &[&str]| {
             path.iter()
                 .try_fold(obj, |v, key| v.get(key))
@@ -733,7 +722,7 @@ impl FieldSelector {
     /// The exact name when some clause is `metadata.name=<x>`, so the server
     /// can do a direct lookup instead of a scan. The caller must still run
     /// [`FieldSelector::matches`] on the hit, as other clauses may exclude it.
-    pub fn pinned_name(&self) -> Option<&str> {
+    pub(crate) fn pinned_name(&self) -> Option<&str> {
         self.requirements
             .iter()
             .find(|r| r.field == Field::Name && !r.negate)
@@ -837,7 +826,7 @@ mod tests {
     fn empty_selector_matches_everything() {
         for s in ["", "   "] {
             let ls = sel(s);
-            assert!(ls.is_empty());
+            assert!(ls.requirements.is_empty());
             assert!(ls.matches(None));
             assert!(ls.matches(Some(&labels(json!({"a": "b"})))));
         }
@@ -990,7 +979,7 @@ mod tests {
             ]
         }))
         .expect("valid selector");
-        assert!(!ls.is_empty());
+        assert!(!ls.requirements.is_empty());
         let ok = json!({"metadata": {"labels": {"app": "web", "env": "prod", "tier": "x", "zone": "b"}}});
         assert!(ls.matches_object(&ok));
         let canary = json!({"metadata": {"labels": {"app": "web", "env": "prod", "tier": "x", "canary": "1"}}});
@@ -1005,11 +994,13 @@ mod tests {
         assert!(
             LabelSelector::from_label_selector_json(&json!({}))
                 .expect("empty")
+                .requirements
                 .is_empty()
         );
         assert!(
             LabelSelector::from_label_selector_json(&Value::Null)
                 .expect("null")
+                .requirements
                 .is_empty()
         );
         for bad in [
@@ -1066,7 +1057,7 @@ mod tests {
     #[test]
     fn field_selector_empty() {
         let fs = FieldSelector::parse("").expect("parse");
-        assert!(fs.is_empty());
+        assert!(fs.requirements.is_empty());
         assert!(fs.matches(&json!({})));
         assert_eq!(fs.pinned_name(), None);
     }

@@ -9,13 +9,13 @@ use serde_json::{Value, json};
 
 /// One `details.causes` entry of a Status (which field was wrong and why).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cause {
+pub(crate) struct Cause {
     /// Machine-readable cause type, e.g. `FieldValueRequired`.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Human-readable explanation.
-    pub message: String,
+    pub(crate) message: String,
     /// JSON path of the offending field, e.g. `metadata.name`.
-    pub field: String,
+    pub(crate) field: String,
 }
 
 /// A failed API request, carrying everything a `metav1.Status` needs.
@@ -23,17 +23,17 @@ pub struct Cause {
 #[error("{code} {reason}: {message}")]
 pub struct ApiError {
     /// HTTP status code.
-    pub code: u16,
+    pub(crate) code: u16,
     /// `metav1.StatusReason`, e.g. `NotFound`.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     /// Human-readable message, worded like kube-apiserver's.
-    pub message: String,
+    pub(crate) message: String,
     /// `details.name`, `details.group`, `details.kind` when known.
-    pub details: Option<Box<Value>>,
+    pub(crate) details: Option<Box<Value>>,
     /// `details.causes` for Invalid and Conflict errors.
-    pub causes: Vec<Cause>,
+    pub(crate) causes: Vec<Cause>,
     /// `details.retryAfterSeconds` for throttling-like failures.
-    pub retry_after: Option<u32>,
+    pub(crate) retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -49,7 +49,7 @@ impl ApiError {
     }
 
     /// 404: `resource "name" not found` in kube-apiserver's wording.
-    pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
+    pub(crate) fn not_found(group: &str, resource: &str, name: &str) -> Self {
         let qualified = qualified(group, resource);
         let mut e = Self::new(404, "NotFound", format!("{qualified} \"{name}\" not found"));
         e.details = Some(Box::new(
@@ -59,7 +59,7 @@ impl ApiError {
     }
 
     /// 404 for a path that names no served resource.
-    pub fn no_route(path: &str) -> Self {
+    pub(crate) fn no_route(path: &str) -> Self {
         Self::new(
             404,
             "NotFound",
@@ -68,7 +68,7 @@ impl ApiError {
     }
 
     /// 409 AlreadyExists.
-    pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
+    pub(crate) fn already_exists(group: &str, resource: &str, name: &str) -> Self {
         let qualified = qualified(group, resource);
         let mut e = Self::new(
             409,
@@ -82,7 +82,7 @@ impl ApiError {
     }
 
     /// 409 Conflict on a stale resourceVersion precondition.
-    pub fn conflict(group: &str, resource: &str, name: &str, why: &str) -> Self {
+    pub(crate) fn conflict(group: &str, resource: &str, name: &str, why: &str) -> Self {
         let qualified = qualified(group, resource);
         let mut e = Self::new(
             409,
@@ -96,14 +96,14 @@ impl ApiError {
     }
 
     /// 409 Conflict with causes (server-side apply field conflicts).
-    pub fn apply_conflict(message: String, causes: Vec<Cause>) -> Self {
+    pub(crate) fn apply_conflict(message: String, causes: Vec<Cause>) -> Self {
         let mut e = Self::new(409, "Conflict", message);
         e.causes = causes;
         e
     }
 
     /// 422 Invalid with the causes that say which fields to fix.
-    pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
+    pub(crate) fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
         let summary: Vec<String> = causes
             .iter()
             .map(|c| format!("{}: {}", c.field, c.message))
@@ -122,7 +122,7 @@ impl ApiError {
     }
 
     /// 422 Invalid for a single field.
-    pub fn invalid_field(
+    pub(crate) fn invalid_field(
         kind: &str,
         group: &str,
         name: &str,
@@ -143,22 +143,22 @@ impl ApiError {
     }
 
     /// 400 BadRequest.
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }
 
     /// 403 Forbidden.
-    pub fn forbidden(message: impl Into<String>) -> Self {
+    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)
     }
 
     /// 405 MethodNotAllowed.
-    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+    pub(crate) fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }
 
     /// 415 UnsupportedMediaType.
-    pub fn unsupported_media_type(content_type: &str) -> Self {
+    pub(crate) fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
@@ -169,17 +169,12 @@ impl ApiError {
     }
 
     /// 410 Expired (used in-stream for watches and for stale continue tokens).
-    pub fn expired(message: impl Into<String>) -> Self {
+    pub(crate) fn expired(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
     }
 
-    /// 500 InternalError.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", message)
-    }
-
     /// An arbitrary code, used by fault injection; the reason follows the code as kube-apiserver would.
-    pub fn injected(code: u16) -> Self {
+    pub(crate) fn injected(code: u16) -> Self {
         let reason = match code {
             400 => "BadRequest",
             401 => "Unauthorized",
@@ -205,7 +200,7 @@ impl ApiError {
     }
 
     /// The `metav1.Status` object for this error.
-    pub fn to_status(&self) -> Value {
+    pub(crate) fn to_status(&self) -> Value {
         let mut status = json!({
             "kind": "Status",
             "apiVersion": "v1",
@@ -259,7 +254,7 @@ impl IntoResponse for ApiError {
 }
 
 /// A successful delete of an object that is gone answers this Status (kube-apiserver does for some kinds).
-pub fn success_status(name: &str, group: &str, kind: &str, uid: &str) -> Value {
+pub(crate) fn success_status(name: &str, group: &str, kind: &str, uid: &str) -> Value {
     json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
         "details": {"name": name, "group": group, "kind": kind, "uid": uid}

@@ -5,8 +5,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use devcluster::resources::Registry;
-use devcluster::{fieldcheck, protobuf, validation};
+use devcluster::catalog::resources::Registry;
+use devcluster::admission::{fieldcheck, validation};
+use devcluster::protobuf;
 use libfuzzer_sys::fuzz_target;
 use prost::encoding::{WireType, encode_key, encode_varint};
 

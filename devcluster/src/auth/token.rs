@@ -13,57 +13,57 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// The audience (and issuer) of the API server itself: tokens for it authenticate API requests.
-pub const API_AUDIENCE: &str = "https://kubernetes.default.svc";
+pub(crate) const API_AUDIENCE: &str = "https://kubernetes.default.svc";
 
 /// Default lifetime of a TokenRequest token, as in Kubernetes.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 
 /// Shortest lifetime the TokenRequest API accepts, as in Kubernetes (the Rust handle may mint shorter).
-pub const MIN_TTL: Duration = Duration::from_secs(600);
+pub(crate) const MIN_TTL: Duration = Duration::from_secs(600);
 
 /// The `kubernetes.io` claim: which ServiceAccount the token is for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KubernetesClaim {
+pub(crate) struct KubernetesClaim {
     /// The ServiceAccount's namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The ServiceAccount.
-    pub serviceaccount: ObjectRef,
+    pub(crate) serviceaccount: ObjectRef,
 }
 
 /// A name and uid.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ObjectRef {
+pub(crate) struct ObjectRef {
     /// Object name.
-    pub name: String,
+    pub(crate) name: String,
     /// Object uid; a token dies with the object it names.
-    pub uid: String,
+    pub(crate) uid: String,
 }
 
 /// The payload of a ServiceAccount token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Claims {
+pub(crate) struct Claims {
     /// Issuer.
-    pub iss: String,
+    pub(crate) iss: String,
     /// Subject: `system:serviceaccount:<namespace>:<name>`.
-    pub sub: String,
+    pub(crate) sub: String,
     /// Audiences the token is valid for.
-    pub aud: Vec<String>,
+    pub(crate) aud: Vec<String>,
     /// Expiry, Unix seconds.
-    pub exp: i64,
+    pub(crate) exp: i64,
     /// Issued at, Unix seconds.
-    pub iat: i64,
+    pub(crate) iat: i64,
     /// Not before, Unix seconds.
-    pub nbf: i64,
+    pub(crate) nbf: i64,
     /// Unique token id (reported in TokenReview's credential-id extra).
-    pub jti: String,
+    pub(crate) jti: String,
     /// ServiceAccount identity.
     #[serde(rename = "kubernetes.io")]
-    pub kubernetes: KubernetesClaim,
+    pub(crate) kubernetes: KubernetesClaim,
 }
 
 /// Why a token was not accepted. The messages follow kube-apiserver's wording.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     /// Not three base64url parts with JSON header and payload.
     #[error("token is malformed")]
     Malformed,
@@ -90,7 +90,7 @@ pub enum TokenError {
 }
 
 /// Mints and verifies tokens with one key.
-pub struct Signer {
+pub(crate) struct Signer {
     key: hmac::Key,
     kid: String,
 }
@@ -104,7 +104,7 @@ struct Header {
 
 impl Signer {
     /// A signer with a fresh random key.
-    pub fn generate() -> Self {
+    pub(crate) fn generate() -> Self {
         let secret: [u8; 32] = rand::random();
         let kid = URL_SAFE_NO_PAD
             .encode(&ring::digest::digest(&ring::digest::SHA256, &secret).as_ref()[..12]);
@@ -115,7 +115,7 @@ impl Signer {
     }
 
     /// Claims for `namespace/name` (uid `uid`) valid from now for `ttl`.
-    pub fn claims(
+    pub(crate) fn claims(
         namespace: &str,
         name: &str,
         uid: &str,
@@ -143,7 +143,7 @@ impl Signer {
     }
 
     /// Encode and sign.
-    pub fn sign(&self, claims: &Claims) -> String {
+    pub(crate) fn sign(&self, claims: &Claims) -> String {
         let header = Header {
             alg: "HS256".into(),
             typ: "JWT".into(),
@@ -163,7 +163,7 @@ impl Signer {
 
     /// Check shape, signature, issuer and time; audiences and the ServiceAccount's existence are
     /// the caller's business (they depend on who asks and on the store).
-    pub fn verify(&self, token: &str) -> Result<Claims, TokenError> {
+    pub(crate) fn verify(&self, token: &str) -> Result<Claims, TokenError> {
         let mut parts = token.split('.');
         let (Some(header), Some(payload), Some(signature), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -204,7 +204,7 @@ impl Signer {
 }
 
 /// The audiences both sides accept; an empty `wanted` means the API server's own audience.
-pub fn intersect(token: &[String], wanted: &[String]) -> Result<Vec<String>, TokenError> {
+pub(crate) fn intersect(token: &[String], wanted: &[String]) -> Result<Vec<String>, TokenError> {
     let target: Vec<String> = if wanted.is_empty() {
         vec![API_AUDIENCE.to_string()]
     } else {

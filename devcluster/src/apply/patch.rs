@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 /// Why a patch could not be applied; the server maps these to HTTP statuses.
 #[derive(Debug, thiserror::Error)]
-pub enum PatchError {
+pub(crate) enum PatchError {
     /// The patch document is not of the form its content type requires.
     #[error("{0}")]
     Malformed(String),
@@ -26,7 +26,7 @@ pub enum PatchError {
 /// How the items of a list field are matched up between the live object and a
 /// patch; the Rust counterpart of the `patchStrategy:"merge"` struct tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MergeKey {
+pub(crate) enum MergeKey {
     /// A list of objects identified by this field (e.g. containers by `name`).
     Key(&'static str),
     /// A list of primitives merged as a set (e.g. `metadata.finalizers`).
@@ -34,7 +34,7 @@ pub enum MergeKey {
 }
 
 /// RFC 7386 JSON merge patch (application/merge-patch+json). Never fails for object patches; a non-object patch replaces the target.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;
@@ -57,7 +57,7 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 /// RFC 6902 JSON patch (application/json-patch+json). Kubernetes quirk: a `test` op whose path does not exist and whose value is null PASSES. Atomic: on error the target is unchanged.
-pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
+pub(crate) fn json_patch(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
     use json_patch::PatchOperation;
 
     let Value::Array(raw_ops) = patch else {
@@ -143,7 +143,7 @@ fn describe_json_patch_failure(
 /// appended in patch order (upstream may interleave when a patch reorders
 /// existing items without `$setElementOrder`), and a nested
 /// `{"$patch":"delete"}` removes the field rather than leaving `{}`.
-pub fn strategic_merge_patch(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
+pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
     let Value::Object(patch) = patch else {
         return Err(PatchError::Malformed(format!(
             "a strategic merge patch must be a JSON object, got {}",
@@ -166,7 +166,7 @@ pub fn strategic_merge_patch(target: &mut Value, patch: &Value) -> Result<(), Pa
 }
 
 /// The merge key of a list field in built-in kinds for strategic merge and server-side apply, by field name and the path of parent field names (e.g. ["spec","template","spec","containers"]); None = atomic list (replaced whole). `Some(MergeKey::Set)` for lists of primitives merged as sets (metadata.finalizers).
-pub fn list_merge_key(path: &[&str]) -> Option<MergeKey> {
+pub(crate) fn list_merge_key(path: &[&str]) -> Option<MergeKey> {
     let (&field, parents) = path.split_last()?;
     let parent = parents.last().copied();
     let in_container = matches!(
@@ -414,16 +414,15 @@ fn merge_set(live: Vec<Value>, patch: &[Value]) -> Vec<Value> {
     result
 }
 
-fn merge_keyed<'p>(
-    live: Vec<Value>,
-    patch: &'p [Value],
+/// Applies a keyed list patch's `$patch: delete` items to `result`; true when an item says
+/// `$patch: replace` (the live list is dropped). Unknown directives are malformed.
+fn keyed_directives(
+    result: &mut Vec<Value>,
+    patch: &[Value],
     key: &'static str,
-    path: &mut Vec<&'p str>,
-) -> Result<Vec<Value>, PatchError> {
-    let mut result = live;
+    path: &[&str],
+) -> Result<bool, PatchError> {
     let mut replace = false;
-    // Deletions first, as upstream does, so a patch may delete an item and
-    // add a fresh one with the same key.
     for item in patch {
         match directive_of(item).map(|d| d.as_str()) {
             None => {}
@@ -446,7 +445,19 @@ fn merge_keyed<'p>(
             }
         }
     }
-    if replace {
+    Ok(replace)
+}
+
+fn merge_keyed<'p>(
+    live: Vec<Value>,
+    patch: &'p [Value],
+    key: &'static str,
+    path: &mut Vec<&'p str>,
+) -> Result<Vec<Value>, PatchError> {
+    let mut result = live;
+    // Deletions first, as upstream does, so a patch may delete an item and
+    // add a fresh one with the same key.
+    if keyed_directives(&mut result, patch, key, path)? {
         result.clear();
     }
     for item in patch {

@@ -2,9 +2,9 @@
 //! the static admin token (a `system:masters` member, what the generated kubeconfig uses) or a
 //! ServiceAccount token minted by the TokenRequest API.
 
-use crate::resources::GroupResource;
-use crate::store::Store;
-use crate::token::{self, Claims, Signer, TokenError};
+use crate::auth::token::{self, Claims, Signer, TokenError};
+use crate::catalog::resources::GroupResource;
+use crate::storage::Store;
 use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -12,15 +12,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The admin user's name.
-pub const ADMIN_USER: &str = "devcluster-admin";
+pub(crate) const ADMIN_USER: &str = "devcluster-admin";
 /// The group that bypasses authorization, as in Kubernetes.
-pub const MASTERS: &str = "system:masters";
+pub(crate) const MASTERS: &str = "system:masters";
 /// Every authenticated identity is in this group.
-pub const AUTHENTICATED: &str = "system:authenticated";
+pub(crate) const AUTHENTICATED: &str = "system:authenticated";
 /// Every ServiceAccount is in this group (and in `system:serviceaccounts:<namespace>`).
-pub const SERVICE_ACCOUNTS: &str = "system:serviceaccounts";
+pub(crate) const SERVICE_ACCOUNTS: &str = "system:serviceaccounts";
 /// TokenReview's `user.extra` key carrying the token's id, as kube-apiserver reports it.
-pub const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
+pub(crate) const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
 
 /// An authenticated user, as TokenReview reports it and the authorizer sees it.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -80,7 +80,7 @@ impl Identity {
 
 /// Why a token did not authenticate; the text goes into 401 logs and TokenReview's `status.error`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AuthnError {
+pub(crate) enum AuthnError {
     /// No `Authorization: Bearer` header.
     #[error("no bearer token")]
     Missing,
@@ -110,14 +110,14 @@ pub enum MintError {
 
 /// Counts of authentication and authorization outcomes, for tests and `/_devcluster/stats`.
 #[derive(Debug, Default)]
-pub struct AuthStats {
+pub(crate) struct AuthStats {
     authenticated: AtomicU64,
     unauthenticated: AtomicU64,
     allowed: AtomicU64,
     forbidden: AtomicU64,
 }
 
-/// A snapshot of [`AuthStats`].
+/// A snapshot of the authentication and authorization counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AuthCounts {
     /// Requests that authenticated.
@@ -146,7 +146,7 @@ impl AuthStats {
     }
 
     /// The counts so far.
-    pub fn counts(&self) -> AuthCounts {
+    pub(crate) fn counts(&self) -> AuthCounts {
         AuthCounts {
             authenticated: self.authenticated.load(Ordering::Relaxed),
             unauthenticated: self.unauthenticated.load(Ordering::Relaxed),
@@ -169,11 +169,11 @@ impl AuthCounts {
 }
 
 /// Verifies bearer tokens and mints ServiceAccount tokens.
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     admin_token: String,
     signer: Signer,
     /// Outcome counters.
-    pub stats: AuthStats,
+    pub(crate) stats: AuthStats,
 }
 
 fn service_accounts() -> GroupResource {
@@ -182,7 +182,7 @@ fn service_accounts() -> GroupResource {
 
 impl Authenticator {
     /// An authenticator accepting `admin_token` and tokens signed by a fresh key.
-    pub fn new(admin_token: String) -> Self {
+    pub(crate) fn new(admin_token: String) -> Self {
         Authenticator {
             admin_token,
             signer: Signer::generate(),
@@ -191,7 +191,7 @@ impl Authenticator {
     }
 
     /// The bearer token of a request's `Authorization` header.
-    pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
         let (scheme, token) = value.split_once(' ')?;
         let token = token.trim();
@@ -199,14 +199,18 @@ impl Authenticator {
     }
 
     /// Authenticate an API request: the token must be for the API server's audience.
-    pub fn authenticate(&self, store: &Store, headers: &HeaderMap) -> Result<Identity, AuthnError> {
+    pub(crate) fn authenticate(
+        &self,
+        store: &Store,
+        headers: &HeaderMap,
+    ) -> Result<Identity, AuthnError> {
         let token = Self::bearer(headers).ok_or(AuthnError::Missing)?;
         self.review(store, token, &[]).map(|(id, _)| id)
     }
 
     /// Authenticate `token` for `audiences` (empty: the API server's), returning the identity
     /// and the audiences it is valid for among those asked.
-    pub fn review(
+    pub(crate) fn review(
         &self,
         store: &Store,
         token: &str,
@@ -235,7 +239,7 @@ impl Authenticator {
     }
 
     /// Mint a token for ServiceAccount `namespace/name` (which must exist) valid for `ttl`.
-    pub fn mint(
+    pub(crate) fn mint(
         &self,
         store: &Store,
         namespace: &str,

@@ -8,27 +8,27 @@ use std::collections::BTreeMap;
 
 /// Where a resource's scale subresource reads and writes replicas.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ScalePaths {
+pub(crate) struct ScalePaths {
     /// Dotted path of the desired replicas, e.g. `spec.replicas`.
-    pub spec_replicas: String,
+    pub(crate) spec_replicas: String,
     /// Dotted path of the observed replicas, e.g. `status.replicas`.
-    pub status_replicas: String,
+    pub(crate) status_replicas: String,
     /// Dotted path of the serialized label selector in status, if any.
-    pub label_selector: Option<String>,
+    pub(crate) label_selector: Option<String>,
 }
 
 /// A (group, plural) pair: the unit of storage, shared by every served version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupResource {
+pub(crate) struct GroupResource {
     /// API group, empty for core.
-    pub group: String,
+    pub(crate) group: String,
     /// Plural resource name.
-    pub resource: String,
+    pub(crate) resource: String,
 }
 
 impl GroupResource {
     /// Build from borrowed parts.
-    pub fn new(group: &str, resource: &str) -> Self {
+    pub(crate) fn new(group: &str, resource: &str) -> Self {
         GroupResource {
             group: group.to_string(),
             resource: resource.to_string(),
@@ -40,40 +40,40 @@ impl GroupResource {
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
     /// API group, empty for core.
-    pub group: String,
+    pub(crate) group: String,
     /// Served version.
-    pub version: String,
+    pub(crate) version: String,
     /// Plural name used in URLs.
-    pub plural: String,
+    pub(crate) plural: String,
     /// Singular name.
-    pub singular: String,
+    pub(crate) singular: String,
     /// Kind.
     pub kind: String,
     /// Whether objects live in namespaces.
-    pub namespaced: bool,
+    pub(crate) namespaced: bool,
     /// kubectl short names.
-    pub short_names: Vec<String>,
+    pub(crate) short_names: Vec<String>,
     /// Categories such as `all`.
-    pub categories: Vec<String>,
+    pub(crate) categories: Vec<String>,
     /// Whether a status subresource splits spec and status writes.
-    pub status: bool,
+    pub(crate) status: bool,
     /// The scale subresource, if any.
-    pub scale: Option<ScalePaths>,
+    pub(crate) scale: Option<ScalePaths>,
     /// Built-in kinds accept strategic merge patches; custom resources answer 415.
     pub builtin: bool,
     /// Whether writes maintain `metadata.generation`.
-    pub generation: bool,
+    pub(crate) generation: bool,
     /// Whether unconditional updates (PUT without resourceVersion) are allowed.
-    pub unconditional_update: bool,
+    pub(crate) unconditional_update: bool,
     /// The CRD's structural schema for this version.
-    pub schema: Option<Value>,
+    pub(crate) schema: Option<Value>,
     /// The CRD's additionalPrinterColumns for this version.
-    pub printer_columns: Vec<Value>,
+    pub(crate) printer_columns: Vec<Value>,
     /// The CRD that defines this resource.
-    pub crd: Option<String>,
+    pub(crate) crd: Option<String>,
     /// A virtual kind that only answers `create` and stores nothing (TokenReview,
     /// SubjectAccessReview, ...).
-    pub create_only: bool,
+    pub(crate) create_only: bool,
 }
 
 impl ResourceInfo {
@@ -87,7 +87,7 @@ impl ResourceInfo {
     }
 
     /// The storage key shared by all versions.
-    pub fn group_resource(&self) -> GroupResource {
+    pub(crate) fn group_resource(&self) -> GroupResource {
         GroupResource::new(&self.group, &self.plural)
     }
 
@@ -111,12 +111,6 @@ impl ResourceInfo {
             crd: None,
             create_only: false,
         }
-    }
-
-    fn review(group: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
-        let mut info = Self::builtin(group, "v1", plural, kind, namespaced);
-        info.create_only = true;
-        info
     }
 
     fn short(mut self, names: &[&str]) -> Self {
@@ -149,7 +143,7 @@ impl ResourceInfo {
     }
 
     /// The discovery `APIResource` entries for this resource and its subresources.
-    pub fn discovery_entries(&self) -> Vec<Value> {
+    pub(crate) fn discovery_entries(&self) -> Vec<Value> {
         let verbs = [
             "create",
             "delete",
@@ -192,6 +186,62 @@ impl ResourceInfo {
     }
 }
 
+/// [`BUILTIN`] flags: a status subresource.
+const STATUS: u8 = 1;
+/// A scale subresource at `spec.replicas` / `status.replicas` / `status.selector`.
+const SCALE: u8 = 1 << 1;
+/// Writes maintain `metadata.generation`.
+const GENERATION: u8 = 1 << 2;
+/// In the `all` category.
+const IN_ALL: u8 = 1 << 3;
+/// A virtual kind that only answers `create` (the review APIs).
+const CREATE_ONLY: u8 = 1 << 4;
+
+/// One row of [`BUILTIN`]: group, plural, kind, namespaced, kubectl short names, flags.
+type Builtin = (
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    &'static [&'static str],
+    u8,
+);
+
+/// The built-in kinds devcluster serves from the start, all at `v1`.
+#[rustfmt::skip]
+const BUILTIN: &[Builtin] = &[
+    ("", "namespaces", "Namespace", false, &["ns"], STATUS),
+    ("", "configmaps", "ConfigMap", true, &["cm"], 0),
+    ("", "secrets", "Secret", true, &[], 0),
+    ("", "serviceaccounts", "ServiceAccount", true, &["sa"], 0),
+    ("", "pods", "Pod", true, &["po"], STATUS | GENERATION | IN_ALL),
+    ("", "services", "Service", true, &["svc"], STATUS | IN_ALL),
+    ("", "events", "Event", true, &["ev"], 0),
+    ("events.k8s.io", "events", "Event", true, &["ev"], 0),
+    ("apps", "deployments", "Deployment", true, &["deploy"], STATUS | SCALE | GENERATION | IN_ALL),
+    ("apps", "replicasets", "ReplicaSet", true, &["rs"], STATUS | SCALE | GENERATION | IN_ALL),
+    ("apps", "statefulsets", "StatefulSet", true, &["sts"], STATUS | SCALE | GENERATION | IN_ALL),
+    ("apps", "daemonsets", "DaemonSet", true, &["ds"], STATUS | GENERATION | IN_ALL),
+    ("coordination.k8s.io", "leases", "Lease", true, &[], 0),
+    ("", "resourcequotas", "ResourceQuota", true, &["quota"], STATUS),
+    ("batch", "jobs", "Job", true, &[], STATUS | GENERATION | IN_ALL),
+    ("batch", "cronjobs", "CronJob", true, &["cj"], STATUS | GENERATION | IN_ALL),
+    ("networking.k8s.io", "ingresses", "Ingress", true, &["ing"], STATUS | GENERATION),
+    ("scheduling.k8s.io", "priorityclasses", "PriorityClass", false, &["pc"], 0),
+    ("policy", "poddisruptionbudgets", "PodDisruptionBudget", true, &["pdb"], STATUS | GENERATION),
+    ("networking.k8s.io", "networkpolicies", "NetworkPolicy", true, &["netpol"], GENERATION),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], STATUS | GENERATION),
+    ("rbac.authorization.k8s.io", "roles", "Role", true, &[], 0),
+    ("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", true, &[], 0),
+    ("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", false, &[], 0),
+    ("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", false, &[], 0),
+    ("authentication.k8s.io", "tokenreviews", "TokenReview", false, &[], CREATE_ONLY),
+    ("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", false, &[], CREATE_ONLY),
+    ("authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", false, &[], CREATE_ONLY),
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false, &[], CREATE_ONLY),
+    ("authorization.k8s.io", "localsubjectaccessreviews", "LocalSubjectAccessReview", true, &[], CREATE_ONLY),
+];
+
 /// All served resources, looked up by URL parts or by storage key.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
@@ -202,163 +252,30 @@ impl Registry {
     /// The built-in kinds devcluster serves from the start.
     pub fn builtin() -> Self {
         let mut r = Registry::default();
-        let core = [
-            ResourceInfo::builtin("", "v1", "namespaces", "Namespace", false)
-                .short(&["ns"])
-                .with_status(),
-            ResourceInfo::builtin("", "v1", "configmaps", "ConfigMap", true).short(&["cm"]),
-            ResourceInfo::builtin("", "v1", "secrets", "Secret", true),
-            ResourceInfo::builtin("", "v1", "serviceaccounts", "ServiceAccount", true)
-                .short(&["sa"]),
-            ResourceInfo::builtin("", "v1", "pods", "Pod", true)
-                .short(&["po"])
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("", "v1", "services", "Service", true)
-                .short(&["svc"])
-                .with_status()
-                .in_all(),
-            ResourceInfo::builtin("", "v1", "events", "Event", true).short(&["ev"]),
-            ResourceInfo::builtin("events.k8s.io", "v1", "events", "Event", true).short(&["ev"]),
-            ResourceInfo::builtin("apps", "v1", "deployments", "Deployment", true)
-                .short(&["deploy"])
-                .with_status()
-                .with_scale()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("apps", "v1", "replicasets", "ReplicaSet", true)
-                .short(&["rs"])
-                .with_status()
-                .with_scale()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("apps", "v1", "statefulsets", "StatefulSet", true)
-                .short(&["sts"])
-                .with_status()
-                .with_scale()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("apps", "v1", "daemonsets", "DaemonSet", true)
-                .short(&["ds"])
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("coordination.k8s.io", "v1", "leases", "Lease", true),
-            ResourceInfo::builtin("", "v1", "resourcequotas", "ResourceQuota", true)
-                .short(&["quota"])
-                .with_status(),
-            ResourceInfo::builtin("batch", "v1", "jobs", "Job", true)
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("batch", "v1", "cronjobs", "CronJob", true)
-                .short(&["cj"])
-                .with_status()
-                .with_generation()
-                .in_all(),
-            ResourceInfo::builtin("networking.k8s.io", "v1", "ingresses", "Ingress", true)
-                .short(&["ing"])
-                .with_status()
-                .with_generation(),
-            ResourceInfo::builtin(
-                "scheduling.k8s.io",
-                "v1",
-                "priorityclasses",
-                "PriorityClass",
-                false,
-            )
-            .short(&["pc"]),
-            ResourceInfo::builtin(
-                "policy",
-                "v1",
-                "poddisruptionbudgets",
-                "PodDisruptionBudget",
-                true,
-            )
-            .short(&["pdb"])
-            .with_status()
-            .with_generation(),
-            ResourceInfo::builtin(
-                "networking.k8s.io",
-                "v1",
-                "networkpolicies",
-                "NetworkPolicy",
-                true,
-            )
-            .short(&["netpol"])
-            .with_generation(),
-            ResourceInfo::builtin(
-                "apiextensions.k8s.io",
-                "v1",
-                "customresourcedefinitions",
-                "CustomResourceDefinition",
-                false,
-            )
-            .short(&["crd", "crds"])
-            .with_status()
-            .with_generation(),
-            ResourceInfo::builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", true),
-            ResourceInfo::builtin(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "rolebindings",
-                "RoleBinding",
-                true,
-            ),
-            ResourceInfo::builtin(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterroles",
-                "ClusterRole",
-                false,
-            ),
-            ResourceInfo::builtin(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterrolebindings",
-                "ClusterRoleBinding",
-                false,
-            ),
-            ResourceInfo::review(
-                "authentication.k8s.io",
-                "tokenreviews",
-                "TokenReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authentication.k8s.io",
-                "selfsubjectreviews",
-                "SelfSubjectReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authorization.k8s.io",
-                "subjectaccessreviews",
-                "SubjectAccessReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authorization.k8s.io",
-                "selfsubjectaccessreviews",
-                "SelfSubjectAccessReview",
-                false,
-            ),
-            ResourceInfo::review(
-                "authorization.k8s.io",
-                "localsubjectaccessreviews",
-                "LocalSubjectAccessReview",
-                true,
-            ),
-        ];
-        for info in core {
+        for &(group, plural, kind, namespaced, short, flags) in BUILTIN {
+            let mut info =
+                ResourceInfo::builtin(group, "v1", plural, kind, namespaced).short(short);
+            let has = |flag: u8| flags & flag != 0;
+            if has(STATUS) {
+                info = info.with_status();
+            }
+            if has(SCALE) {
+                info = info.with_scale();
+            }
+            if has(GENERATION) {
+                info = info.with_generation();
+            }
+            if has(IN_ALL) {
+                info = info.in_all();
+            }
+            info.create_only = has(CREATE_ONLY);
             r.insert(info);
         }
         r
     }
 
     /// Add or replace one resource version.
-    pub fn insert(&mut self, info: ResourceInfo) {
+    pub(crate) fn insert(&mut self, info: ResourceInfo) {
         self.by_gvr.insert(
             (
                 info.group.clone(),
@@ -370,7 +287,7 @@ impl Registry {
     }
 
     /// Remove every version a CRD defined.
-    pub fn remove_crd(&mut self, crd_name: &str) {
+    pub(crate) fn remove_crd(&mut self, crd_name: &str) {
         self.by_gvr
             .retain(|_, info| info.crd.as_deref() != Some(crd_name));
     }
@@ -381,27 +298,13 @@ impl Registry {
             .get(&(group.to_string(), version.to_string(), plural.to_string()))
     }
 
-    /// Any served version of a storage key (used for events and garbage collection).
-    pub fn any_version(&self, gr: &GroupResource) -> Option<&ResourceInfo> {
-        self.by_gvr
-            .values()
-            .find(|i| i.group == gr.group && i.plural == gr.resource)
-    }
-
-    /// Find a resource by apiVersion and kind (for ownerReferences and Scale).
-    pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<&ResourceInfo> {
-        self.by_gvr
-            .values()
-            .find(|i| i.api_version() == api_version && i.kind == kind)
-    }
-
     /// Every served resource version.
     pub fn all(&self) -> impl Iterator<Item = &ResourceInfo> {
         self.by_gvr.values()
     }
 
     /// Served groups with their versions, in a stable order (core excluded); the first version is preferred.
-    pub fn groups(&self) -> Vec<(String, Vec<String>)> {
+    pub(crate) fn groups(&self) -> Vec<(String, Vec<String>)> {
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for info in self.by_gvr.values().filter(|i| !i.group.is_empty()) {
             let versions = groups.entry(info.group.clone()).or_default();
@@ -416,7 +319,7 @@ impl Registry {
     }
 
     /// Discovery `APIResourceList` for one group version.
-    pub fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
+    pub(crate) fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
         let entries: Vec<Value> = self
             .by_gvr
             .values()
@@ -456,7 +359,7 @@ fn version_priority(v: &str) -> (u8, u32, u32) {
 }
 
 /// Register every served version of a CRD object; returns the accepted names or an error message.
-pub fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
+pub(crate) fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
     let spec = crd.get("spec").ok_or("spec is required")?;
     let group = spec
         .get("group")
@@ -490,16 +393,6 @@ pub fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
             "metadata.name must be spec.names.plural+\".\"+spec.group: {plural}.{group}"
         ));
     }
-    let strings = |v: Option<&Value>| -> Vec<String> {
-        v.and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let versions = spec
         .get("versions")
         .and_then(Value::as_array)
@@ -507,50 +400,75 @@ pub fn infos_from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
     if versions.is_empty() {
         return Err("spec.versions must have at least one version".into());
     }
+    let template = ResourceInfo {
+        group: group.into(),
+        version: String::new(),
+        plural: plural.into(),
+        singular,
+        kind: kind.into(),
+        namespaced,
+        short_names: strings(names.get("shortNames")),
+        categories: strings(names.get("categories")),
+        status: false,
+        scale: None,
+        builtin: false,
+        generation: true,
+        unconditional_update: false,
+        schema: None,
+        printer_columns: Vec::new(),
+        crd: Some(crd_name.to_string()),
+        create_only: false,
+    };
     let mut out = Vec::new();
     for v in versions {
         let name = v
             .get("name")
             .and_then(Value::as_str)
             .ok_or("spec.versions[].name is required")?;
-        if !v.get("served").and_then(Value::as_bool).unwrap_or(false) {
-            continue;
+        if v.get("served").and_then(Value::as_bool).unwrap_or(false) {
+            out.push(served_version(&template, name, v));
         }
-        let subresources = v.get("subresources");
-        let scale = subresources
-            .and_then(|s| s.get("scale"))
-            .map(|s| ScalePaths {
-                spec_replicas: trim_path(s.get("specReplicasPath"))
-                    .unwrap_or_else(|| "spec.replicas".into()),
-                status_replicas: trim_path(s.get("statusReplicasPath"))
-                    .unwrap_or_else(|| "status.replicas".into()),
-                label_selector: trim_path(s.get("labelSelectorPath")),
-            });
-        out.push(ResourceInfo {
-            group: group.into(),
-            version: name.into(),
-            plural: plural.into(),
-            singular: singular.clone(),
-            kind: kind.into(),
-            namespaced,
-            short_names: strings(names.get("shortNames")),
-            categories: strings(names.get("categories")),
-            status: subresources.and_then(|s| s.get("status")).is_some(),
-            scale,
-            builtin: false,
-            generation: true,
-            unconditional_update: false,
-            schema: v.pointer("/schema/openAPIV3Schema").cloned(),
-            printer_columns: v
-                .get("additionalPrinterColumns")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default(),
-            crd: Some(crd_name.to_string()),
-            create_only: false,
-        });
     }
     Ok(out)
+}
+
+/// One served version of a CRD: the CRD's names with this version's subresources, schema and
+/// printer columns.
+fn served_version(template: &ResourceInfo, name: &str, v: &Value) -> ResourceInfo {
+    let subresources = v.get("subresources");
+    let scale = subresources
+        .and_then(|s| s.get("scale"))
+        .map(|s| ScalePaths {
+            spec_replicas: trim_path(s.get("specReplicasPath"))
+                .unwrap_or_else(|| "spec.replicas".into()),
+            status_replicas: trim_path(s.get("statusReplicasPath"))
+                .unwrap_or_else(|| "status.replicas".into()),
+            label_selector: trim_path(s.get("labelSelectorPath")),
+        });
+    ResourceInfo {
+        version: name.into(),
+        status: subresources.and_then(|s| s.get("status")).is_some(),
+        scale,
+        schema: v.pointer("/schema/openAPIV3Schema").cloned(),
+        printer_columns: v
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        ..template.clone()
+    }
+}
+
+/// A JSON array's strings (none when absent).
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn trim_path(v: Option<&Value>) -> Option<String> {

@@ -2,13 +2,13 @@
 //! ADDED/DELETED when objects enter or leave the selection, periodic bookmarks, the
 //! `k8s.io/initial-events-end` bookmark, and in-stream 410 Expired when a client falls behind.
 
+use crate::catalog::resources::ResourceInfo;
 use crate::faults::Faults;
 use crate::meta;
 use crate::render::{self, Format};
-use crate::resources::ResourceInfo;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::store::{Change, EventType, WatchSetup};
+use crate::storage::store::{Change, EventType, WatchSetup};
 use bytes::Bytes;
 use serde_json::{Value, json};
 use std::convert::Infallible;
@@ -18,25 +18,25 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 /// What one watch selects and how it encodes events.
-pub struct WatchSpec {
+pub(crate) struct WatchSpec {
     /// The resource version being watched (decides apiVersion and Table columns).
-    pub info: ResourceInfo,
+    pub(crate) info: ResourceInfo,
     /// Namespace, or None for all.
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// `labelSelector`.
-    pub labels: LabelSelector,
+    pub(crate) labels: LabelSelector,
     /// `fieldSelector`.
-    pub fields: FieldSelector,
+    pub(crate) fields: FieldSelector,
     /// `allowWatchBookmarks`.
-    pub bookmarks: bool,
+    pub(crate) bookmarks: bool,
     /// Send the initial-events-end bookmark after the synthetic ADDED events.
-    pub end_bookmark: bool,
+    pub(crate) end_bookmark: bool,
     /// `timeoutSeconds`.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// Negotiated representation.
-    pub format: Format,
+    pub(crate) format: Format,
     /// How often to send bookmarks.
-    pub bookmark_interval: Duration,
+    pub(crate) bookmark_interval: Duration,
 }
 
 impl WatchSpec {
@@ -98,13 +98,13 @@ fn line(v: &Value) -> Bytes {
 }
 
 /// The in-stream ERROR event for an error (410 Expired for resumes from compacted history).
-pub fn error_event(e: &ApiError) -> Bytes {
+pub(crate) fn error_event(e: &ApiError) -> Bytes {
     line(&json!({"type": "ERROR", "object": e.to_status()}))
 }
 
 /// Start streaming a watch; the returned receiver feeds the response body.
 /// `closed` must have been taken from [`Faults`] before `setup` was computed.
-pub fn spawn(
+pub(crate) fn spawn(
     spec: WatchSpec,
     setup: WatchSetup,
     mut closed: tokio::sync::watch::Receiver<u64>,

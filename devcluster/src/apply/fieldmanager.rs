@@ -20,11 +20,11 @@ use serde_json::{Map, Value, json};
 /// not of a particular item. `metadata.finalizers` (set) and
 /// `metadata.ownerReferences` (keyed by `uid`) are built in and only consulted
 /// when the callback returns `None`.
-pub type ListKeyFn<'a> = &'a dyn Fn(&[&str]) -> Option<ListKey>;
+pub(crate) type ListKeyFn<'a> = &'a dyn Fn(&[&str]) -> Option<ListKey>;
 
 /// Merge strategy of a list, mirroring `x-kubernetes-list-type`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListKey {
+pub(crate) enum ListKey {
     /// `map` list: items are objects identified by this (scalar) field.
     Key(&'static str),
     /// `map` list with `x-kubernetes-list-map-keys` from a schema: items are identified by
@@ -47,17 +47,17 @@ impl ListKey {
 
 /// One field that an apply would take away from another manager.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     /// Name of the manager currently owning the field.
-    pub manager: String,
+    pub(crate) manager: String,
     /// Path in structured-merge-diff notation, like `.spec.replicas` or
     /// `.spec.containers[name="web"].image`.
-    pub field: String,
+    pub(crate) field: String,
 }
 
 /// Why an apply was rejected.
 #[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
+pub(crate) enum ApplyError {
     /// Fields owned by other managers would change; the server answers 409.
     #[error("Apply failed with {} conflict(s)", .0.len())]
     Conflicts(Vec<Conflict>),
@@ -67,17 +67,17 @@ pub enum ApplyError {
 }
 
 /// Who is writing, and how lists are merged for this resource.
-pub struct Op<'a> {
+pub(crate) struct Op<'a> {
     /// Field manager name (`?fieldManager=`).
-    pub manager: &'a str,
+    pub(crate) manager: &'a str,
     /// API version the request was made in; recorded in the entry.
-    pub api_version: &'a str,
+    pub(crate) api_version: &'a str,
     /// Request time in RFC3339; recorded in the entry.
-    pub time: &'a str,
+    pub(crate) time: &'a str,
     /// Subresource written (e.g. `status`), which separates ownership entries.
-    pub subresource: Option<&'a str>,
+    pub(crate) subresource: Option<&'a str>,
     /// Merge strategy lookup for list fields.
-    pub list_key: ListKeyFn<'a>,
+    pub(crate) list_key: ListKeyFn<'a>,
 }
 
 /// Metadata fields that are server-controlled or identity, so owning them
@@ -763,32 +763,15 @@ fn write_entries(obj: &mut Value, mut entries: Vec<Entry>) {
 /// object unless another entry still owns them. Maps merge; lists merge by
 /// [`ListKey`] (keyed items are owned as `k:{..}` plus their fields, set
 /// values as `v:`); other lists are atomic leaves.
-pub fn apply(
+pub(crate) fn apply(
     live: Option<&Value>,
     applied: &Value,
     force: bool,
     op: &Op,
 ) -> Result<Value, ApplyError> {
-    if !applied.is_object() {
-        return Err(ApplyError::Invalid(
-            "apply configuration must be a JSON object".to_string(),
-        ));
-    }
-    if applied
-        .pointer("/metadata/managedFields")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(ApplyError::Invalid(
-            "metadata.managedFields must be nil".to_string(),
-        ));
-    }
     let empty = Value::Object(Map::new());
     let live = live.unwrap_or(&empty);
-    if !live.is_object() {
-        return Err(ApplyError::Invalid(
-            "live object is not a JSON object".to_string(),
-        ));
-    }
+    check_apply_input(live, applied)?;
 
     let strict = Walker {
         list_key: op.list_key,
@@ -809,6 +792,63 @@ pub fn apply(
     let own = entries.iter().position(|e| e.is_apply_of(op));
     let previous = own.map(|i| entries[i].set.clone()).unwrap_or_default();
 
+    let (mut conflicts, taken) = conflicts(&entries, &applied_set, live, &merged, op);
+    if !conflicts.is_empty() && !force && !upgrades_client_side_apply(live, &taken, op, &lenient) {
+        conflicts.sort_by(|a, b| a.manager.cmp(&b.manager));
+        return Err(ApplyError::Conflicts(conflicts));
+    }
+    for (i, path) in &taken {
+        entries[*i].set.remove(path);
+    }
+
+    prune_dropped(&mut merged, &entries, own, &previous, &applied_set);
+
+    match own {
+        Some(i) => {
+            let e = &mut entries[i];
+            e.set = applied_set;
+            e.api_version = op.api_version.to_string();
+            e.time = Some(op.time.to_string());
+        }
+        None => entries.push(Entry::new_for(op, true, applied_set)),
+    }
+    write_entries(&mut merged, entries);
+    Ok(merged)
+}
+
+/// The apply configuration and the live object are JSON objects, and the configuration sets no
+/// `managedFields`.
+fn check_apply_input(live: &Value, applied: &Value) -> Result<(), ApplyError> {
+    if !applied.is_object() {
+        return Err(ApplyError::Invalid(
+            "apply configuration must be a JSON object".to_string(),
+        ));
+    }
+    if applied
+        .pointer("/metadata/managedFields")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(ApplyError::Invalid(
+            "metadata.managedFields must be nil".to_string(),
+        ));
+    }
+    if !live.is_object() {
+        return Err(ApplyError::Invalid(
+            "live object is not a JSON object".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The fields this apply would take from other managers (a value it changes, or a keyed item it
+/// adds), once per manager and field, and each as (entry index, path) to take if allowed.
+fn conflicts(
+    entries: &[Entry],
+    applied_set: &Node,
+    live: &Value,
+    merged: &Value,
+    op: &Op,
+) -> (Vec<Conflict>, Vec<(usize, Path)>) {
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut taken: Vec<(usize, Path)> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
@@ -825,7 +865,7 @@ pub fn apply(
             // A keyed item "changes" only by appearing; its fields are
             // compared individually.
             let changed = if node.children.is_empty() {
-                before != get_path(&merged, &path)
+                before != get_path(merged, &path)
             } else {
                 before.is_none()
             };
@@ -844,16 +884,18 @@ pub fn apply(
             }
         }
     }
-    if !conflicts.is_empty() && !force && !upgrades_client_side_apply(live, &taken, op, &lenient) {
-        conflicts.sort_by(|a, b| a.manager.cmp(&b.manager));
-        return Err(ApplyError::Conflicts(conflicts));
-    }
-    for (i, path) in &taken {
-        entries[*i].set.remove(path);
-    }
+    (conflicts, taken)
+}
 
-    // Prune what this manager stopped applying, deepest first so that an
-    // item's fields go before the item.
+/// Removes what this manager applied last time and no longer applies, unless another entry
+/// still owns it; deepest first, so that an item's fields go before the item.
+fn prune_dropped(
+    merged: &mut Value,
+    entries: &[Entry],
+    own: Option<usize>,
+    previous: &Node,
+    applied_set: &Node,
+) {
     let mut dropped: Vec<Path> = previous
         .members()
         .into_iter()
@@ -869,21 +911,9 @@ pub fn apply(
             .enumerate()
             .any(|(i, e)| Some(i) != own && e.set.owns_at_or_below(&path));
         if !owned_elsewhere {
-            remove_path(&mut merged, &path);
+            remove_path(merged, &path);
         }
     }
-
-    match own {
-        Some(i) => {
-            let e = &mut entries[i];
-            e.set = applied_set;
-            e.api_version = op.api_version.to_string();
-            e.time = Some(op.time.to_string());
-        }
-        None => entries.push(Entry::new_for(op, true, applied_set)),
-    }
-    write_entries(&mut merged, entries);
-    Ok(merged)
 }
 
 /// The manager `kubectl apply --server-side` uses unless told otherwise.
@@ -932,7 +962,7 @@ fn upgrades_client_side_apply(
 /// empty. The starting entries come from `old`, unless the client sent a
 /// different non-empty `managedFields` in `new`, which k8s honours as an
 /// explicit override (an empty list never wipes ownership).
-pub fn record_update(old: Option<&Value>, new: &mut Value, op: &Op) {
+pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, op: &Op) {
     if !new.is_object() {
         return;
     }
@@ -986,7 +1016,7 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, op: &Op) {
 /// Renders conflicts the way kube-apiserver does for a 409 `Status`: the
 /// message (`Apply failed with 1 conflict: conflict with "mgr": .spec.replicas`,
 /// or grouped by manager for several) and the `details.causes` list.
-pub fn conflict_status_parts(conflicts: &[Conflict]) -> (String, Vec<Value>) {
+pub(crate) fn conflict_status_parts(conflicts: &[Conflict]) -> (String, Vec<Value>) {
     // Go's %q and JSON agree for the manager names that occur in practice.
     let quote = |s: &str| Value::String(s.to_string()).to_string();
     let causes = conflicts

@@ -2,20 +2,19 @@
 //! (`serviceaccounts/token`), TokenReview, and the SubjectAccessReview family. Nothing is
 //! stored; each answers with the request object plus a computed `status`.
 
-use crate::authn::{Authenticator, Identity, MintError};
-use crate::protobuf::{self, ProtobufError};
-use crate::rbac::{self, Attributes, ResourceAttributes};
-use crate::resources::ResourceInfo;
+use crate::auth::authn::{Authenticator, Identity, MintError};
+use crate::auth::rbac::{self, Attributes, ResourceAttributes};
+use crate::auth::token::{DEFAULT_TTL, MIN_TTL};
+use crate::catalog::resources::ResourceInfo;
 use crate::status::ApiError;
-use crate::store::Store;
-use crate::token::{DEFAULT_TTL, MIN_TTL};
+use crate::storage::Store;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Which review a request is.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Review {
+pub(crate) enum ReviewApi {
     /// `POST /api/v1/namespaces/{namespace}/serviceaccounts/{name}/token`.
     TokenRequest {
         /// The ServiceAccount's namespace.
@@ -38,47 +37,32 @@ pub enum Review {
     },
 }
 
-impl Review {
+impl ReviewApi {
     /// The review a resolved request target is, if any.
-    pub fn of(
+    pub(crate) fn of(
         info: &ResourceInfo,
         namespace: Option<&str>,
         name: Option<&str>,
         sub: Option<&str>,
-    ) -> Option<Review> {
+    ) -> Option<ReviewApi> {
         let ns = namespace.unwrap_or_default().to_string();
         match (info.group.as_str(), info.plural.as_str(), name, sub) {
-            ("", "serviceaccounts", Some(name), Some("token")) => Some(Review::TokenRequest {
+            ("", "serviceaccounts", Some(name), Some("token")) => Some(ReviewApi::TokenRequest {
                 namespace: ns,
                 name: name.to_string(),
             }),
-            ("authentication.k8s.io", "tokenreviews", ..) => Some(Review::TokenReview),
-            ("authentication.k8s.io", "selfsubjectreviews", ..) => Some(Review::SelfSubject),
-            ("authorization.k8s.io", "subjectaccessreviews", ..) => Some(Review::SubjectAccess),
+            ("authentication.k8s.io", "tokenreviews", ..) => Some(ReviewApi::TokenReview),
+            ("authentication.k8s.io", "selfsubjectreviews", ..) => Some(ReviewApi::SelfSubject),
+            ("authorization.k8s.io", "subjectaccessreviews", ..) => Some(ReviewApi::SubjectAccess),
             ("authorization.k8s.io", "selfsubjectaccessreviews", ..) => {
-                Some(Review::SelfSubjectAccess)
+                Some(ReviewApi::SelfSubjectAccess)
             }
             ("authorization.k8s.io", "localsubjectaccessreviews", ..) => {
-                Some(Review::LocalSubjectAccess { namespace: ns })
+                Some(ReviewApi::LocalSubjectAccess { namespace: ns })
             }
             _ => None,
         }
     }
-}
-
-/// The request body as JSON, decoding kubectl's protobuf where needed.
-fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
-    if protobuf::is_protobuf(content_type) {
-        return protobuf::decode(body).map_err(|e| match e {
-            ProtobufError::Malformed => ApiError::bad_request(e.to_string()),
-            ProtobufError::Unsupported(_) => ApiError {
-                message: e.to_string(),
-                ..ApiError::unsupported_media_type(content_type)
-            },
-        });
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
 fn strings(v: Option<&Value>) -> Vec<String> {
@@ -99,27 +83,25 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 }
 
 /// Answer a review; the caller has already authenticated and authorized the request.
-pub fn handle(
+pub(crate) fn handle(
     auth: &Authenticator,
     store: &Store,
-    review: &Review,
+    review: &ReviewApi,
     requester: &Identity,
-    content_type: &str,
-    body: &[u8],
+    request: Value,
 ) -> Result<Value, ApiError> {
-    let request = parse_body(content_type, body)?;
     match review {
-        Review::TokenRequest { namespace, name } => {
+        ReviewApi::TokenRequest { namespace, name } => {
             token_request(auth, store, namespace, name, &request)
         }
-        Review::TokenReview => Ok(token_review(auth, store, request)),
-        Review::SelfSubject => Ok(json!({
+        ReviewApi::TokenReview => Ok(token_review(auth, store, request)),
+        ReviewApi::SelfSubject => Ok(json!({
             "kind": "SelfSubjectReview",
             "apiVersion": "authentication.k8s.io/v1",
             "metadata": {"creationTimestamp": null},
             "status": {"userInfo": requester.to_json()},
         })),
-        Review::SubjectAccess => {
+        ReviewApi::SubjectAccess => {
             let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
             let user = Identity {
                 username: str_at(&spec, "/user").to_string(),
@@ -137,10 +119,10 @@ pub fn handle(
             }
             access_review(store, request, "SubjectAccessReview", &user, None)
         }
-        Review::SelfSubjectAccess => {
+        ReviewApi::SelfSubjectAccess => {
             access_review(store, request, "SelfSubjectAccessReview", requester, None)
         }
-        Review::LocalSubjectAccess { namespace } => {
+        ReviewApi::LocalSubjectAccess { namespace } => {
             let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
             let user = Identity {
                 username: str_at(&spec, "/user").to_string(),

@@ -7,35 +7,35 @@
 //! every cluster has is built in: authenticated users may read discovery (`system:discovery`,
 //! `system:public-info-viewer`) and ask about themselves (`system:basic-user`).
 
-use crate::authn::{AUTHENTICATED, Identity};
-use crate::resources::GroupResource;
+use crate::auth::authn::{AUTHENTICATED, Identity};
+use crate::catalog::resources::GroupResource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::store::State;
+use crate::storage::store::State;
 use axum::http::Method;
 use serde_json::Value;
 use std::collections::HashMap;
 
 /// A request against a resource.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct ResourceAttributes {
+pub(crate) struct ResourceAttributes {
     /// Namespace; empty for cluster-scoped requests and all-namespace lists.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Kubernetes verb: get, list, watch, create, update, patch, delete, deletecollection.
-    pub verb: String,
+    pub(crate) verb: String,
     /// API group, empty for core.
-    pub group: String,
+    pub(crate) group: String,
     /// Plural resource.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Subresource, e.g. `status`.
-    pub subresource: String,
+    pub(crate) subresource: String,
     /// Object name, when the request names one.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 /// What a request asks to do.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Attributes {
+pub(crate) enum Attributes {
     /// A resource request.
     Resource(ResourceAttributes),
     /// Any other path (discovery, `/version`, ...), with the lower-case HTTP verb.
@@ -49,7 +49,7 @@ pub enum Attributes {
 
 /// The authorizer's answer.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Allowed, with the rule's provenance (`RBAC: allowed by ...`).
     Allow(String),
     /// No rule allows it; the reason is empty unless bindings referred to missing roles.
@@ -58,12 +58,12 @@ pub enum Decision {
 
 impl Decision {
     /// Whether the request may proceed.
-    pub fn allowed(&self) -> bool {
+    pub(crate) fn allowed(&self) -> bool {
         matches!(self, Decision::Allow(_))
     }
 
     /// The reason text.
-    pub fn reason(&self) -> &str {
+    pub(crate) fn reason(&self) -> &str {
         match self {
             Decision::Allow(r) | Decision::Deny(r) => r,
         }
@@ -72,7 +72,11 @@ impl Decision {
 
 impl Attributes {
     /// The attributes of an HTTP request, as kube-apiserver's RequestInfoFactory derives them.
-    pub fn from_request(method: &Method, path: &str, query: &HashMap<String, String>) -> Self {
+    pub(crate) fn from_request(
+        method: &Method,
+        path: &str,
+        query: &HashMap<String, String>,
+    ) -> Self {
         let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
         let non_resource = || Attributes::NonResource {
             path: path.to_string(),
@@ -134,7 +138,7 @@ impl Attributes {
     }
 
     /// The 403 kube-apiserver answers when `user` may not do this.
-    pub fn forbidden(&self, user: &Identity, reason: &str) -> ApiError {
+    pub(crate) fn forbidden(&self, user: &Identity, reason: &str) -> ApiError {
         let who = &user.username;
         let (what, gr, name) = match self {
             Attributes::NonResource { path, verb } => (
@@ -209,7 +213,7 @@ const DISCOVERY_URLS: &[&str] = &[
 ];
 
 /// Decide whether `user` may do `attrs`, reading RBAC objects from `state`.
-pub fn authorize(state: &State, user: &Identity, attrs: &Attributes) -> Decision {
+pub(crate) fn authorize(state: &State, user: &Identity, attrs: &Attributes) -> Decision {
     if user.is_master() {
         return Decision::Allow(String::new());
     }
@@ -387,7 +391,7 @@ fn has(list: Option<&Value>, want: &str) -> bool {
 }
 
 /// Whether one PolicyRule allows the request (Kubernetes' `RuleAllows`).
-pub fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
+pub(crate) fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
     match attrs {
         Attributes::Resource(r) => {
             if !has(rule.get("verbs"), &r.verb) || !has(rule.get("apiGroups"), &r.group) {

@@ -8,17 +8,17 @@ use rcgen::{
 use std::net::IpAddr;
 
 /// The generated CA and serving certificate, PEM-encoded.
-pub struct Certs {
+pub(crate) struct Certs {
     /// CA certificate (goes into the kubeconfig as certificate-authority-data).
-    pub ca_pem: String,
+    pub(crate) ca_pem: String,
     /// Serving certificate chain.
-    pub cert_pem: String,
+    pub(crate) cert_pem: String,
     /// Serving private key.
-    pub key_pem: String,
+    pub(crate) key_pem: String,
 }
 
 /// Generate a CA and a serving certificate for `ip`, `localhost` and `127.0.0.1`.
-pub fn generate(ip: IpAddr) -> Result<Certs, rcgen::Error> {
+pub(crate) fn generate(ip: IpAddr) -> Result<Certs, rcgen::Error> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
         .distinguished_name
@@ -60,7 +60,7 @@ pub fn generate(ip: IpAddr) -> Result<Certs, rcgen::Error> {
 
 /// A kubeconfig for `server`, trusting `ca_pem` (when serving HTTPS) and authenticating as
 /// kubeconfig user `user` with bearer `token`.
-pub fn kubeconfig(server: &str, ca_pem: Option<&str>, user: &str, token: &str) -> String {
+pub(crate) fn kubeconfig(server: &str, ca_pem: Option<&str>, user: &str, token: &str) -> String {
     use base64::Engine;
     let ca_line = match ca_pem {
         Some(pem) => format!(

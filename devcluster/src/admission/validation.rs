@@ -8,7 +8,7 @@
 //! ConfigMap and Secret keys, sizes and immutability; Lease fields. See LIMITATIONS.md for the
 //! rest.
 
-use crate::resources::ResourceInfo;
+use crate::catalog::resources::ResourceInfo;
 use crate::selector::LabelSelector;
 use crate::status::{ApiError, Cause};
 use serde_json::{Map, Value};
@@ -125,7 +125,7 @@ const IANA_SVC_NAME_MSG: &str =
     "must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)";
 
 /// `IsDNS1123Label`.
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -135,7 +135,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
 }
 
 /// `IsDNS1123Subdomain`.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
@@ -473,7 +473,7 @@ fn pod_template(obj: &Value, restart_policies: &[&str], errs: &mut Errors) {
 }
 
 /// The label the server puts on a Job's selector and pods (`batch.kubernetes.io/controller-uid`).
-pub const JOB_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+pub(crate) const JOB_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
 
 fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
     for f in [
@@ -520,7 +520,7 @@ fn job(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
 
 /// Fills in what kube-apiserver generates for a Job without `manualSelector`: a selector on
 /// the Job's uid and the matching pod template labels.
-pub fn default_job(obj: &mut Value) {
+pub(crate) fn default_job(obj: &mut Value) {
     let manual = get_in(obj, &["spec", "manualSelector"])
         .and_then(Value::as_bool)
         .unwrap_or(false);
@@ -928,10 +928,36 @@ fn lease(obj: &Value, errs: &mut Errors) {
     }
 }
 
+/// The name rules of custom resources (built-in kinds are checked per kind by [`validate`]):
+/// path-segment safe, and a DNS-1123 subdomain (a label for `namespaces`) except in the RBAC group.
+pub(crate) fn custom_resource_name(info: &ResourceInfo, name: &str) -> Result<(), ApiError> {
+    let rbac = info.group == "rbac.authorization.k8s.io";
+    let problem = if name == "." || name == ".." || name.contains('/') || name.contains('%') {
+        Some("may not be '.' or '..' and may not contain '/' or '%'")
+    } else if rbac {
+        None
+    } else if info.plural == "namespaces" {
+        (!is_dns1123_label(name)).then_some("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+    } else {
+        (!is_dns1123_subdomain(name)).then_some("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+    };
+    match problem {
+        None => Ok(()),
+        Some(why) => Err(ApiError::invalid_field(
+            &info.kind,
+            &info.group,
+            name,
+            "metadata.name",
+            "FieldValueInvalid",
+            &format!("Invalid value: \"{name}\": {why}"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::Registry;
+    use crate::catalog::resources::Registry;
     use serde_json::json;
 
     fn info(group: &str, plural: &str) -> ResourceInfo {

@@ -2,10 +2,10 @@
 //! implementations, and the `/openapi/v2` and `/openapi/v3` documents served from them plus the
 //! CRDs' structural schemas.
 //!
-//! The same definitions drive request decoding checks ([`crate::fieldcheck`]), so what kubectl
+//! The same definitions drive request decoding checks (admission's `fieldcheck`), so what kubectl
 //! explains and validates is what the server enforces.
 
-use crate::resources::{Registry, ResourceInfo};
+use crate::catalog::resources::{Registry, ResourceInfo};
 use parking_lot::Mutex;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
@@ -14,19 +14,19 @@ use std::sync::{Arc, LazyLock};
 
 /// Where definitions live in the generated schemas; v3 documents rewrite it to
 /// `#/components/schemas/`.
-pub const DEFINITIONS: &str = "#/definitions/";
+pub(crate) const DEFINITIONS: &str = "#/definitions/";
 const V3_DEFINITIONS: &str = "#/components/schemas/";
 
 /// The schemas of every built-in kind devcluster serves.
-pub struct Catalog {
+pub(crate) struct Catalog {
     /// Every definition, by its OpenAPI name (`io.k8s.api.apps.v1.Deployment`).
-    pub definitions: Map<String, Value>,
+    pub(crate) definitions: Map<String, Value>,
     /// (apiVersion, kind) → definition name of the kind's root schema.
     roots: HashMap<(String, String), String>,
 }
 
 /// The catalog, built on first use and shared by every request.
-pub static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::build);
+pub(crate) static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::build);
 
 /// Registers one k8s-openapi type as the schema of a kind.
 macro_rules! kinds {
@@ -105,7 +105,7 @@ impl Catalog {
     }
 
     /// The root schema of a built-in kind, if devcluster knows it.
-    pub fn root(&self, api_version: &str, kind: &str) -> Option<(&str, &Value)> {
+    pub(crate) fn root(&self, api_version: &str, kind: &str) -> Option<(&str, &Value)> {
         let name = self
             .roots
             .get(&(api_version.to_string(), kind.to_string()))?;
@@ -113,13 +113,13 @@ impl Catalog {
     }
 
     /// Every kind's (apiVersion, kind) with the definition name of its root schema.
-    pub fn root_names(&self) -> impl Iterator<Item = ((String, String), String)> + '_ {
+    pub(crate) fn root_names(&self) -> impl Iterator<Item = ((String, String), String)> + '_ {
         self.roots.iter().map(|(k, n)| (k.clone(), n.clone()))
     }
 
     /// Follows `$ref` (bare, or wrapped in a one-element `allOf` when the reference carries a
     /// description) to the definition it names, with that name.
-    pub fn resolve<'a>(&'a self, schema: &'a Value) -> (Option<&'a str>, &'a Value) {
+    pub(crate) fn resolve<'a>(&'a self, schema: &'a Value) -> (Option<&'a str>, &'a Value) {
         let reference = schema.get("$ref").or_else(|| {
             schema
                 .get("allOf")
@@ -275,7 +275,7 @@ fn documented<'a>(
 }
 
 /// One group version's OpenAPI v3 document (`/openapi/v3/apis/{group}/{version}`).
-pub fn v3_document(registry: &Registry, api_version: &str) -> Value {
+pub(crate) fn v3_document(registry: &Registry, api_version: &str) -> Value {
     let resources = documented(registry.all(), api_version);
     let builtin_roots = resources
         .iter()
@@ -302,7 +302,7 @@ pub fn v3_document(registry: &Registry, api_version: &str) -> Value {
 }
 
 /// The Swagger 2.0 document (`/openapi/v2`) of every served kind.
-pub fn v2_document(registry: &Registry) -> Value {
+pub(crate) fn v2_document(registry: &Registry) -> Value {
     let mut definitions: BTreeMap<String, Value> = CATALOG
         .definitions
         .iter()
@@ -354,11 +354,11 @@ fn rewrite_refs(v: Value, from: &str, to: &str) -> Value {
 
 /// A rendered v3 document and its ETag.
 #[derive(Clone)]
-pub struct Rendered {
+pub(crate) struct Rendered {
     /// The JSON bytes.
-    pub body: Arc<Vec<u8>>,
+    pub(crate) body: Arc<Vec<u8>>,
     /// Upper-case hex SHA-512 of `body`.
-    pub etag: String,
+    pub(crate) etag: String,
 }
 
 /// Rendered v3 documents by apiVersion, with the fingerprint of the resources they were
@@ -382,7 +382,7 @@ fn fingerprint<'a>(infos: impl Iterator<Item = &'a ResourceInfo>, api_version: &
 }
 
 /// The v3 document of one group version, rendered once per change.
-pub fn v3_rendered(registry: &Registry, api_version: &str) -> Rendered {
+pub(crate) fn v3_rendered(registry: &Registry, api_version: &str) -> Rendered {
     let print = fingerprint(registry.all(), api_version);
     if let Some((p, r)) = V3_CACHE.lock().get(api_version)
         && *p == print
@@ -401,7 +401,7 @@ pub fn v3_rendered(registry: &Registry, api_version: &str) -> Rendered {
 }
 
 /// The URL path of a group version's v3 document, relative to `/openapi/v3/`.
-pub fn v3_path(api_version: &str) -> String {
+pub(crate) fn v3_path(api_version: &str) -> String {
     if api_version.contains('/') {
         format!("apis/{api_version}")
     } else {
@@ -410,7 +410,7 @@ pub fn v3_path(api_version: &str) -> String {
 }
 
 /// `/openapi/v3`: each served group version with the hashed URL of its document.
-pub fn v3_index(registry: &Registry) -> Value {
+pub(crate) fn v3_index(registry: &Registry) -> Value {
     let mut versions: Vec<String> = registry
         .all()
         .filter(|i| !i.create_only)
@@ -431,7 +431,7 @@ pub fn v3_index(registry: &Registry) -> Value {
 }
 
 /// The hex SHA-512 of a document, its ETag and the `hash` of its URL in the v3 index.
-pub fn etag(body: &[u8]) -> String {
+pub(crate) fn etag(body: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA512, body);
     digest.as_ref().iter().map(|b| format!("{b:02X}")).collect()
 }
@@ -454,7 +454,7 @@ mod tests {
 
     #[test]
     fn v3_documents_hold_the_closure_with_v3_refs() {
-        let registry = crate::resources::Registry::builtin();
+        let registry = crate::catalog::resources::Registry::builtin();
         let doc = v3_document(&registry, "apps/v1");
         let schemas = &doc["components"]["schemas"];
         assert!(schemas.get("io.k8s.api.apps.v1.Deployment").is_some());

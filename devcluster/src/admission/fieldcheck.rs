@@ -4,11 +4,11 @@
 //! default) or nothing (`Ignore`). Unknown fields are dropped in every mode, as decoding into a
 //! Go struct drops them.
 //!
-//! Custom resources reach [`enforce`] with the fields their structural schema pruned, so both
+//! Custom resources reach `enforce` with the fields their structural schema pruned, so both
 //! kinds of object answer `fieldValidation` the same way.
 
-use crate::openapi::CATALOG;
-use crate::resources::ResourceInfo;
+use crate::catalog::openapi::CATALOG;
+use crate::catalog::resources::ResourceInfo;
 use crate::status::ApiError;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 /// The `fieldValidation` query parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FieldValidation {
+pub(crate) enum FieldValidation {
     /// Unknown fields fail the request.
     Strict,
     /// Unknown fields are dropped with a warning header each (the server default).
@@ -29,7 +29,7 @@ pub enum FieldValidation {
 
 impl FieldValidation {
     /// Parses the query parameter; an unknown value is kube-apiserver's 400.
-    pub fn parse(v: Option<&str>) -> Result<Self, ApiError> {
+    pub(crate) fn parse(v: Option<&str>) -> Result<Self, ApiError> {
         match v {
             None | Some("") | Some("Warn") => Ok(Self::Warn),
             Some("Strict") => Ok(Self::Strict),
@@ -120,7 +120,8 @@ impl Shapes {
             roots: HashMap::new(),
         };
         for (key, name) in CATALOG.root_names() {
-            let reference = json!({ "$ref": format!("{}{name}", crate::openapi::DEFINITIONS) });
+            let reference =
+                json!({ "$ref": format!("{}{name}", crate::catalog::openapi::DEFINITIONS) });
             let id = shapes.compile(&reference);
             shapes.roots.insert(key, id);
         }
@@ -258,7 +259,7 @@ pub fn check(info: &ResourceInfo, obj: &mut Value) -> Result<Vec<String>, ApiErr
 
 /// Applies the `fieldValidation` policy to the unknown fields found while decoding: `Strict`
 /// refuses them (400), `Warn` returns one warning per field, `Ignore` nothing.
-pub fn enforce(
+pub(crate) fn enforce(
     info: &ResourceInfo,
     policy: FieldValidation,
     unknown: &[String],
@@ -393,7 +394,7 @@ fn go_json_kind(x: &Value, integer: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::Registry;
+    use crate::catalog::resources::Registry;
     use serde_json::json;
 
     fn info(api_version: &str, plural: &str) -> ResourceInfo {

@@ -13,15 +13,15 @@ use serde_json::{Map, Number, Value};
 /// One validation failure, rendered into a `metav1.Status` cause by the
 /// server.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cause {
+pub(crate) struct Cause {
     /// The k8s `CauseType`: `"FieldValueRequired"`, `"FieldValueInvalid"`,
     /// `"FieldValueNotSupported"` or `"FieldValueTypeInvalid"`.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     /// Dotted path of the offending field, e.g. `spec.size` or
     /// `spec.items[0].name`.
-    pub field: String,
+    pub(crate) field: String,
     /// Human-readable text in the k8s wording, e.g. `Required value`.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Fields that belong to the API machinery rather than the CRD author; a
@@ -62,7 +62,7 @@ fn field_schema<'a>(s: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
 ///
 /// Returns the paths of the pruned fields (`spec.foo`, `spec.items[0].bar`), for
 /// `fieldValidation`.
-pub fn prune_and_default(obj: &mut Value, schema: &Value) -> Vec<String> {
+pub(crate) fn prune_and_default(obj: &mut Value, schema: &Value) -> Vec<String> {
     let mut pruned = Vec::new();
     prune(obj, Some(schema), true, "", &mut pruned);
     apply_defaults(obj, schema, true);
@@ -227,36 +227,6 @@ fn apply_defaults(x: &mut Value, s: &Value, root: bool) {
     }
 }
 
-/// The `x-kubernetes-list-type` of the list at a path of field names (list items are stepped
-/// through implicitly), with its `x-kubernetes-list-map-keys` for `map` lists: what
-/// server-side apply merges CRD lists by.
-pub fn list_type(schema: &Value, names: &[&str]) -> Option<crate::fieldmanager::ListKey> {
-    use crate::fieldmanager::ListKey;
-    let mut s = schema;
-    for name in names {
-        while s.get("type").and_then(Value::as_str) == Some("array") {
-            s = s.get("items")?;
-        }
-        s = s
-            .get("properties")
-            .and_then(|p| p.get(*name))
-            .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))?;
-    }
-    match s.get("x-kubernetes-list-type")?.as_str()? {
-        "set" => Some(ListKey::Set),
-        "map" => {
-            let keys: Vec<String> = s
-                .get("x-kubernetes-list-map-keys")?
-                .as_array()?
-                .iter()
-                .filter_map(|k| k.as_str().map(str::to_string))
-                .collect();
-            (!keys.is_empty()).then_some(ListKey::Keys(keys))
-        }
-        _ => None,
-    }
-}
-
 /// Validates `obj` against the schema and returns every failure found.
 ///
 /// Checks `type` (`integer` accepts whole-number JSON numbers such as `3.0`),
@@ -266,7 +236,7 @@ pub fn list_type(schema: &Value, names: &[&str]) -> Option<crate::fieldmanager::
 /// `uniqueItems`, `minProperties`/`maxProperties` and `allOf`. `format` and
 /// `pattern` are not enforced (no regex engine), nor are `anyOf`, `oneOf`
 /// and `not`. The root's `apiVersion`, `kind` and `metadata` are skipped.
-pub fn validate(obj: &Value, schema: &Value) -> Vec<Cause> {
+pub(crate) fn validate(obj: &Value, schema: &Value) -> Vec<Cause> {
     let mut out = Vec::new();
     validate_node(obj, schema, "", true, &mut out);
     out
@@ -438,99 +408,124 @@ fn validate_node(x: &Value, s: &Value, path: &str, root: bool, out: &mut Vec<Cau
         }
     }
 
-    let count = |k: &str| s.get(k).and_then(Value::as_u64);
     match x {
         Value::Number(n) => validate_number(n, x, s, path, out),
-        Value::String(st) => {
-            let len = st.chars().count() as u64;
-            if let Some(min) = count("minLength")
-                && len < min
-            {
-                invalid(
-                    out,
-                    path,
-                    x,
-                    &format!("should be at least {min} chars long"),
-                );
-            }
-            if let Some(max) = count("maxLength")
-                && len > max
-            {
-                invalid(out, path, x, &format!("may not be longer than {max}"));
-            }
-        }
-        Value::Array(items) => {
-            let len = items.len() as u64;
-            if let Some(min) = count("minItems")
-                && len < min
-            {
-                invalid(out, path, x, &format!("should have at least {min} items"));
-            }
-            if let Some(max) = count("maxItems")
-                && len > max
-            {
-                invalid(out, path, x, &format!("should have at most {max} items"));
-            }
-            if flag(s, "uniqueItems")
-                && items
-                    .iter()
-                    .enumerate()
-                    .any(|(i, a)| items[i + 1..].iter().any(|b| json_eq(a, b)))
-            {
-                invalid(out, path, x, "shouldn't contain duplicates");
-            }
-            if let Some(is) = s.get("items") {
-                for (i, v) in items.iter().enumerate() {
-                    validate_node(v, is, &format!("{path}[{i}]"), false, out);
-                }
-            }
-        }
-        Value::Object(m) => {
-            let len = m.len() as u64;
-            if let Some(min) = count("minProperties")
-                && len < min
-            {
-                invalid(
-                    out,
-                    path,
-                    x,
-                    &format!("should have at least {min} properties"),
-                );
-            }
-            if let Some(max) = count("maxProperties")
-                && len > max
-            {
-                invalid(
-                    out,
-                    path,
-                    x,
-                    &format!("should have at most {max} properties"),
-                );
-            }
-            if let Some(req) = s.get("required").and_then(Value::as_array) {
-                for k in req.iter().filter_map(Value::as_str) {
-                    if root && is_meta_field(k) {
-                        continue;
-                    }
-                    if !m.contains_key(k) {
-                        out.push(Cause {
-                            reason: "FieldValueRequired",
-                            field: child_path(path, k),
-                            message: "Required value".to_owned(),
-                        });
-                    }
-                }
-            }
-            for (k, v) in m {
-                if root && is_meta_field(k) {
-                    continue;
-                }
-                if let Some(fs) = field_schema(s, k) {
-                    validate_node(v, fs, &child_path(path, k), false, out);
-                }
-            }
-        }
+        Value::String(st) => validate_string(st, x, s, path, out),
+        Value::Array(items) => validate_array(items, x, s, path, out),
+        Value::Object(m) => validate_object(m, x, s, path, root, out),
         Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// `minLength` and `maxLength`, in characters.
+fn validate_string(st: &str, x: &Value, s: &Map<String, Value>, path: &str, out: &mut Vec<Cause>) {
+    let count = |k: &str| s.get(k).and_then(Value::as_u64);
+    let len = st.chars().count() as u64;
+    if let Some(min) = count("minLength")
+        && len < min
+    {
+        invalid(
+            out,
+            path,
+            x,
+            &format!("should be at least {min} chars long"),
+        );
+    }
+    if let Some(max) = count("maxLength")
+        && len > max
+    {
+        invalid(out, path, x, &format!("may not be longer than {max}"));
+    }
+}
+
+/// `minItems`, `maxItems`, `uniqueItems`, then each item against `items`.
+fn validate_array(
+    items: &[Value],
+    x: &Value,
+    s: &Map<String, Value>,
+    path: &str,
+    out: &mut Vec<Cause>,
+) {
+    let count = |k: &str| s.get(k).and_then(Value::as_u64);
+    let len = items.len() as u64;
+    if let Some(min) = count("minItems")
+        && len < min
+    {
+        invalid(out, path, x, &format!("should have at least {min} items"));
+    }
+    if let Some(max) = count("maxItems")
+        && len > max
+    {
+        invalid(out, path, x, &format!("should have at most {max} items"));
+    }
+    if flag(s, "uniqueItems")
+        && items
+            .iter()
+            .enumerate()
+            .any(|(i, a)| items[i + 1..].iter().any(|b| json_eq(a, b)))
+    {
+        invalid(out, path, x, "shouldn't contain duplicates");
+    }
+    if let Some(is) = s.get("items") {
+        for (i, v) in items.iter().enumerate() {
+            validate_node(v, is, &format!("{path}[{i}]"), false, out);
+        }
+    }
+}
+
+/// `minProperties`, `maxProperties`, `required`, then each field against its schema (the root's
+/// `apiVersion`, `kind` and `metadata` skipped).
+fn validate_object(
+    m: &Map<String, Value>,
+    x: &Value,
+    s: &Map<String, Value>,
+    path: &str,
+    root: bool,
+    out: &mut Vec<Cause>,
+) {
+    let count = |k: &str| s.get(k).and_then(Value::as_u64);
+    let len = m.len() as u64;
+    if let Some(min) = count("minProperties")
+        && len < min
+    {
+        invalid(
+            out,
+            path,
+            x,
+            &format!("should have at least {min} properties"),
+        );
+    }
+    if let Some(max) = count("maxProperties")
+        && len > max
+    {
+        invalid(
+            out,
+            path,
+            x,
+            &format!("should have at most {max} properties"),
+        );
+    }
+    if let Some(req) = s.get("required").and_then(Value::as_array) {
+        for k in req.iter().filter_map(Value::as_str) {
+            if root && is_meta_field(k) {
+                continue;
+            }
+            if !m.contains_key(k) {
+                out.push(Cause {
+                    reason: "FieldValueRequired",
+                    field: child_path(path, k),
+                    message: "Required value".to_owned(),
+                });
+            }
+        }
+    }
+    for (k, v) in m {
+        if root && is_meta_field(k) {
+            continue;
+        }
+        if let Some(fs) = field_schema(s, k) {
+            validate_node(v, fs, &child_path(path, k), false, out);
+        }
     }
 }
 
@@ -1087,25 +1082,5 @@ mod tests {
         let reasons: Vec<&str> = c.iter().map(|c| c.reason).collect();
         assert_eq!(reasons, vec!["FieldValueRequired", "FieldValueInvalid"]);
         assert_eq!(c[0].field, "a");
-    }
-
-    #[test]
-    fn list_types_come_from_the_schema_extensions() {
-        use crate::fieldmanager::ListKey;
-        let s = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
-            "ports": {"type": "array", "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["port", "protocol"],
-                "items": {"type": "object", "properties": {"tags": {"type": "array",
-                    "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}},
-            "args": {"type": "array", "items": {"type": "string"}}}}}});
-        assert_eq!(
-            list_type(&s, &["spec", "ports"]),
-            Some(ListKey::Keys(vec!["port".into(), "protocol".into()]))
-        );
-        assert_eq!(
-            list_type(&s, &["spec", "ports", "tags"]),
-            Some(ListKey::Set)
-        );
-        assert_eq!(list_type(&s, &["spec", "args"]), None);
     }
 }
