@@ -229,11 +229,13 @@
 //!
 //! [ctrlhub]: https://example.invalid/ctrlhub
 
-pub mod apply;
 pub mod conditions;
 pub mod events;
 pub mod finalizer;
+pub mod health;
+pub mod logs;
 pub mod traces;
+pub mod write;
 
 mod action;
 mod backoff;
@@ -246,7 +248,7 @@ mod request;
 mod runtime;
 mod selector;
 
-pub use action::{Action, ReconcileError};
+pub use action::{Action, Cause, ReconcileError};
 pub use backoff::Backoff;
 pub use blocking::blocking;
 pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN, TlsFiles};
@@ -258,6 +260,7 @@ pub use reader::{CachedReader, RawObject, ReadError};
 pub use request::{DecodeError, ObjectKey, Reason, Request};
 pub use runtime::{Error, HOLD_EXIT_CODE, Readable, SessionInfo};
 pub use selector::{Requirement, Selector};
+pub use write::{WriteError, is_conflict, is_not_found};
 
 /// The generated wire types (`ctrlhub.v1`), e.g. for
 /// [`Controller::reconciles_dynamic`].
@@ -265,28 +268,36 @@ pub use ctrlhub_proto::v1 as proto;
 /// Re-exported so that controllers need not depend on tokio-util directly.
 pub use tokio_util::sync::CancellationToken;
 
-/// A failed Kubernetes write from one of the helper modules.
-#[derive(Debug, thiserror::Error)]
-pub enum ObjectError {
-    /// The object has no `metadata.name`.
-    #[error("object has no metadata.name")]
-    MissingName,
-    /// The object has no `metadata.namespace` and none could be inferred.
-    #[error("object has no metadata.namespace")]
-    MissingNamespace,
-    /// The owner has no uid (it was never stored by the API server).
-    #[error("owner has no metadata.uid (was it ever created?)")]
-    MissingUid,
-    /// The API server refused the write.
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-}
-
-impl From<ObjectError> for ReconcileError {
-    fn from(err: ObjectError) -> Self {
-        match err {
-            ObjectError::Kube(e) => e.into(),
-            other => ReconcileError::terminal(other),
+/// A token cancelled on SIGTERM or SIGINT (Ctrl-C), for [`Controller::run`]'s `shutdown`: the
+/// first signal drains (running reconciles finish, then `run` returns), a second one exits the
+/// process at once with status 130. Call it inside the tokio runtime.
+pub fn shutdown_on_signals() -> CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let mut term = signal(SignalKind::terminate()).ok();
+        for n in 0.. {
+            let sigterm = async {
+                match &mut term {
+                    Some(t) => {
+                        t.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = sigterm => {}
+                r = tokio::signal::ctrl_c() => if r.is_err() { return },
+            }
+            if n == 0 {
+                tracing::info!("signal received: draining (signal again to exit at once)");
+                cancel.cancel();
+            } else {
+                tracing::warn!("second signal: exiting without draining");
+                std::process::exit(130);
+            }
         }
-    }
+    });
+    token
 }
