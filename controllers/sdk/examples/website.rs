@@ -147,8 +147,9 @@ async fn registry(
     Ok(())
 }
 
+/// Logs, signals, the client and the manager's address from the environment; runs until SIGTERM.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ctrlhub_sdk::logs::init()?; // CTRLHUB_LOG (info), CTRLHUB_LOG_FORMAT (text or json)
     let shutdown = ctrlhub_sdk::shutdown_on_signals(); // SIGTERM or Ctrl-C drains
     run(Client::try_default().await?, Config::from_env()?, shutdown).await?;

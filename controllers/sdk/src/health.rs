@@ -89,7 +89,9 @@ impl Health {
             format!(
                 "stuck: the controller's async runtime ran no tick for {} (more than {}); \
                  is blocking code running outside ctrlhub_sdk::blocking?",
-                humantime::format_duration(Duration::from_secs(silent.as_secs())),
+                humantime::format_duration(Duration::from_millis(
+                    u64::try_from(silent.as_millis() / 100 * 100).unwrap_or(u64::MAX)
+                )),
                 humantime::format_duration(self.stuck_after)
             )
         })
