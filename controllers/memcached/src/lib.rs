@@ -4,7 +4,9 @@
 //! For every `Memcached` (cache.example.com/v1alpha1) it keeps a Deployment
 //! of `spec.size` memcached pods, reports an `Available` condition, and uses
 //! the finalizer `cache.example.com/finalizer` to record an Event before the
-//! custom resource goes away.
+//! custom resource goes away. It writes with the SDK's helpers (`adopt`,
+//! `apply`, `patch_status`, `finalizers`, `events`), and the SDK logs each
+//! reconcile's start and end (`reconcile start key=ns/name attempt=1`).
 //!
 //! The SDK keeps the protocol: exclusive attempts (heartbeats; the process
 //! exits only if a reconcile outlives its session's hold), and rolling
@@ -20,8 +22,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use ctrlhub_sdk::conditions::{ConditionStatus, condition, set_condition};
-use ctrlhub_sdk::events::{EventRecorder, EventType};
-use ctrlhub_sdk::finalizer::{FinalizerEvent, finalize};
 use ctrlhub_sdk::traces::k8s_call;
 use ctrlhub_sdk::{
     Action, CancellationToken, Config, Controller, Predicate, ReconcileError, Request, Scope,
@@ -35,8 +35,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, CustomResource, CustomResourceExt, Resource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use tracing::{info, warn};
+use tracing::info;
 
 /// Controller name: registration name, field manager and event reporter.
 const CONTROLLER_NAME: &str = "memcached";
@@ -118,9 +117,10 @@ pub struct Args {
     #[arg(long = "namespace", env = "WATCH_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
     /// Log lines as `text` or one JSON object per line (`json`), with the trace and span ids
-    /// of each reconcile.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
-    pub log_format: ctrlhub_sdk::traces::logs::LogFormat,
+    /// of each reconcile; the level comes from `CTRLHUB_LOG` (or `RUST_LOG`), as in every
+    /// ctrlhub SDK.
+    #[arg(long, env = "CTRLHUB_LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: ctrlhub_sdk::logs::LogFormat,
     /// The tracer of this controller's spans when it shares a process with another traced
     /// service (`ctrlhub dev`); the global one otherwise.
     #[arg(skip)]
@@ -146,12 +146,6 @@ impl Args {
     }
 }
 
-/// Shared by every reconcile.
-struct Ctx {
-    client: Client,
-    events: EventRecorder,
-}
-
 /// Run the controller until `shutdown` fires (then drain). Logging is the caller's business.
 pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
     let client = kube_client(args.kubeconfig.as_deref()).await?;
@@ -163,11 +157,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     let mut config = Config::new(args.manager, args.token);
     config.token_file = args.token_file;
     config.tracer = args.tracer;
+    // `/healthz` and `/readyz` for kubelet probes when CTRLHUB_HEALTH_ADDR is set.
+    config.health_addr = Config::health_addr_from_env()?;
 
-    let ctx = Arc::new(Ctx {
-        events: EventRecorder::new(client.clone(), CONTROLLER_NAME),
-        client,
-    });
     Controller::new(CONTROLLER_NAME)
         .reconciles::<Memcached>()
         .owns::<Deployment>()
@@ -175,7 +167,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         .predicate(Predicate::generation_changed().or(Predicate::deleting()))
         .max_concurrent_reconciles(args.max_concurrent_reconciles)
         .deadline(Duration::from_secs(30))
-        .run(config, reconcile, ctx, shutdown)
+        .client(client)
+        .run(config, reconcile, Arc::new(()), shutdown)
         .await?;
     info!("memcached-controller exiting");
     Ok(())
@@ -222,44 +215,39 @@ async fn install_crd(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs the start and end of every reconcile in the format tests parse.
-async fn reconcile(req: Request<Memcached>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
-    let key = format!("{}/{}", req.key.namespace, req.key.name);
-    info!("reconcile start key={key} attempt={}", req.attempt);
-    let result = reconcile_memcached(&req, &ctx).await;
-    let outcome = match &result {
-        Ok(action) if action.requeue_delay().is_some() => "requeue",
-        Ok(_) => "done",
-        Err(ReconcileError::Terminal { .. }) => "terminal",
-        Err(ReconcileError::Retry { .. }) => "error",
-    };
-    if let Err(err) = &result {
-        warn!("reconcile of {key} failed: {err}");
-    }
-    info!("reconcile end key={key} outcome={outcome}");
-    result
-}
-
-async fn reconcile_memcached(
-    req: &Request<Memcached>,
-    ctx: &Ctx,
-) -> Result<Action, ReconcileError> {
-    let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &req.key.namespace);
+async fn reconcile(req: Request<Memcached>, _: Arc<()>) -> Result<Action, ReconcileError> {
+    let api: Api<Memcached> = Api::namespaced(req.client()?.clone(), &req.key.namespace);
     // Level-triggered: act on the current state, read from the API server
     // so that our own recent writes (finalizer, status) are visible.
     let (ns, name) = (req.key.namespace.as_str(), req.key.name.as_str());
     let read = api.get_opt(name);
-    let Some(memcached) = k8s_call("GET", "memcacheds", ns, name, read).await? else {
+    let Some(mc) = k8s_call("GET", "memcacheds", ns, name, read).await? else {
         // Gone: the Deployment is garbage-collected through its owner reference.
         return Ok(Action::done());
     };
-    finalize(&api, memcached, FINALIZER, |event| async {
-        match event {
-            FinalizerEvent::Apply(mc) => apply(&api, mc, ctx).await,
-            FinalizerEvent::Cleanup(mc) => cleanup(mc, ctx).await,
-        }
-    })
-    .await
+    // Being deleted: record an Event (best effort, never blocking), then let it go.
+    let note = format!("Custom resource {name} is being deleted from the namespace {ns}");
+    let cleanup = || async {
+        req.events().warning(&mc, "Deleting", note);
+        Ok::<_, ReconcileError>(())
+    };
+    let deleting = mc.metadata.deletion_timestamp.is_some();
+    if req.finalizers().finalize(&mc, FINALIZER, cleanup).await? || deleting {
+        return Ok(Action::done());
+    }
+    req.finalizers().ensure(&mc, FINALIZER).await?;
+    if mc.spec.size < 0 {
+        let size = mc.spec.size;
+        return Err(ReconcileError::terminal(format!(
+            "spec.size must be >= 0, got {size}"
+        )));
+    }
+    req.apply(req.adopt(&mut deployment(&mc), &mc)?).await?;
+    let status = desired_status(&mc);
+    if mc.status.as_ref() != Some(&status) {
+        req.patch_status(&mc, &status).await?;
+    }
+    Ok(Action::requeue_after(Duration::from_secs(5 * 60)))
 }
 
 /// Desired Deployment for `mc` (only the fields we own).
@@ -337,48 +325,10 @@ fn desired_status(mc: &Memcached) -> MemcachedStatus {
     status
 }
 
-async fn apply(api: &Api<Memcached>, mc: Memcached, ctx: &Ctx) -> Result<Action, ReconcileError> {
-    if mc.spec.size < 0 {
-        return Err(ReconcileError::terminal(format!(
-            "spec.size must be >= 0, got {}",
-            mc.spec.size
-        )));
-    }
-    ctrlhub_sdk::apply::apply_owned(&ctx.client, &mc, deployment(&mc), CONTROLLER_NAME).await?;
-
-    let status = desired_status(&mc);
-    if mc.status.as_ref() != Some(&status) {
-        let (name, namespace) = (mc.name_any(), mc.namespace().unwrap_or_default());
-        let (params, patch) = (
-            PatchParams::default(),
-            Patch::Merge(json!({ "status": status })),
-        );
-        let write = api.patch_status(&name, &params, &patch);
-        k8s_call("PATCH", "memcacheds/status", &namespace, &name, write).await?;
-    }
-    Ok(Action::requeue_after(Duration::from_secs(5 * 60)))
-}
-
-async fn cleanup(mc: Memcached, ctx: &Ctx) -> Result<Action, ReconcileError> {
-    let note = format!(
-        "Custom resource {} is being deleted from the namespace {}",
-        mc.name_any(),
-        mc.namespace().unwrap_or_default()
-    );
-    // An Event is best effort: failing to record it must not block deletion.
-    if let Err(err) = ctx
-        .events
-        .record(&mc, EventType::Warning, "Deleting", note)
-        .await
-    {
-        warn!(name = %mc.name_any(), "could not record the deletion event: {err}");
-    }
-    Ok(Action::done())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn memcached(size: i32, generation: i64) -> Memcached {
         let mut mc = Memcached::new("cache", MemcachedSpec { size });

@@ -1,23 +1,16 @@
-//! The Website operator: for each `Website` (example.ctrlhub.io/v1, CRD in
-//! deploy/examples/website/crd.yaml) a Deployment of `spec.replicas` pods running `spec.image`
-//! and a Service in front of it (port 80 to 8080), both repaired when edited or deleted; an
-//! entry `<name>: <image>` in the ConfigMap `website-registry`, removed under the finalizer
-//! when the Website is deleted; and a `Ready` condition from the Deployment's ready replicas,
-//! read through the manager's cache. Writes go to the API server with this process's own
-//! credentials (`KUBECONFIG`); `CTRLHUB_ADDR`/`CTRLHUB_TOKEN` say where the manager is.
-//!
-//! `cargo run -p ctrlhub-sdk --example website`, e.g. against `ctrlhub dev` after
-//! `kubectl apply -f deploy/examples/website/crd.yaml`.
+//! The Website operator (CRD: deploy/examples/website/crd.yaml). For each `Website`: a
+//! Deployment of `spec.replicas` pods of `spec.image` and a Service (80 to 8080), repaired when
+//! edited or deleted; its `<name>: <image>` entry in the ConfigMap `website-registry`, removed
+//! under a finalizer when the Website goes; a `Ready` condition from the Deployment's ready
+//! replicas, read through the manager's cache. Writes use the process's own credentials
+//! (`KUBECONFIG`); `CTRLHUB_ADDR`/`CTRLHUB_TOKEN` say where the manager is, `CTRLHUB_LOG*` and
+//! `CTRLHUB_HEALTH_ADDR` how to log and probe it. `cargo run -p ctrlhub-sdk --example website`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ctrlhub_sdk::apply::apply_owned;
 use ctrlhub_sdk::conditions::{condition, set_condition};
-use ctrlhub_sdk::finalizer::{FinalizerEvent, finalize};
 use ctrlhub_sdk::{Action, CancellationToken, Config, Controller, ReconcileError, Request};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap, core::v1::Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResource, ResourceExt};
@@ -46,11 +39,9 @@ pub struct WebsiteSpec {
     #[serde(default = "one")]
     pub replicas: i32,
 }
-
 fn default_image() -> String {
     "nginx:1.27".into()
 }
-
 fn one() -> i32 {
     1
 }
@@ -80,117 +71,87 @@ pub async fn run(
         .owns::<Service>()
         .include_object(true)
         .max_concurrent_reconciles(4)
-        .run(config, reconcile, Arc::new(client), shutdown)
+        .client(client)
+        .run(config, reconcile, Arc::new(()), shutdown)
         .await
 }
 
-/// One Website, level-triggered.
-async fn reconcile(req: Request<Website>, client: Arc<Client>) -> Result<Action, ReconcileError> {
-    // No object means NotFound (or a deletion already finished): never a reason to clean up;
-    // the finalizer below is what makes cleanup happen, once.
-    let Some(site) = req.object.clone() else {
+/// One Website, level-triggered. No object is NotFound: never a reason to clean up.
+async fn reconcile(req: Request<Website>, _: Arc<()>) -> Result<Action, ReconcileError> {
+    let Some(site) = &req.object else {
         return Ok(Action::done());
     };
-    let api: Api<Website> =
-        Api::namespaced((*client).clone(), &site.namespace().unwrap_or_default());
-    finalize(&api, site, FINALIZER, |event| async {
-        match event {
-            FinalizerEvent::Apply(site) => apply(&req, &client, &api, site).await,
-            FinalizerEvent::Cleanup(site) => registry(&client, &site, Value::Null).await,
-        }
-    })
-    .await
-}
-
-/// Registry entry, children and status.
-async fn apply(
-    req: &Request<Website>,
-    client: &Client,
-    api: &Api<Website>,
-    site: Website,
-) -> Result<Action, ReconcileError> {
-    registry(client, &site, json!(site.spec.image)).await?;
-    apply_owned(client, &site, deployment(&site)?, "website").await?;
-    apply_owned(client, &site, service(&site)?, "website").await?;
-    let (ns, name) = (site.namespace().unwrap_or_default(), site.name_any());
-    let deployment = req.reader().get::<Deployment>(&ns, &name).await?;
-    let ready = deployment
-        .and_then(|d| d.status?.ready_replicas)
-        .unwrap_or(0);
+    let cleanup = || registry(&req, site, Value::Null);
+    let deleting = site.metadata.deletion_timestamp.is_some();
+    if req.finalizers().finalize(site, FINALIZER, cleanup).await? || deleting {
+        return Ok(Action::done());
+    }
+    req.finalizers().ensure(site, FINALIZER).await?;
+    registry(&req, site, json!(site.spec.image)).await?;
+    let (ns, name, spec) = (
+        site.namespace().unwrap_or_default(),
+        site.name_any(),
+        &site.spec,
+    );
+    let labels = json!({ "app.kubernetes.io/name": name });
+    let mut deployment: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": labels },
+        "spec": { "replicas": spec.replicas, "selector": { "matchLabels": labels },
+            "template": { "metadata": { "labels": labels }, "spec": { "containers": [{
+                "name": "web", "image": spec.image, "ports": [{ "containerPort": 8080 }] }] } } },
+    }))?;
+    let mut service: Service = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": labels },
+        "spec": { "selector": labels, "ports": [{ "port": 80, "targetPort": 8080 }] },
+    }))?;
+    req.apply(req.adopt(&mut deployment, site)?).await?;
+    req.apply(req.adopt(&mut service, site)?).await?;
+    let cached = req.reader().get::<Deployment>(&ns, &name).await?;
+    let ready = cached.and_then(|d| d.status?.ready_replicas).unwrap_or(0);
     let mut status = site.status.clone().unwrap_or_default();
     let (up, message) = (
-        ready >= site.spec.replicas,
-        format!("{ready}/{} ready", site.spec.replicas),
+        ready >= spec.replicas,
+        format!("{ready}/{} ready", spec.replicas),
     );
     let reason = if up { "Available" } else { "Progressing" };
-    set_condition(
-        &mut status.conditions,
-        condition("Ready", up, reason, message, site.metadata.generation),
-    );
+    let ready_condition = condition("Ready", up, reason, message, site.metadata.generation);
+    set_condition(&mut status.conditions, ready_condition);
     (status.ready_replicas, status.observed_generation) = (Some(ready), site.metadata.generation);
     if site.status.as_ref() != Some(&status) {
-        let patch = Patch::Merge(json!({ "status": status }));
-        api.patch_status(&name, &PatchParams::default(), &patch)
-            .await?;
+        req.patch_status(site, &status).await?;
     }
     Ok(Action::done())
 }
 
-/// The Deployment of `site`, with only the fields the operator owns.
-fn deployment(site: &Website) -> Result<Deployment, ReconcileError> {
-    let labels = json!({ "app.kubernetes.io/name": site.name_any() });
-    Ok(serde_json::from_value(json!({
-        "metadata": { "name": site.name_any(), "labels": labels },
-        "spec": { "replicas": site.spec.replicas, "selector": { "matchLabels": labels },
-            "template": { "metadata": { "labels": labels }, "spec": { "containers": [{
-                "name": "web", "image": site.spec.image, "ports": [{ "containerPort": 8080 }],
-            }] } } },
-    }))?)
-}
-
-/// The Service of `site`: port 80 to the pods' 8080.
-fn service(site: &Website) -> Result<Service, ReconcileError> {
-    let labels = json!({ "app.kubernetes.io/name": site.name_any() });
-    Ok(serde_json::from_value(json!({
-        "metadata": { "name": site.name_any(), "labels": labels },
-        "spec": { "selector": labels, "ports": [{ "port": 80, "targetPort": 8080 }] },
-    }))?)
-}
-
-/// Sets (or with `null`, removes) the entry of `site` in the registry of its namespace.
-async fn registry(client: &Client, site: &Website, image: Value) -> Result<Action, ReconcileError> {
-    let api: Api<ConfigMap> =
-        Api::namespaced(client.clone(), &site.namespace().unwrap_or_default());
-    let data = BTreeMap::from([(site.name_any(), image.clone())]);
-    match api
-        .patch(
-            REGISTRY,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "data": data })),
-        )
+/// Sets (or with `null`, removes) the entry of `site` in the registry of its namespace. A merge
+/// patch, not an apply: every Website of the namespace writes its own key of one ConfigMap.
+async fn registry(
+    req: &Request<Website>,
+    site: &Website,
+    image: Value,
+) -> Result<(), ReconcileError> {
+    let cms: Api<ConfigMap> =
+        Api::namespaced(req.client()?.clone(), &site.namespace().unwrap_or_default());
+    let data = json!({ "metadata": { "name": REGISTRY }, "data": { site.name_any(): image } });
+    match cms
+        .patch(REGISTRY, &PatchParams::default(), &Patch::Merge(&data))
         .await
     {
-        Err(kube::Error::Api(e)) if e.code == 404 && !image.is_null() => {
-            let registry = json!({ "metadata": { "name": REGISTRY }, "data": data });
-            api.create(&PostParams::default(), &serde_json::from_value(registry)?)
+        Err(e) if ctrlhub_sdk::is_not_found(&e) && !image.is_null() => {
+            cms.create(&PostParams::default(), &serde_json::from_value(data)?)
                 .await?;
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => {} // nothing to remove
-        Err(e) => return Err(e.into()),
-        Ok(_) => {}
+        Err(e) if ctrlhub_sdk::is_not_found(&e) => {} // no registry: nothing to remove
+        result => drop(result?),
     }
-    Ok(Action::done())
+    Ok(())
 }
 
+/// Logs, signals, the client and the manager's address from the environment; runs until SIGTERM.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    ctrlhub_sdk::traces::logs::init(Default::default(), "info");
-    let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        on_signal.cancel(); // drains: running reconciles finish, then run() returns
-    });
+pub async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ctrlhub_sdk::logs::init()?; // CTRLHUB_LOG (info), CTRLHUB_LOG_FORMAT (text or json)
+    let shutdown = ctrlhub_sdk::shutdown_on_signals(); // SIGTERM or Ctrl-C drains
     run(Client::try_default().await?, Config::from_env()?, shutdown).await?;
     Ok(())
 }

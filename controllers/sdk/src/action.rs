@@ -2,6 +2,7 @@
 //! failure. Both translate to `ctrlhub.v1.ReconcileResult` outcomes.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ctrlhub_proto::v1 as pb;
@@ -61,6 +62,11 @@ impl fmt::Display for Action {
     }
 }
 
+/// The error a [`ReconcileError`] was converted from, kept for
+/// [`is_not_found`](crate::is_not_found) and [`is_conflict`](crate::is_conflict) and for
+/// reports that print an error's `source()` chain.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A failed reconcile.
 ///
 /// `Retry` errors are re-delivered with per-key exponential backoff (or after
@@ -70,24 +76,64 @@ impl fmt::Display for Action {
 /// Conversions pick the sensible kind: Kubernetes API errors 400/422 (the
 /// request can never succeed as built) are terminal, 429 honours the
 /// server's Retry-After, everything else (conflicts, not-found, 5xx,
-/// transport) is retried; JSON (de)serialization errors are terminal.
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+/// transport) is retried; JSON (de)serialization errors are terminal. A
+/// converted error keeps its cause ([`ReconcileError::cause`], `source()`).
+/// Equality compares the kind, message and `retry_after`, not the cause.
+#[derive(Debug, Clone)]
 pub enum ReconcileError {
     /// Transient failure; retried with backoff.
-    #[error("{message}")]
     Retry {
         /// What went wrong.
         message: String,
         /// Retry no earlier than this instead of the computed backoff.
         retry_after: Option<Duration>,
+        /// The error this one was converted from, if any.
+        cause: Option<Cause>,
     },
     /// Retrying cannot fix this (e.g. an invalid spec).
-    #[error("{message}")]
     Terminal {
         /// What went wrong.
         message: String,
+        /// The error this one was converted from, if any.
+        cause: Option<Cause>,
     },
 }
+
+impl fmt::Display for ReconcileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for ReconcileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl PartialEq for ReconcileError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                Self::Retry {
+                    message: a,
+                    retry_after: ra,
+                    ..
+                },
+                Self::Retry {
+                    message: b,
+                    retry_after: rb,
+                    ..
+                },
+            ) => a == b && ra == rb,
+            (Self::Terminal { message: a, .. }, Self::Terminal { message: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ReconcileError {}
 
 impl ReconcileError {
     /// A transient failure, retried with backoff.
@@ -95,6 +141,7 @@ impl ReconcileError {
         Self::Retry {
             message: message.to_string(),
             retry_after: None,
+            cause: None,
         }
     }
 
@@ -103,6 +150,7 @@ impl ReconcileError {
         Self::Retry {
             message: message.to_string(),
             retry_after: Some(after),
+            cause: None,
         }
     }
 
@@ -110,6 +158,31 @@ impl ReconcileError {
     pub fn terminal(message: impl fmt::Display) -> Self {
         Self::Terminal {
             message: message.to_string(),
+            cause: None,
+        }
+    }
+
+    /// The same error, remembering `cause` (see [`ReconcileError::cause`]).
+    pub fn with_cause(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let cause: Option<Cause> = Some(Arc::new(cause));
+        match &mut self {
+            Self::Retry { cause: c, .. } | Self::Terminal { cause: c, .. } => *c = cause,
+        }
+        self
+    }
+
+    /// What went wrong.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Retry { message, .. } | Self::Terminal { message, .. } => message,
+        }
+    }
+
+    /// The error this one was converted from (a [`kube::Error`], a
+    /// [`WriteError`](crate::WriteError), ...), if any.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Self::Retry { cause, .. } | Self::Terminal { cause, .. } => cause.as_deref(),
         }
     }
 
@@ -132,11 +205,12 @@ impl ReconcileError {
             Self::Retry {
                 message,
                 retry_after,
+                ..
             } => Outcome::Error(pb::reconcile_result::Error {
                 message: message.clone(),
                 retry_after: retry_after.map(duration_to_proto),
             }),
-            Self::Terminal { message } => Outcome::Terminal(pb::reconcile_result::Terminal {
+            Self::Terminal { message, .. } => Outcome::Terminal(pb::reconcile_result::Terminal {
                 message: message.clone(),
             }),
         }
@@ -145,7 +219,7 @@ impl ReconcileError {
 
 impl From<kube::Error> for ReconcileError {
     fn from(err: kube::Error) -> Self {
-        match &err {
+        let converted = match &err {
             kube::Error::Api(status) => match status.code {
                 400 | 422 => Self::terminal(format!("kubernetes API: {err}")),
                 429 => {
@@ -164,21 +238,33 @@ impl From<kube::Error> for ReconcileError {
             },
             kube::Error::SerdeError(_) => Self::terminal(format!("kubernetes API: {err}")),
             _ => Self::retry(format!("kubernetes API: {err}")),
+        };
+        converted.with_cause(err)
+    }
+}
+
+impl From<crate::WriteError> for ReconcileError {
+    /// A refused or failed API call converts like [`kube::Error`]; everything else (no client,
+    /// an object that cannot be written as built) is terminal.
+    fn from(err: crate::WriteError) -> Self {
+        match err {
+            crate::WriteError::Kube(e) => e.into(),
+            other => Self::terminal(&other).with_cause(other),
         }
     }
 }
 
 impl From<serde_json::Error> for ReconcileError {
     fn from(err: serde_json::Error) -> Self {
-        Self::terminal(format!("JSON: {err}"))
+        Self::terminal(format!("JSON: {err}")).with_cause(err)
     }
 }
 
 impl From<crate::reader::ReadError> for ReconcileError {
     fn from(err: crate::reader::ReadError) -> Self {
         match err {
-            crate::reader::ReadError::Decode(_) => Self::terminal(err),
-            _ => Self::retry(err),
+            crate::reader::ReadError::Decode(_) => Self::terminal(&err).with_cause(err),
+            _ => Self::retry(&err).with_cause(err),
         }
     }
 }

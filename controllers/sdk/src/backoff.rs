@@ -1,4 +1,4 @@
-//! Reconnect backoff: exponential with jitter, reset after a healthy session.
+//! Reconnect backoff: exponential with jitter, reset whenever a session registers.
 
 use std::time::Duration;
 
@@ -6,15 +6,22 @@ use rand::Rng;
 
 /// Exponential reconnect backoff with "equal jitter": the n-th consecutive
 /// failure waits a random duration in `[d/2, d]` where
-/// `d = min(initial * 2^(n-1), max)`. A session that lasted at least
-/// `reset_after` resets the sequence.
+/// `d = min(initial * 2^(n-1), max)`.
+///
+/// A session that registered (the manager answered `Registered`) resets the
+/// sequence, however short it was: during a rolling update of the manager
+/// two leader changes follow within seconds, and each must cost one short
+/// wait, not a growing one. Only failures to register in a row back off.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// Delay before the first retry (before jitter).
     pub initial: Duration,
     /// Upper bound of the delay.
     pub max: Duration,
-    /// A session at least this long resets the backoff.
+    /// A session at least this long resets the backoff even when it never
+    /// registered (a connection that stays up waiting for `Registered` while
+    /// the manager lists its caches). A session that registers resets it
+    /// anyway.
     pub reset_after: Duration,
     failures: u32,
 }
@@ -30,8 +37,8 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// A backoff from `initial` doubling to `max`, reset after a session of
-    /// `reset_after`.
+    /// A backoff from `initial` doubling to `max`, reset by a session that
+    /// registers or lasts `reset_after`.
     pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Self {
         Self {
             initial,
@@ -55,10 +62,15 @@ impl Backoff {
             .min(self.max)
     }
 
-    /// Records the end of a session that lasted `lasted` (zero when it never
-    /// got going) and returns how long to wait before reconnecting.
-    pub fn next_delay(&mut self, lasted: Duration, rng: &mut impl Rng) -> Duration {
-        if lasted >= self.reset_after {
+    /// Records the end of a session that lasted `lasted` and whether it
+    /// `registered`, and returns how long to wait before reconnecting.
+    pub fn next_delay(
+        &mut self,
+        lasted: Duration,
+        registered: bool,
+        rng: &mut impl Rng,
+    ) -> Duration {
+        if registered || lasted >= self.reset_after {
             self.failures = 0;
         }
         self.failures = self.failures.saturating_add(1);
@@ -95,7 +107,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut b = Backoff::default();
         for n in 1..=20u32 {
-            let d = b.next_delay(Duration::ZERO, &mut rng);
+            let d = b.next_delay(Duration::ZERO, false, &mut rng);
             let base = b.base_delay(n);
             assert!(d >= base / 2 && d <= base, "attempt {n}: {d:?} vs {base:?}");
         }
@@ -107,11 +119,27 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let mut b = Backoff::default();
         for _ in 0..5 {
-            b.next_delay(Duration::from_secs(1), &mut rng);
+            b.next_delay(Duration::from_secs(1), false, &mut rng);
         }
         assert_eq!(b.failures(), 5);
-        let d = b.next_delay(Duration::from_secs(31), &mut rng);
+        let d = b.next_delay(Duration::from_secs(31), false, &mut rng);
         assert_eq!(b.failures(), 1);
         assert!(d <= Duration::from_millis(100));
+    }
+
+    /// Issue 25, item 4: two leader changes within 30 s each cost one first step.
+    #[test]
+    fn a_registered_session_resets_however_short() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let mut b = Backoff::default();
+        for _ in 0..3 {
+            b.next_delay(Duration::ZERO, false, &mut rng);
+        }
+        assert_eq!(b.failures(), 3);
+        for _ in 0..2 {
+            let d = b.next_delay(Duration::from_secs(2), true, &mut rng);
+            assert_eq!(b.failures(), 1);
+            assert!(d <= Duration::from_millis(100), "{d:?}");
+        }
     }
 }

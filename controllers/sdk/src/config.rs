@@ -1,5 +1,6 @@
 //! Where the manager is and how to authenticate to it.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ pub struct Config {
     /// precedence over `token`.
     pub token_file: Option<PathBuf>,
     /// Reconnect backoff (default 100 ms doubling to 10 s with jitter, reset
-    /// after a session that lasted more than 30 s).
+    /// whenever a session registers).
     pub reconnect: Backoff,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
@@ -54,6 +55,13 @@ pub struct Config {
     /// controller shares its process with another traced service (as in
     /// `ctrlhub dev`), so its spans carry its own `service.name`.
     pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    /// Where to serve the HTTP health endpoint (`/healthz`, `/readyz`; see
+    /// [`health`](crate::health)), e.g. `0.0.0.0:8081` (env `CTRLHUB_HEALTH_ADDR`, which also
+    /// takes `:8081`). `None` (the default): no endpoint.
+    pub health_addr: Option<SocketAddr>,
+    /// How long the async runtime may run no tick before `/healthz` answers 500. Default
+    /// 10 s.
+    pub stuck_after: Duration,
 }
 
 /// PEM files for TLS to the manager, read anew on every (re)connect so that
@@ -90,6 +98,14 @@ pub enum ConfigError {
     /// The TLS settings are incomplete or a PEM file cannot be read.
     #[error("invalid TLS settings: {0}")]
     InvalidTls(String),
+    /// `CTRLHUB_HEALTH_ADDR` is not an address to listen on.
+    #[error(
+        "CTRLHUB_HEALTH_ADDR={value:?} is not an address to listen on: use host:port, e.g. 0.0.0.0:8081 (or :8081)"
+    )]
+    InvalidHealthAddr {
+        /// The offending value.
+        value: String,
+    },
     /// `CTRLHUB_REVISION` is not a non-negative integer.
     #[error("CTRLHUB_REVISION must be a non-negative integer, got {0:?}")]
     InvalidRevision(String),
@@ -116,6 +132,8 @@ impl Config {
             outdated_wait: Duration::from_secs(30),
             tls: None,
             tracer: None,
+            health_addr: None,
+            stuck_after: Duration::from_secs(10),
         }
     }
 
@@ -131,8 +149,8 @@ impl Config {
         }
     }
 
-    /// Settings from `CTRLHUB_ADDR`, `CTRLHUB_TOKEN`, `CTRLHUB_TOKEN_FILE` and
-    /// the `CTRLHUB_TLS_*` files, with the defaults above.
+    /// Settings from `CTRLHUB_ADDR`, `CTRLHUB_TOKEN`, `CTRLHUB_TOKEN_FILE`, the
+    /// `CTRLHUB_TLS_*` files and `CTRLHUB_HEALTH_ADDR`, with the defaults above.
     pub fn from_env() -> Result<Self, ConfigError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mut config = Self::new(
@@ -140,6 +158,7 @@ impl Config {
             var("CTRLHUB_TOKEN").unwrap_or_else(|| DEFAULT_TOKEN.into()),
         );
         config.token_file = var("CTRLHUB_TOKEN_FILE").map(PathBuf::from);
+        config.health_addr = Self::health_addr_from_env()?;
         let cert = var("CTRLHUB_TLS_CERT_FILE").map(PathBuf::from);
         let key = var("CTRLHUB_TLS_KEY_FILE").map(PathBuf::from);
         let server_name = var("CTRLHUB_TLS_SERVER_NAME");
@@ -161,6 +180,16 @@ impl Config {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// [`Config::health_addr`] from `CTRLHUB_HEALTH_ADDR` (`host:port`, or `:port` for every
+    /// interface), for a controller that builds its `Config` otherwise.
+    pub fn health_addr_from_env() -> Result<Option<SocketAddr>, ConfigError> {
+        std::env::var("CTRLHUB_HEALTH_ADDR")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| parse_listen_addr(&v))
+            .transpose()
     }
 
     /// Checks the address (and a static token) without connecting.
@@ -259,6 +288,18 @@ impl Config {
     }
 }
 
+/// `host:port` (an IP address) or `:port` (every interface).
+pub(crate) fn parse_listen_addr(value: &str) -> Result<SocketAddr, ConfigError> {
+    let value = value.trim();
+    let full = match value.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => value.to_owned(),
+    };
+    full.parse().map_err(|_| ConfigError::InvalidHealthAddr {
+        value: value.to_owned(),
+    })
+}
+
 fn bearer(
     token: &str,
 ) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>, ConfigError> {
@@ -345,6 +386,26 @@ mod tests {
         assert_eq!(c.outdated_wait, Duration::from_secs(30));
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.drain_grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn health_addresses() {
+        let parse = |v: &str| parse_listen_addr(v).ok().map(|a| a.to_string());
+        assert_eq!(parse("0.0.0.0:8081").as_deref(), Some("0.0.0.0:8081"));
+        assert_eq!(parse(":8081").as_deref(), Some("0.0.0.0:8081"));
+        assert_eq!(parse("[::]:8081").as_deref(), Some("[::]:8081"));
+        assert_eq!(parse("127.0.0.1:0").as_deref(), Some("127.0.0.1:0"));
+        for bad in ["8081", "localhost", "0.0.0.0:http", ""] {
+            assert!(
+                matches!(
+                    parse_listen_addr(bad),
+                    Err(ConfigError::InvalidHealthAddr { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(Config::default().health_addr, None);
+        assert_eq!(Config::default().stuck_after, Duration::from_secs(10));
     }
 
     #[test]

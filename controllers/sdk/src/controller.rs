@@ -136,7 +136,18 @@ pub struct Controller<K = DynamicObject> {
     pub(crate) include_object: bool,
     pub(crate) revision: Option<u64>,
     pub(crate) on_registered: Option<OnRegistered>,
+    pub(crate) client: Option<KubeClient>,
     _primary: PhantomData<fn() -> K>,
+}
+
+/// The controller's Kubernetes client (not `Debug` itself).
+#[derive(Clone)]
+pub(crate) struct KubeClient(pub(crate) kube::Client);
+
+impl fmt::Debug for KubeClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("kube::Client")
+    }
 }
 
 /// The callback of [`Controller::on_registered`].
@@ -171,6 +182,7 @@ impl Controller<DynamicObject> {
             include_object: false,
             revision: None,
             on_registered: None,
+            client: None,
             _primary: PhantomData,
         }
     }
@@ -194,6 +206,7 @@ impl<K> Controller<K> {
             include_object: self.include_object,
             revision: self.revision,
             on_registered: self.on_registered,
+            client: self.client,
             _primary: PhantomData,
         }
     }
@@ -392,6 +405,18 @@ impl<K> Controller<K> {
     /// docs, "Rolling upgrades".
     pub fn revision(mut self, revision: u64) -> Self {
         self.revision = Some(revision);
+        self
+    }
+
+    /// The controller's own Kubernetes client, for its writes: the write helpers of every
+    /// [`Request`](crate::Request) (`adopt`, `apply`, `patch_status`, `finalizers`) and its
+    /// Events recorder (`events`, and the `ReconcileFailed` Warning of every failed reconcile)
+    /// use it, with the controller's name as field manager and reporting controller. Without
+    /// one, the helpers answer [`WriteError::NoClient`](crate::WriteError::NoClient) and no
+    /// Event is posted. Reads through the manager's cache
+    /// ([`Request::reader`](crate::Request::reader)) need none.
+    pub fn client(mut self, client: kube::Client) -> Self {
+        self.client = Some(KubeClient(client));
         self
     }
 

@@ -1,17 +1,143 @@
 //! Finalizers: add/remove one with a JSON merge patch guarded by the
-//! object's resourceVersion, and a [`finalize`] flow like
-//! `kube::runtime::finalizer`.
+//! object's resourceVersion.
+//!
+//! In a reconcile, [`Request::finalizers`](crate::Request::finalizers) gives the two steps
+//! every finalizer needs, on the controller's own client:
+//!
+//! ```no_run
+//! # use ctrlhub_sdk::{Action, ReconcileError, Request};
+//! # use k8s_openapi::api::core::v1::ConfigMap;
+//! # async fn release_external_state(cm: &ConfigMap) -> Result<(), ReconcileError> { Ok(()) }
+//! async fn reconcile(req: Request<ConfigMap>) -> Result<Action, ReconcileError> {
+//!     let Some(cm) = &req.object else { return Ok(Action::done()) };
+//!     // Deleting, and ours to clean up: clean up, then let the object go.
+//!     if req.finalizers().finalize(cm, "example.com/cleanup", || release_external_state(cm)).await? {
+//!         return Ok(Action::done());
+//!     }
+//!     req.finalizers().ensure(cm, "example.com/cleanup").await?;
+//!     // ... reconcile the live object ...
+//!     Ok(Action::done())
+//! }
+//! ```
+//!
+//! [`finalize`] is the same as one flow in the style of `kube::runtime::finalizer`, on an
+//! [`Api`] of your own.
 
 use std::fmt::Debug;
 use std::future::Future;
 
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::{Action, ObjectError, ReconcileError};
+use crate::{Action, ReconcileError, WriteError};
+
+/// The two finalizer steps of a reconcile, on the controller's client (see the module docs).
+/// From [`Request::finalizers`](crate::Request::finalizers), or [`Finalizers::new`] outside a
+/// reconcile.
+#[derive(Clone, Copy)]
+pub struct Finalizers<'a> {
+    client: Option<&'a Client>,
+}
+
+impl std::fmt::Debug for Finalizers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Finalizers")
+            .field("client", &self.client.map(|_| "kube::Client"))
+            .finish()
+    }
+}
+
+impl<'a> Finalizers<'a> {
+    /// Finalizer steps writing with `client`.
+    pub fn new(client: &'a Client) -> Self {
+        Self {
+            client: Some(client),
+        }
+    }
+
+    pub(crate) fn without_client() -> Self {
+        Self { client: None }
+    }
+
+    /// Adds finalizer `name` to `obj` unless it holds it already, with a merge patch guarded by
+    /// `obj`'s resourceVersion (a Conflict when the object changed since it was read: the
+    /// reconcile is retried with the newer object). Returns whether it patched. An object being
+    /// deleted is left alone (`false`): the API server refuses new finalizers on it.
+    pub async fn ensure<K>(&self, obj: &K, name: &str) -> Result<bool, WriteError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+        K::Scope: 'static,
+    {
+        if has_finalizer(obj, name) || obj.meta().deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        let client = self.client.ok_or(WriteError::NoClient)?;
+        let mut finalizers = obj.meta().finalizers.clone().unwrap_or_default();
+        finalizers.push(name.to_owned());
+        patch_finalizers(client, obj, &finalizers).await?;
+        Ok(true)
+    }
+
+    /// When `obj` is being deleted and holds finalizer `name`: runs `cleanup`, then removes the
+    /// finalizer with a merge patch guarded by `obj`'s resourceVersion, and returns `true`.
+    /// Otherwise does nothing and returns `false`. A failed `cleanup` keeps the finalizer and
+    /// fails the reconcile (retried), so `cleanup` must be idempotent. Blocking work in
+    /// `cleanup` goes through [`blocking`](crate::blocking) like any other.
+    pub async fn finalize<K, F, Fut, E>(
+        &self,
+        obj: &K,
+        name: &str,
+        cleanup: F,
+    ) -> Result<bool, ReconcileError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+        K::Scope: 'static,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: Into<ReconcileError>,
+    {
+        if obj.meta().deletion_timestamp.is_none() || !has_finalizer(obj, name) {
+            return Ok(false);
+        }
+        let client = self.client.ok_or(WriteError::NoClient)?;
+        cleanup().await.map_err(Into::into)?;
+        let rest: Vec<String> = obj
+            .finalizers()
+            .iter()
+            .filter(|f| *f != name)
+            .cloned()
+            .collect();
+        match patch_finalizers(client, obj, &rest).await {
+            // Removing the last finalizer lets the API server delete the object.
+            Err(err) if crate::is_not_found(&err) => Ok(true),
+            Err(err) => Err(err.into()),
+            Ok(()) => Ok(true),
+        }
+    }
+}
+
+/// Sets `obj`'s finalizers to `finalizers`, guarded by its resourceVersion.
+async fn patch_finalizers<K>(
+    client: &Client,
+    obj: &K,
+    finalizers: &[String],
+) -> Result<(), WriteError>
+where
+    K: Resource<DynamicType = ()>,
+    K::Scope: 'static,
+{
+    let (api, name) = crate::write::api_of(client, obj)?;
+    let patch = finalizers_patch(finalizers, obj.meta().resource_version.as_deref());
+    let plural = K::plural(&());
+    let namespace = obj.meta().namespace.clone().unwrap_or_default();
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let call = api.patch(&name, &params, &patch);
+    crate::traces::k8s_call("PATCH", &plural, &namespace, &name, call).await?;
+    Ok(())
+}
 
 /// What [`finalize`] asks the reconcile closure to do.
 #[derive(Debug)]
@@ -46,14 +172,14 @@ pub fn finalizers_patch(
 
 /// Adds finalizer `name` to `obj` unless present; returns the object as
 /// stored afterwards.
-pub async fn ensure_finalizer<K>(api: &Api<K>, obj: &K, name: &str) -> Result<K, ObjectError>
+pub async fn ensure_finalizer<K>(api: &Api<K>, obj: &K, name: &str) -> Result<K, WriteError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
     if has_finalizer(obj, name) {
         return Ok(obj.clone());
     }
-    let obj_name = obj.meta().name.clone().ok_or(ObjectError::MissingName)?;
+    let obj_name = name_of(api, obj)?;
     let mut finalizers = obj.finalizers().to_vec();
     finalizers.push(name.to_owned());
     let patch = finalizers_patch(&finalizers, obj.meta().resource_version.as_deref());
@@ -65,18 +191,14 @@ where
 /// Removes finalizer `name` from `obj` if present; returns the object as
 /// stored afterwards, or `None` if it is gone (removing the last finalizer
 /// of a deleted object lets the API server delete it).
-pub async fn remove_finalizer<K>(
-    api: &Api<K>,
-    obj: &K,
-    name: &str,
-) -> Result<Option<K>, ObjectError>
+pub async fn remove_finalizer<K>(api: &Api<K>, obj: &K, name: &str) -> Result<Option<K>, WriteError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
     if !has_finalizer(obj, name) {
         return Ok(Some(obj.clone()));
     }
-    let obj_name = obj.meta().name.clone().ok_or(ObjectError::MissingName)?;
+    let obj_name = name_of(api, obj)?;
     let finalizers: Vec<String> = obj
         .finalizers()
         .iter()
@@ -91,6 +213,21 @@ where
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
         Err(err) => Err(err.into()),
     }
+}
+
+/// `obj`'s name, or the error naming what lacks it.
+fn name_of<K: Resource>(api: &Api<K>, obj: &K) -> Result<String, WriteError> {
+    obj.meta()
+        .name
+        .clone()
+        .ok_or_else(|| WriteError::MissingName {
+            kind: api
+                .resource_url()
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        })
 }
 
 /// A finalizer patch of `obj` as a child span of the reconcile.

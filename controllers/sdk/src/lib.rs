@@ -1,100 +1,80 @@
 //! # ctrlhub-sdk
 //!
-//! Write an out-of-process [ctrlhub] controller as briefly as a
-//! controller-runtime one. The manager owns the caches, leader election,
-//! namespace scoping, predicates and the work queue; this crate registers
-//! your controller over gRPC, runs your reconcile function for each request
-//! (up to `max_concurrent_reconciles` at once, one attempt of a key at a
-//! time), answers with its result once the reconcile has really stopped,
-//! cancels work that outlives its deadline or its session, keeps the
-//! heartbeats that let the manager guarantee exclusive attempts, reconnects
-//! with backoff, waits out a newer definition during a rolling upgrade, and
-//! drains gracefully on shutdown.
+//! Write an out-of-process ctrlhub controller as briefly as a
+//! controller-runtime one. The ctrlhub manager (this repository's `ctrlhub`
+//! binary; `README.md` and `docs/protocol.md` at the repository's root) owns
+//! the caches, leader election, namespace scoping, predicates and the work
+//! queue; this crate registers your controller over gRPC, runs your reconcile
+//! function for each request (up to `max_concurrent_reconciles` at once, one
+//! attempt of a key at a time), answers with its result once the reconcile
+//! has really stopped, cancels work that outlives its deadline or its
+//! session, keeps the heartbeats that let the manager guarantee exclusive
+//! attempts, reconnects with backoff, waits out a newer definition during a
+//! rolling upgrade, and drains gracefully on shutdown.
 //!
 //! Controllers write to the Kubernetes API with their own [`kube::Client`]
-//! (the manager is not a write proxy); reads can come from the manager's
-//! cache through [`Request::reader`].
+//! (the manager is not a write proxy), given with [`Controller::client`];
+//! reads can come from the manager's cache through [`Request::reader`].
 //!
 //! ## Example
 //!
 //! A controller that keeps a Deployment for every ConfigMap labelled
-//! `app.example.com/deploy=true`, with a finalizer, a condition-free status,
-//! an Event on cleanup and a periodic resync:
+//! `app.example.com/deploy=true`, with a finalizer, an Event on cleanup and a
+//! periodic resync:
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //!
-//! use ctrlhub_sdk::events::{EventRecorder, EventType};
-//! use ctrlhub_sdk::finalizer::{FinalizerEvent, finalize};
 //! use ctrlhub_sdk::{
 //!     Action, Config, Controller, Mapping, Predicate, ReconcileError, Request, Scope, Selector,
 //! };
 //! use k8s_openapi::api::apps::v1::Deployment;
 //! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-//! use kube::api::{Api, ObjectMeta};
+//! use kube::api::ObjectMeta;
 //! use kube::Client;
-//! use tokio_util::sync::CancellationToken;
 //!
-//! struct Ctx {
-//!     client: Client,
-//!     events: EventRecorder,
-//! }
-//!
-//! async fn reconcile(req: Request<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
-//!     let ns = req.namespace().unwrap_or("default").to_owned();
-//!     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-//!     // Level-triggered: read the current state (here from the API server;
-//!     // `req.reader().get::<ConfigMap>(..)` reads the manager's cache).
-//!     let Some(cm) = api.get_opt(req.name()).await? else {
-//!         return Ok(Action::done()); // gone: owned children are garbage-collected
+//! async fn reconcile(req: Request<ConfigMap>, _: Arc<()>) -> Result<Action, ReconcileError> {
+//!     // Level-triggered: the request carries the current object (include_object); none
+//!     // means NotFound, never a reason to clean up: the finalizer is what makes that happen.
+//!     let Some(cm) = &req.object else {
+//!         return Ok(Action::done());
 //!     };
-//!     finalize(&api, cm, "example.com/cleanup", |event| async {
-//!         match event {
-//!             FinalizerEvent::Apply(cm) => {
-//!                 let deployment = Deployment {
-//!                     metadata: ObjectMeta {
-//!                         name: cm.metadata.name.clone(),
-//!                         ..Default::default()
-//!                     },
-//!                     ..Default::default()
-//!                 };
-//!                 ctrlhub_sdk::apply::apply_owned(&ctx.client, &cm, deployment, "example").await?;
-//!                 Ok(Action::requeue_after(Duration::from_secs(300)))
-//!             }
-//!             FinalizerEvent::Cleanup(cm) => {
-//!                 let _ = ctx.events.record(&cm, EventType::Normal, "Deleting", "cleaning up").await;
-//!                 Ok(Action::done())
-//!             }
-//!         }
-//!     })
-//!     .await
+//!     let cleanup = || async {
+//!         req.events().info(cm, "Deleting", "cleaning up");
+//!         Ok::<_, ReconcileError>(())
+//!     };
+//!     if req.finalizers().finalize(cm, "example.com/cleanup", cleanup).await? {
+//!         return Ok(Action::done()); // cleaned up; the ConfigMap goes
+//!     }
+//!     req.finalizers().ensure(cm, "example.com/cleanup").await?;
+//!     let mut deployment = Deployment {
+//!         metadata: ObjectMeta { name: cm.metadata.name.clone(), ..Default::default() },
+//!         ..Default::default()
+//!     };
+//!     // Owned by the ConfigMap, server-side applied with the controller's field manager.
+//!     req.apply(req.adopt(&mut deployment, cm)?).await?;
+//!     // `req.reader().get::<Deployment>(..)` reads the child back from the manager's cache.
+//!     Ok(Action::requeue_after(Duration::from_secs(300)))
 //! }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let client = Client::try_default().await?;
-//!     let ctx = Arc::new(Ctx {
-//!         events: EventRecorder::new(client.clone(), "example"),
-//!         client,
-//!     });
-//!     let shutdown = CancellationToken::new();
-//!     let on_signal = shutdown.clone();
-//!     tokio::spawn(async move {
-//!         let _ = tokio::signal::ctrl_c().await;
-//!         on_signal.cancel(); // drains: in-flight reconciles finish, then run() returns
-//!     });
-//!
+//!     ctrlhub_sdk::logs::init()?; // CTRLHUB_LOG, CTRLHUB_LOG_FORMAT
+//!     // SIGTERM or Ctrl-C drains: in-flight reconciles finish, then run() returns.
+//!     let shutdown = ctrlhub_sdk::shutdown_on_signals();
 //!     Controller::new("example")
 //!         .reconciles::<ConfigMap>()
 //!         .label_selector(Selector::labels([("app.example.com/deploy", "true")]))
+//!         .include_object(true)
 //!         .owns::<Deployment>() // cached in full: `req.reader().get::<Deployment>(..)` has its status
 //!         .watches::<Secret>(Mapping::Label("app.example.com/owner".into()))
 //!         .namespaces(Scope::All)
 //!         .predicate(Predicate::generation_changed().or(Predicate::deleting()))
 //!         .max_concurrent_reconciles(4)
 //!         .deadline(Duration::from_secs(30))
-//!         .run(Config::from_env()?, reconcile, ctx, shutdown)
+//!         .client(Client::try_default().await?) // for writes and Events
+//!         .run(Config::from_env()?, reconcile, Arc::new(()), shutdown)
 //!         .await?;
 //!     Ok(())
 //! }
@@ -102,10 +82,16 @@
 //!
 //! ## Modules
 //!
-//! - [`finalizer`]: add/remove a finalizer, and the [`finalizer::finalize`] flow;
+//! - [`write`]: [`adopt`](write::adopt), server-side [`apply`](write::apply),
+//!   [`patch_status`](write::patch_status), [`is_not_found`], [`is_conflict`] (also on every
+//!   [`Request`]);
+//! - [`events`]: Kubernetes Events, `ReconcileFailed` posted for every failure, aggregated and
+//!   rate-limited like client-go's recorder;
+//! - [`finalizer`]: `ensure` and `finalize` ([`Request::finalizers`]), and a
+//!   [`finalizer::finalize`] flow;
 //! - [`conditions`]: `metav1.Condition` with Kubernetes' transition semantics;
-//! - [`apply`]: server-side apply of controlled children;
-//! - [`events`]: Kubernetes Events about objects;
+//! - [`logs`]: `CTRLHUB_LOG` and `CTRLHUB_LOG_FORMAT`, the reconcile start and end lines;
+//! - [`health`]: `/healthz` and `/readyz` for kubelet probes (`CTRLHUB_HEALTH_ADDR`);
 //! - [`traces`]: OpenTelemetry trace export (`OTEL_*` environment) and the
 //!   `reconcile` span that joins the manager's trace;
 //! - [`blocking`]: blocking work inside a reconcile, which the SDK waits for.
@@ -124,8 +110,10 @@
 //! an [`Error`]; a newer definition running (see [Rolling
 //! upgrades](#rolling-upgrades)) makes the replica wait; every other end of
 //! the stream (standby manager, leader change, network) reconnects with
-//! exponential backoff and jitter (100 ms doubling to 10 s, reset after a
-//! session of 30 s).
+//! exponential backoff and jitter (100 ms doubling to 10 s), reset whenever a
+//! session registers, so that the two leader changes of a manager rollout
+//! each cost one short wait. A manager shutting down, a standby and a leader
+//! change are logged as "reconnecting", never as a rejection.
 //!
 //! Cancelling the shutdown token (SIGTERM) sends `Drain` and cancels
 //! nothing: running reconciles finish (each at most until its deadline) and
@@ -225,15 +213,16 @@
 //! `examples/website.rs` is a complete operator (a custom resource that owns
 //! a Deployment and a Service, a finalizer guarding external state, a Ready
 //! condition read through the cache), tested end to end against the real
-//! manager in `tests/website.rs`.
-//!
-//! [ctrlhub]: https://example.invalid/ctrlhub
+//! manager in `tests/website.rs`: 157 lines with the write helpers, 96 of them
+//! the operator itself.
 
-pub mod apply;
 pub mod conditions;
 pub mod events;
 pub mod finalizer;
+pub mod health;
+pub mod logs;
 pub mod traces;
+pub mod write;
 
 mod action;
 mod backoff;
@@ -246,7 +235,7 @@ mod request;
 mod runtime;
 mod selector;
 
-pub use action::{Action, ReconcileError};
+pub use action::{Action, Cause, ReconcileError};
 pub use backoff::Backoff;
 pub use blocking::blocking;
 pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN, TlsFiles};
@@ -258,6 +247,14 @@ pub use reader::{CachedReader, RawObject, ReadError};
 pub use request::{DecodeError, ObjectKey, Reason, Request};
 pub use runtime::{Error, HOLD_EXIT_CODE, Readable, SessionInfo};
 pub use selector::{Requirement, Selector};
+pub use write::{WriteError, is_conflict, is_not_found};
+
+/// The Kubernetes API types (`k8s-openapi`, with its `v1_33` feature), re-exported for the same
+/// reason.
+pub use k8s_openapi;
+/// The Kubernetes client this SDK builds on (the version it was built against), so that a
+/// controller's `kube` calls and the SDK's agree.
+pub use kube;
 
 /// The generated wire types (`ctrlhub.v1`), e.g. for
 /// [`Controller::reconciles_dynamic`].
@@ -265,28 +262,42 @@ pub use ctrlhub_proto::v1 as proto;
 /// Re-exported so that controllers need not depend on tokio-util directly.
 pub use tokio_util::sync::CancellationToken;
 
-/// A failed Kubernetes write from one of the helper modules.
-#[derive(Debug, thiserror::Error)]
-pub enum ObjectError {
-    /// The object has no `metadata.name`.
-    #[error("object has no metadata.name")]
-    MissingName,
-    /// The object has no `metadata.namespace` and none could be inferred.
-    #[error("object has no metadata.namespace")]
-    MissingNamespace,
-    /// The owner has no uid (it was never stored by the API server).
-    #[error("owner has no metadata.uid (was it ever created?)")]
-    MissingUid,
-    /// The API server refused the write.
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-}
-
-impl From<ObjectError> for ReconcileError {
-    fn from(err: ObjectError) -> Self {
-        match err {
-            ObjectError::Kube(e) => e.into(),
-            other => ReconcileError::terminal(other),
+/// A token cancelled on SIGTERM or SIGINT (Ctrl-C), for [`Controller::run`]'s `shutdown`: the
+/// first signal drains (running reconciles finish, then `run` returns), a second one exits the
+/// process at once with status 130. Call it inside the tokio runtime.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        for n in 0.. {
+            let sigterm = async {
+                #[cfg(unix)]
+                if let Some(t) = &mut term {
+                    t.recv().await;
+                    return;
+                }
+                std::future::pending::<()>().await;
+            };
+            let interrupt = async {
+                if tokio::signal::ctrl_c().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = sigterm => {}
+                () = interrupt => {}
+            }
+            if n == 0 {
+                tracing::info!("signal received: draining (signal again to exit at once)");
+                cancel.cancel();
+            } else {
+                tracing::warn!("second signal: exiting without draining");
+                std::process::exit(130);
+            }
         }
-    }
+    });
+    token
 }

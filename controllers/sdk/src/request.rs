@@ -1,14 +1,53 @@
 //! A reconcile request as the reconcile function sees it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ctrlhub_proto::v1 as pb;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::WriteError;
+use crate::events::EventRecorder;
+use crate::finalizer::Finalizers;
 use crate::reader::CachedReader;
+
+/// What a request's write helpers write with: the controller's name and Kubernetes client, and
+/// its Events recorder.
+#[derive(Clone)]
+pub(crate) struct Kit {
+    pub(crate) controller: String,
+    pub(crate) client: Option<kube::Client>,
+    pub(crate) events: EventRecorder,
+}
+
+impl fmt::Debug for Kit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kit")
+            .field("controller", &self.controller)
+            .field("client", &self.client.as_ref().map(|_| "kube::Client"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kit {
+    pub(crate) fn new(controller: &str, client: Option<kube::Client>) -> Self {
+        let events = match &client {
+            Some(c) => EventRecorder::new(c.clone(), controller),
+            None => EventRecorder::disabled(),
+        };
+        Self {
+            controller: controller.to_owned(),
+            client,
+            events,
+        }
+    }
+}
 
 /// Why a key was enqueued (informational only: reconcile the current state
 /// whatever the reason). Unknown values from a newer manager read as
@@ -100,6 +139,9 @@ pub struct Request<K> {
     pub tracestate: String,
     reader: CachedReader,
     cancel: CancellationToken,
+    kit: Arc<Kit>,
+    /// The object of the request as an Event's `regarding` (from its JSON, whatever `K` is).
+    pub(crate) regarding: Option<ObjectReference>,
     /// When the result of an attempt cancelled at its deadline may go out: the manager's
     /// deadline on the local clock plus the safety margin, so that the manager counts the
     /// missed deadline (and re-delivers as REDELIVERY) instead of taking a "cancelled" error
@@ -158,6 +200,59 @@ impl<K> Request<K> {
     pub fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
+
+    /// The controller's Kubernetes client, for writes of your own (see
+    /// [`Controller::client`](crate::Controller::client)).
+    pub fn client(&self) -> Result<&kube::Client, WriteError> {
+        self.kit.client.as_ref().ok_or(WriteError::NoClient)
+    }
+
+    /// Makes `owner` the controller of `child` and returns `child`: see
+    /// [`write::adopt`](crate::write::adopt).
+    pub fn adopt<'c, C, O>(&self, child: &'c mut C, owner: &O) -> Result<&'c mut C, WriteError>
+    where
+        C: Resource<DynamicType = ()>,
+        C::Scope: 'static,
+        O: Resource<DynamicType = ()>,
+    {
+        crate::write::adopt(child, owner)
+    }
+
+    /// Server-side applies `obj` with the controller's name as field manager, forcing
+    /// conflicts, and returns it as stored: see [`write::apply`](crate::write::apply).
+    pub async fn apply<C>(&self, obj: &C) -> Result<C, WriteError>
+    where
+        C: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+        C::Scope: 'static,
+    {
+        crate::write::apply(self.client()?, &self.kit.controller, obj).await
+    }
+
+    /// Merge-patches the `status` subresource of `obj` with `status` and returns the updated
+    /// object: see [`write::patch_status`](crate::write::patch_status).
+    pub async fn patch_status<C, S>(&self, obj: &C, status: &S) -> Result<C, WriteError>
+    where
+        C: Resource<DynamicType = ()> + DeserializeOwned,
+        C::Scope: 'static,
+        S: Serialize + ?Sized,
+    {
+        crate::write::patch_status(self.client()?, obj, status).await
+    }
+
+    /// The controller's Events recorder: `events().info(obj, reason, message)` and
+    /// `events().warning(..)` post without waiting (see [`events`](crate::events)).
+    pub fn events(&self) -> &EventRecorder {
+        &self.kit.events
+    }
+
+    /// Finalizer steps on the controller's client: `ensure` and `finalize` (see
+    /// [`finalizer`](crate::finalizer)).
+    pub fn finalizers(&self) -> Finalizers<'_> {
+        match &self.kit.client {
+            Some(client) => Finalizers::new(client),
+            None => Finalizers::without_client(),
+        }
+    }
 }
 
 impl<K: DeserializeOwned> Request<K> {
@@ -167,6 +262,7 @@ impl<K: DeserializeOwned> Request<K> {
     pub(crate) fn from_proto(
         req: pb::ReconcileRequest,
         reader: CachedReader,
+        kit: Arc<Kit>,
         cancel: CancellationToken,
         now: SystemTime,
         now_instant: Instant,
@@ -193,17 +289,17 @@ impl<K: DeserializeOwned> Request<K> {
                     key: key.clone(),
                     source,
                 })?;
-                Received::Object(obj)
+                Received::Object(obj, regarding(&json))
             }
             Some(pb::reconcile_request::Object::Tombstone(t)) => Received::Tombstone(
                 decode_tombstone(&key, &t.object_json),
                 t.final_state_unknown,
             ),
         };
-        let (object, deleted, tombstone, final_state_unknown) = match object {
-            Received::Nothing => (None, None, false, false),
-            Received::Object(obj) => (Some(obj), None, false, false),
-            Received::Tombstone(last, unknown) => (None, last, true, unknown),
+        let (object, deleted, tombstone, final_state_unknown, regarding) = match object {
+            Received::Nothing => (None, None, false, false, None),
+            Received::Object(obj, r) => (Some(obj), None, false, false, r),
+            Received::Tombstone(last, unknown) => (None, last, true, unknown, None),
         };
         let manager_deadline = req.deadline.as_ref().and_then(timestamp_to_system);
         let remaining = match manager_deadline {
@@ -228,6 +324,8 @@ impl<K: DeserializeOwned> Request<K> {
             tracestate: req.tracestate,
             reader,
             cancel,
+            kit,
+            regarding,
             missed_after,
         })
     }
@@ -236,9 +334,41 @@ impl<K: DeserializeOwned> Request<K> {
 /// What a request carried in its `object` oneof.
 enum Received<K> {
     Nothing,
-    Object(K),
+    /// The object, and its reference for Events.
+    Object(K, Option<ObjectReference>),
     /// The last known state (when it decodes) and `final_state_unknown`.
     Tombstone(Option<K>, bool),
+}
+
+/// The reference an Event about the object in `json` names (`None` without kind or name).
+fn regarding(json: &[u8]) -> Option<ObjectReference> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Head {
+        api_version: Option<String>,
+        kind: Option<String>,
+        #[serde(default)]
+        metadata: Meta,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    struct Meta {
+        name: Option<String>,
+        namespace: Option<String>,
+        uid: Option<String>,
+        resource_version: Option<String>,
+    }
+    let head: Head = serde_json::from_slice(json).ok()?;
+    let (kind, name) = (head.kind?, head.metadata.name?);
+    Some(ObjectReference {
+        api_version: head.api_version,
+        kind: Some(kind),
+        name: Some(name),
+        namespace: head.metadata.namespace.filter(|n| !n.is_empty()),
+        uid: head.metadata.uid,
+        resource_version: head.metadata.resource_version,
+        field_path: None,
+    })
 }
 
 /// A tombstone's last known state. The deletion is a fact whatever its JSON holds, so an
@@ -297,6 +427,7 @@ mod tests {
         Request::from_proto(
             req,
             CachedReader::for_tests(),
+            Arc::new(Kit::new("test", None)),
             CancellationToken::new(),
             now,
             Instant::now(),
@@ -319,6 +450,10 @@ mod tests {
         assert_eq!(obj.and_then(|d| d.get("a")).map(String::as_str), Some("1"));
         assert!(req.deleted.is_none());
         assert!(!req.is_deleted());
+        let regarding = req.regarding.clone().unwrap_or_default();
+        assert_eq!(regarding.kind.as_deref(), Some("ConfigMap"));
+        assert_eq!(regarding.name.as_deref(), Some("cm"));
+        assert_eq!(regarding.namespace.as_deref(), Some("default"));
         // 30 s left minus the 500 ms margin.
         let left = req.deadline - start;
         assert!(left >= Duration::from_millis(29_500) && left < Duration::from_millis(29_900));

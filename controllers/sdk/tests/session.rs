@@ -463,6 +463,31 @@ async fn an_empty_tombstone_is_a_deletion_not_a_terminal_error() {
     assert!(tokio::time::timeout(PATIENCE, run).await.unwrap().is_ok());
 }
 
+/// An object the primary type cannot read is not the object's fault: retried with backoff (an
+/// error), never answered Terminal, and the handler does not run.
+#[tokio::test]
+async fn an_undecodable_object_is_retried_not_terminal() {
+    let (addr, mut conns) = serve(false).await;
+    let shutdown = CancellationToken::new();
+    let (probe, run) = start(addr, &shutdown, |_| {});
+    let mut conn = next_conn(&mut conns).await;
+    conn.register("s-1", None).await;
+    let mut req = request("r-1", "odd", PATIENCE);
+    req.object = Some(pb::reconcile_request::Object::ObjectJson(
+        br#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"odd"}}"#.to_vec(),
+    ));
+    conn.send(reconcile_msg(req)).await;
+    let result = result_of(conn.next().await);
+    let Some(pb::reconcile_result::Outcome::Error(error)) = result.outcome else {
+        panic!("expected a retried error, got {result:?}");
+    };
+    assert!(error.message.contains("undecodable"), "{error:?}");
+    assert!(probe.when("odd", "start").is_empty());
+    shutdown.cancel();
+    drop(conn);
+    assert!(tokio::time::timeout(PATIENCE, run).await.unwrap().is_ok());
+}
+
 /// SUPERSEDED and `Rejected.outdated` stop the replica taking work without ending `run`; it
 /// registers again only after `outdated_wait`.
 #[tokio::test]

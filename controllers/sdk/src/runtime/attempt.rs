@@ -11,16 +11,18 @@ use std::time::SystemTime;
 
 use ctrlhub_proto::v1 as pb;
 use futures::FutureExt as _;
+use k8s_openapi::api::core::v1::ObjectReference;
 use pb::controller_message;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, error, info_span, warn};
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use super::Shared;
 use super::fence::SessionState;
 use crate::blocking::Shields;
+use crate::events::EventType;
 use crate::traces::ReconcileSpan;
 use crate::{Action, CachedReader, ObjectKey, ReconcileError, Request};
 
@@ -63,6 +65,7 @@ pub(super) fn spawn<K, C, F, Fut>(
     let decoded = Request::<K>::from_proto(
         req,
         reader.clone(),
+        shared.kit.clone(),
         cancel.clone(),
         SystemTime::now(),
         Instant::now(),
@@ -72,8 +75,11 @@ pub(super) fn spawn<K, C, F, Fut>(
     let request = match decoded {
         Ok(r) => r,
         Err(err) => {
-            error!(controller = %shared.name, request_id = %id, "undecodable request: {err}");
-            let outcome = ReconcileError::terminal(err).to_outcome();
+            // Never Terminal: an object this controller's type cannot read is not the object's
+            // fault (a newer schema, a controller built against an older one). Retried with
+            // the key's backoff, so a fixed controller or object goes through.
+            error!(controller = %shared.name, request_id = %id, "undecodable request, retried with backoff: {err}");
+            let outcome = ReconcileError::retry(format!("undecodable request: {err}")).to_outcome();
             tokio::spawn(async move {
                 send(&session, &tx, id, outcome).await;
                 drop(in_flight);
@@ -129,21 +135,136 @@ where
     let running = session.running(&request.id, &key);
     let handler = shared.attempts.handler();
     let shields = Shields::default();
+    let line = Line::start(&request);
+    let regarding = request.regarding.clone();
     let work = AssertUnwindSafe((shared.reconcile)(request, shared.ctx.clone())).catch_unwind();
     // The reconcile span is the current OpenTelemetry context inside the reconcile function.
     let work = opentelemetry::context::FutureExt::with_context(shields.scope(work), otel.context());
+    let work = crate::logs::as_reconcile_of(key.to_string(), work);
     let ran = drive(work, &cancel, deadline, &shields).await;
     // Blocking work the reconcile left behind is part of the attempt.
     shields.idle().await;
     drop((running, handler, permit, key_guard));
-    match ran {
+    let (outcome, failure, stop) = match ran {
         Ran::Finished(returned) => {
-            let outcome = outcome_of(&key, returned);
+            let (outcome, failure) = outcome_of(returned);
             let (label, error) = crate::traces::outcome_label(&outcome);
+            line.end(label, error);
             otel.finish(label, error);
-            outcome
+            (outcome, failure, None)
         }
-        Ran::Cancelled(why) => missed(why, missed_after, cancelled(why, otel)).await,
+        Ran::Cancelled(why) => {
+            let (label, message) = cancelled(why);
+            line.end(label, Some(message));
+            otel.finish(label, Some(message));
+            // A reconcile that overran its deadline failed; one whose session ended did not.
+            let failure = (why == Stop::Deadline).then(|| ReconcileError::retry(message));
+            (
+                ReconcileError::retry(message).to_outcome(),
+                failure,
+                Some(why),
+            )
+        }
+    };
+    if let (Some(failure), Some(regarding)) = (failure, regarding) {
+        post_failure(shared, &key, regarding, &failure);
+    }
+    match stop {
+        Some(why) => missed(why, missed_after, outcome).await,
+        None => outcome,
+    }
+}
+
+/// Posts the Warning `ReconcileFailed` about the request's object, unless the failure is that
+/// very object's NotFound (it is gone: nothing to post about).
+fn post_failure<F, C>(
+    shared: &Shared<F, C>,
+    key: &ObjectKey,
+    regarding: ObjectReference,
+    failure: &ReconcileError,
+) {
+    if primary_not_found(failure, key) {
+        debug!(%key, "no ReconcileFailed event: the object itself is gone");
+        return;
+    }
+    shared.kit.events.post(
+        regarding,
+        EventType::Warning,
+        "ReconcileFailed",
+        failure.message(),
+    );
+}
+
+/// Whether `err` is the API server's NotFound for the object `key` names (a 404 whose details
+/// name it, or name nothing).
+fn primary_not_found(err: &ReconcileError, key: &ObjectKey) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> =
+        err.cause().map(|c| c as &(dyn std::error::Error + 'static));
+    for _ in 0..32 {
+        let Some(e) = next else { return false };
+        let status = match e.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(status)) => Some(status.as_ref()),
+            _ => e.downcast_ref::<kube::core::Status>(),
+        };
+        if let Some(status) = status {
+            let named = status.details.as_ref().map_or("", |d| d.name.as_str());
+            return status.code == 404 && (named.is_empty() || named == key.name);
+        }
+        next = match e.downcast_ref::<crate::WriteError>() {
+            Some(crate::WriteError::Kube(inner)) => Some(inner),
+            _ => e.source(),
+        };
+    }
+    false
+}
+
+/// The start and end lines of one reconcile (inside its span).
+struct Line {
+    key: String,
+    reasons: String,
+    attempt: u32,
+    started: Instant,
+}
+
+impl Line {
+    /// Logs the start line.
+    fn start<K>(request: &Request<K>) -> Self {
+        let reasons: Vec<&str> = request
+            .reasons
+            .iter()
+            .map(|r| r.as_str_name().trim_start_matches("REASON_"))
+            .collect();
+        let line = Self {
+            key: request.key.to_string(),
+            reasons: reasons.join(","),
+            attempt: request.attempt,
+            started: Instant::now(),
+        };
+        info!(
+            key = %line.key,
+            reasons = %line.reasons,
+            attempt = line.attempt,
+            "reconcile start key={} attempt={}",
+            line.key,
+            line.attempt
+        );
+        line
+    }
+
+    /// Logs the end line: INFO, or WARN with the error for a failure.
+    fn end(&self, outcome: &str, error: Option<&str>) {
+        let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (key, reasons, attempt) = (&self.key, &self.reasons, self.attempt);
+        match error {
+            None => info!(
+                %key, %reasons, attempt, outcome, duration_ms,
+                "reconcile end key={key} outcome={outcome}"
+            ),
+            Some(error) => warn!(
+                %key, %reasons, attempt, outcome, duration_ms, error,
+                "reconcile end key={key} outcome={outcome}: {error}"
+            ),
+        }
     }
 }
 
@@ -213,14 +334,12 @@ fn not_started(key: &ObjectKey, why: Stop, otel: ReconcileSpan) -> pb::reconcile
     ReconcileError::retry(message).to_outcome()
 }
 
-/// The result of a reconcile that was cancelled and has stopped.
-fn cancelled(why: Stop, otel: ReconcileSpan) -> pb::reconcile_result::Outcome {
-    let (label, message) = match why {
+/// The outcome label and message of a reconcile that was cancelled and has stopped.
+fn cancelled(why: Stop) -> (&'static str, &'static str) {
+    match why {
         Stop::Deadline => ("deadline", "cancelled at its deadline"),
         Stop::SessionEnded => ("lost", "cancelled: its session ended"),
-    };
-    otel.finish(label, Some(message));
-    ReconcileError::retry(message).to_outcome()
+    }
 }
 
 /// Sends the result, on its own session only, and only while that lives.
@@ -273,25 +392,55 @@ fn log_span<K>(controller: &str, request: &Request<K>, otel: &ReconcileSpan) -> 
     span
 }
 
-/// The result to send for a reconcile function's return (or panic).
-fn outcome_of(key: &ObjectKey, returned: Returned) -> pb::reconcile_result::Outcome {
+/// The result to send for a reconcile function's return (or panic), and the failure to post.
+fn outcome_of(returned: Returned) -> (pb::reconcile_result::Outcome, Option<ReconcileError>) {
     match returned {
-        Ok(Ok(action)) => {
-            debug!(%key, result = %action, "reconcile finished");
-            action.to_outcome()
-        }
-        Ok(Err(err)) => {
-            debug!(%key, kind = err.metric_label(), "reconcile failed: {err}");
-            err.to_outcome()
-        }
+        Ok(Ok(action)) => (action.to_outcome(), None),
+        Ok(Err(err)) => (err.to_outcome(), Some(err)),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            error!(%key, "reconcile panicked: {what}");
-            ReconcileError::retry(format!("reconcile panicked: {what}")).to_outcome()
+            // The panic hook of `logs::init` logged where (with a backtrace, rate-limited);
+            // the end line says it failed.
+            let err = ReconcileError::retry(format!("reconcile panicked: {what}"));
+            (err.to_outcome(), Some(err))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn not_found(name: &str) -> kube::Error {
+        let mut status = kube::core::Status::failure("not found", "NotFound");
+        status.code = 404;
+        if !name.is_empty() {
+            status.details = Some(kube::core::response::StatusDetails {
+                name: name.into(),
+                group: "example.ctrlhub.io".into(),
+                kind: "websites".into(),
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: 0,
+            });
+        }
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn only_the_primary_s_own_not_found_posts_no_event() {
+        let key = ObjectKey::new("ns", "blog");
+        assert!(primary_not_found(&not_found("blog").into(), &key));
+        assert!(primary_not_found(&not_found("").into(), &key));
+        assert!(primary_not_found(
+            &crate::WriteError::Kube(not_found("blog")).into(),
+            &key
+        ));
+        assert!(!primary_not_found(&not_found("a-secret").into(), &key));
+        assert!(!primary_not_found(&ReconcileError::retry("boom"), &key));
     }
 }

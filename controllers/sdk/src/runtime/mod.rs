@@ -31,6 +31,8 @@ pub use fence::HOLD_EXIT_CODE;
 pub use info::{Readable, SessionInfo};
 
 use crate::controller::{OnRegistered, REVISION_ENV, effective_revision};
+use crate::health::Health;
+use crate::request::Kit;
 use crate::{Action, Config, ConfigError, Controller, ReconcileError, Request};
 use fence::round_ms;
 use keys::Attempts;
@@ -59,6 +61,15 @@ pub enum Error {
         /// empty.
         field: String,
     },
+    /// The health endpoint ([`Config::health_addr`]) cannot listen.
+    #[error("the health endpoint cannot listen on {addr}: {source}")]
+    Health {
+        /// The address it was given.
+        addr: std::net::SocketAddr,
+        /// Why it cannot.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn field_suffix(field: &str) -> String {
@@ -76,6 +87,7 @@ impl Error {
             Self::Config(_) => "config",
             Self::NoPrimary(_) => "no_primary",
             Self::Rejected { .. } => "rejected",
+            Self::Health { .. } => "health",
         }
     }
 }
@@ -107,6 +119,10 @@ pub(crate) struct Shared<F, C> {
     config: Arc<Config>,
     attempts: Arc<Attempts>,
     on_registered: Option<OnRegistered>,
+    /// The write helpers and Events of every request.
+    kit: Arc<Kit>,
+    /// What the health endpoint answers.
+    health: Arc<Health>,
 }
 
 impl<K> Controller<K>
@@ -144,6 +160,22 @@ where
         let env = std::env::var(REVISION_ENV).ok();
         let mut register = self.to_register();
         register.revision = effective_revision(self.revision, env.as_deref())?;
+        let health = Arc::new(Health::new(
+            config.stuck_after,
+            format!("connecting to the manager at {}", config.addr),
+        ));
+        // Bound now, so that a port in use fails `run` at once; stops when `run` returns.
+        let _server = match config.health_addr {
+            Some(addr) => Some(
+                crate::health::serve(addr, health.clone())
+                    .map_err(|source| Error::Health { addr, source })?,
+            ),
+            None => None,
+        };
+        let ticking = CancellationToken::new();
+        let _stop_ticking = ticking.clone().drop_guard();
+        health.keep_ticking(ticking);
+        let kit = Arc::new(Kit::new(&self.name, self.client.map(|c| c.0)));
         let shared = Arc::new(Shared {
             name: self.name.clone(),
             register,
@@ -154,8 +186,11 @@ where
             config: Arc::new(config),
             attempts: Arc::new(Attempts::default()),
             on_registered: self.on_registered,
+            kit,
+            health,
         });
         let end = sessions::<K, C, F, Fut>(&shared, &endpoint, &shutdown).await;
+        shared.health.not_ready("stopped: the controller shut down");
         wait_for_reconciles(&shared).await;
         match &end {
             Ok(()) => {
@@ -198,25 +233,34 @@ where
         };
         let pause = match end {
             SessionEnd::Stopped => return Ok(()),
-            SessionEnd::Fatal(err) => return Err(err),
+            SessionEnd::Fatal(err) => {
+                shared.health.not_ready(format!("giving up: {err}"));
+                return Err(err);
+            }
             SessionEnd::Retry { reason, registered } => {
-                let lasted = if registered {
-                    started.elapsed()
+                // A session that registered resets the backoff however short it was (two
+                // leader changes in a rolling update of the manager are two first steps).
+                let delay = backoff.next_delay(started.elapsed(), registered, &mut rand::rng());
+                let delay_ms = u64::try_from(round_ms(delay).as_millis()).unwrap_or(u64::MAX);
+                let wait = humantime::format_duration(round_ms(delay));
+                shared
+                    .health
+                    .not_ready(format!("reconnecting to the manager in {wait}: {reason}"));
+                // A manager that shuts down, or a standby, is the normal course of a rollout.
+                if registered || backoff.failures() < 3 {
+                    info!(controller = %shared.name, failures = backoff.failures(), delay_ms, "session ended: {reason}; reconnecting in {wait}");
                 } else {
-                    Duration::ZERO
-                };
-                let delay = backoff.next_delay(lasted, &mut rand::rng());
-                warn!(
-                    controller = %shared.name,
-                    failures = backoff.failures(),
-                    "session ended: {reason}; reconnecting in {}",
-                    humantime::format_duration(round_ms(delay))
-                );
+                    warn!(controller = %shared.name, failures = backoff.failures(), delay_ms, "session ended: {reason}; reconnecting in {wait}");
+                }
                 delay
             }
             SessionEnd::Outdated { reason } => {
                 backoff.reset();
                 let wait = shared.config.outdated_wait;
+                shared.health.not_ready(format!(
+                    "waiting as outdated: {reason}; registering again in {}",
+                    humantime::format_duration(wait)
+                ));
                 warn!(
                     controller = %shared.name,
                     revision = shared.register.revision,

@@ -132,9 +132,9 @@ async fn registered<F, C>(
     let registered = match first.map(|m| m.and_then(|m| m.message)) {
         Ok(Some(manager_message::Message::Registered(r))) => *r,
         Ok(Some(manager_message::Message::Rejected(rej))) => {
-            let code = tonic::Code::from_i32(rej.code);
-            warn!(controller = %name, ?code, field = %rej.field, outdated = rej.outdated, "registration rejected: {}", rej.message);
-            return Err(classify(&rej, false));
+            let end = classify(&rej, false);
+            log_refusal(name, &rej, &end);
+            return Err(end);
         }
         Ok(Some(other)) => return Err(retry(format!("expected Registered, got {other:?}"))),
         Ok(None) => return Err(retry("stream ended before Registered".into())),
@@ -150,10 +150,26 @@ async fn registered<F, C>(
         "registered with manager"
     );
     debug!(controller = %name, effective = ?info.effective, hold = ?info.hold, "effective registration");
+    shared.health.ready();
     if let Some(callback) = &shared.on_registered {
         (callback.0)(&info);
     }
     Ok(info)
+}
+
+/// Logs a `Rejected`: as a rejection only when a human must act; a refusal that is retried
+/// (UNAVAILABLE from a manager shutting down or a standby, RESOURCE_EXHAUSTED, ...) is said
+/// once more by the reconnect line, and an outdated definition by its wait line.
+fn log_refusal(name: &str, rej: &pb::Rejected, end: &SessionEnd) {
+    let code = tonic::Code::from_i32(rej.code);
+    match end {
+        SessionEnd::Fatal(_) => {
+            warn!(controller = %name, ?code, field = %rej.field, "registration rejected: {}", rej.message);
+        }
+        _ => {
+            debug!(controller = %name, ?code, field = %rej.field, outdated = rej.outdated, "the manager did not take the session ({code:?}): {}", rej.message);
+        }
+    }
 }
 
 /// A session in progress.
@@ -223,6 +239,9 @@ where
     async fn start_drain(&mut self) -> Step {
         let in_flight = self.state.in_flight_count();
         info!(controller = %self.shared.name, in_flight, "shutdown requested: draining session");
+        self.shared
+            .health
+            .not_ready("draining: shutdown requested, finishing the reconciles in flight");
         self.drain = Some(Draining {
             since: Instant::now(),
             close_by: None,
@@ -307,7 +326,8 @@ where
                 });
             }
             Err(status) => {
-                warn!(controller = %name, code = ?status.code(), "session ended: {}", status.message());
+                // The reconnect line says why, at the level it deserves.
+                debug!(controller = %name, code = ?status.code(), "stream ended: {}", status.message());
                 return self.ended(classify_status(&status, true));
             }
         };
@@ -316,9 +336,9 @@ where
             manager_message::Message::Heartbeat(beat) => self.answered(beat.nonce),
             manager_message::Message::Revoked(rev) => self.revoked(rev),
             manager_message::Message::Rejected(rej) => {
-                let code = tonic::Code::from_i32(rej.code);
-                warn!(controller = %name, ?code, field = %rej.field, "session rejected: {}", rej.message);
-                self.ended(classify(&rej, true))
+                let end = classify(&rej, true);
+                log_refusal(name, &rej, &end);
+                self.ended(end)
             }
             manager_message::Message::Registered(_) => {
                 warn!(controller = %name, "ignoring a second Registered");
@@ -362,7 +382,9 @@ where
     fn revoked(&mut self, rev: pb::Revoked) -> Step {
         let reason = pb::revoked::Reason::try_from(rev.reason).unwrap_or_default();
         let code = tonic::Code::from_i32(rev.code);
-        warn!(controller = %self.shared.name, ?reason, ?code, leader = %rev.leader_identity, "session revoked: {}", rev.message);
+        // A manager shutting down or stepping down revokes sessions in the normal course of a
+        // rollout; the reconnect line follows.
+        info!(controller = %self.shared.name, ?reason, ?code, leader = %rev.leader_identity, "session revoked by the manager: {}", rev.message);
         let end = if reason == pb::revoked::Reason::Superseded {
             SessionEnd::Outdated {
                 reason: format!(

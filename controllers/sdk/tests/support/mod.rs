@@ -425,3 +425,127 @@ pub fn repo(path: &str) -> PathBuf {
         .join("../..")
         .join(path)
 }
+
+/// A GET on a loopback port: the status code and the body (`None` while nothing answers).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8(response).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// The SDK's log lines in this test process, as JSON objects: [`captured_logs`] installs a
+/// global JSON subscriber (the SDK's shape) once per test binary, at DEBUG for the SDK.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Every line logged so far.
+    pub fn lines(&self) -> Vec<Value> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The lines about controller `name` (its `controller` field, or that of its span).
+    pub fn of(&self, name: &str) -> Vec<Value> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["fields"]["controller"] == name || l["span"]["controller"] == name)
+            .collect()
+    }
+}
+
+/// The process's captured logs (see [`Logs`]).
+pub fn captured_logs() -> Logs {
+    static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info,ctrlhub_sdk=debug"))
+            .with_writer(move || writer.clone())
+            .init();
+        logs
+    })
+    .clone()
+}
+
+/// A TCP proxy playing the Service in front of the leader: new connections go to the current
+/// upstream; [`SwitchProxy::switch`] points it at another manager and cuts every open
+/// connection, as a leader change does.
+pub struct SwitchProxy {
+    pub port: u16,
+    upstream: Arc<std::sync::atomic::AtomicU16>,
+    cuts: watch::Sender<u64>,
+}
+
+impl SwitchProxy {
+    /// Starts forwarding 127.0.0.1:`port` to 127.0.0.1:`upstream`.
+    pub async fn start(upstream: u16) -> SwitchProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Arc::new(std::sync::atomic::AtomicU16::new(upstream));
+        let (cuts, _) = watch::channel(0u64);
+        let (to, cut) = (target.clone(), cuts.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = to.load(Ordering::SeqCst);
+                let mut cut = cut.subscribe();
+                cut.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    tokio::select! {
+                        _ = tokio::io::copy(&mut cr, &mut sw) => {}
+                        _ = tokio::io::copy(&mut sr, &mut cw) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        SwitchProxy {
+            port,
+            upstream: target,
+            cuts,
+        }
+    }
+
+    /// The proxied gRPC endpoint.
+    pub fn addr(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// New connections go to `upstream`; the open ones are closed.
+    pub fn switch(&self, upstream: u16) {
+        self.upstream.store(upstream, Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
