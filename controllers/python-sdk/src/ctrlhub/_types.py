@@ -13,6 +13,10 @@ from google.protobuf import duration_pb2
 from .v1 import controller_pb2 as pb
 from .v1 import registration_pb2, resource_pb2
 
+__all__ = ["Done", "EventType", "FatalError", "Form", "Key", "Kind", "KindLike", "Owns", "PermanentError", "Predicate", "Reason",
+           "Registration", "RequeueAfter", "Requirement", "Result", "Selector", "SelectorLike", "TemporaryError", "Watch",
+           "duration", "names", "outcome", "seconds"]
+
 
 def seconds(value: float | timedelta) -> float:
     """Seconds from a number of seconds or a ``timedelta``."""
