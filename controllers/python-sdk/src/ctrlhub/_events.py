@@ -1,6 +1,9 @@
-"""Kubernetes Events about objects (``events.k8s.io/v1``), aggregated and rate-limited as
-client-go's recorder does, posted by a background thread so that recording never blocks nor
-fails a reconcile."""
+"""Kubernetes Events about objects, aggregated and rate-limited as client-go's recorder does,
+posted by a background thread so that recording never blocks nor fails a reconcile.
+
+They are core ``v1`` Events (``involvedObject``, ``count``, ``reportingComponent``): the API
+server serves them as ``events.k8s.io/v1`` too, and ``kubectl describe`` lists them (also on
+devcluster, which keeps the two groups apart)."""
 
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ NOTE_MAX = 1024
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 
 def _instance() -> str:
@@ -60,12 +64,13 @@ class _Series:
 
 
 class EventRecorder:
-    """Records Events about objects for one controller (``reportingController``
-    ``ctrlhub.io/<controller>``, ``reportingInstance`` ``$POD_NAME`` or the host name).
+    """Records Events about objects for one controller (``reportingComponent``, shown as
+    "From" by ``kubectl describe``: ``ctrlhub.io/<controller>``; ``reportingInstance``:
+    ``$POD_NAME`` or the host name).
 
     ``info`` and ``warning`` return at once: a worker thread posts the Event with the
     controller's client. The same (object, type, reason, message) again within 10 minutes
-    increments the existing Event's ``series.count`` instead of creating another; an object gets
+    increments the existing Event's ``count`` instead of creating another; an object gets
     at most 25 Events in a burst, then one per 5 minutes (client-go's limits). Failures are
     logged at DEBUG, and at WARN at most once a minute; they never reach the handler."""
 
@@ -135,11 +140,13 @@ class EventRecorder:
                 self._series[key] = series
                 if len(self._series) > 4096:
                     self._series = {k: s for k, s in self._series.items() if now - s.seen <= SERIES_WINDOW}
+                now_text = _now()
                 body = {
-                    "apiVersion": "events.k8s.io/v1", "kind": "Event",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "eventTime": _now(), "reportingController": self.controller, "reportingInstance": self.instance,
-                    "action": action[:128], "reason": reason[:128], "note": note, "type": type, "regarding": regarding,
+                    "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+                    "involvedObject": regarding, "reason": reason[:128], "message": note, "type": type,
+                    "source": {"component": self.controller, "host": self.instance},
+                    "reportingComponent": self.controller, "reportingInstance": self.instance, "action": action[:128],
+                    "firstTimestamp": now_text, "lastTimestamp": now_text, "count": 1,
                 }
                 job = self._job_create(key, series, body)
             self._enqueue(job)
@@ -160,7 +167,7 @@ class EventRecorder:
     def _job_create(self, key: tuple[str, ...], series: _Series, body: dict[str, Any]) -> Callable[[], None]:
         def create() -> None:
             try:
-                self._kube.request("POST", f"/apis/events.k8s.io/v1/namespaces/{series.namespace}/events", body, timeout=10)
+                self._kube.request("POST", f"/api/v1/namespaces/{series.namespace}/events", body, timeout=10)
                 self.posted += 1
             except BaseException:
                 with self._lock:  # not created: the next such Event makes a new one
@@ -175,8 +182,8 @@ class EventRecorder:
     def _job_series(self, series: _Series, count: int) -> Callable[[], None]:
         def update() -> None:
             series.created.wait(30)
-            patch = {"series": {"count": count, "lastObservedTime": _now()}}
-            path = f"/apis/events.k8s.io/v1/namespaces/{series.namespace}/events/{series.name}"
+            patch = {"count": count, "lastTimestamp": _now()}
+            path = f"/api/v1/namespaces/{series.namespace}/events/{series.name}"
             try:
                 self._kube.request("PATCH", path, patch, "application/merge-patch+json", timeout=10)
             except WriteError as err:
