@@ -223,6 +223,7 @@ async def test_a_superseded_replica_waits_and_registers_again_once_the_newer_def
     await asyncio.wait_for(cancelled.wait(), 30)
     await eventually("the old replica outdated", lambda: replica.outdated and not replica.ready)
     assert "superseded by a newer definition" in caplog.text
+    assert old.not_ready_reason().startswith(f"controller {ns}: outdated: superseded by a newer definition"), "/readyz says why"
     # It keeps running, takes no work, and every retry is refused while the newer one runs.
     await eventually("a retry refused as outdated", lambda: "registration refused as outdated" in caplog.text)
     assert not running.task.done() and replica.session_id is None
