@@ -181,7 +181,7 @@ async def test_website_operator(dev: Dev, tmp_path: Path) -> None:
                                               {"metadata": {"annotations": {"test/restarted": "yes"}}},
                                               _content_type="application/merge-patch+json")
         await eventually("the restarted operator to reconcile the Website",
-                         lambda: op.alive() and re.search(f"reconcile end key={NS}/blog attempt=\\d+ outcome=done", op.log()))
+                         lambda: op.alive() and re.search(f"reconcile end key={NS}/blog attempt=\\d+ outcome=success", op.log()))
         assert registry().get("blog") == "nginx:1.27", "a phantom delete removed the registry entry"
         assert FINALIZER in website()["metadata"]["finalizers"] and ready() == "True"
 

@@ -68,8 +68,8 @@ def test_text_lines_carry_the_key_and_request_id_once() -> None:
     text = ctrlhub.TextFormatter()
     assert text.format(_record("patched the Service", ctrlhub_span=span)).endswith(
         " INFO ctrlhub.web: patched the Service key=shop/blog request_id=web-3")
-    own = text.format(_record("reconcile end key=shop/blog outcome=done", ctrlhub_span=span, ctrlhub_fields={"key": "shop/blog"}))
-    assert own.endswith("reconcile end key=shop/blog outcome=done request_id=web-3")
+    own = text.format(_record("reconcile end key=shop/blog outcome=success", ctrlhub_span=span, ctrlhub_fields={"key": "shop/blog"}))
+    assert own.endswith("reconcile end key=shop/blog outcome=success request_id=web-3")
 
 
 def test_a_traceback_at_most_once_a_minute_per_key() -> None:
@@ -116,7 +116,7 @@ async def test_failures_are_one_warn_line_each_with_one_traceback_a_minute(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a handler failure is no ERROR"
     starts = [r for r in mine if r.getMessage().startswith("reconcile start")]
     assert len(starts) == 8 and starts[1].ctrlhub_fields["reasons"] == ["RETRY"]
-    assert ends[-1].ctrlhub_fields["outcome"] == "done" and isinstance(ends[-1].ctrlhub_fields["duration_ms"], int)
+    assert ends[-1].ctrlhub_fields["outcome"] == "success" and isinstance(ends[-1].ctrlhub_fields["duration_ms"], int)
     json_lines = [json.loads(line) for line in out.getvalue().splitlines()]
     for message in ("trying", "a library's line"):
         found = [j for j in json_lines if j["fields"]["message"] == message]

@@ -118,7 +118,7 @@ async def test_deadline_cancels_the_handler_and_its_next_attempt_waits_for_it(
              and r.ctrlhub_fields["key"] == f"{ns}/block"]
     block = f"{ns}/block"
     assert lines == [("start", "INFO", block, 1, None), ("end", "WARNING", block, 1, "cancelled"),
-                     ("start", "INFO", block, 2, None), ("end", "INFO", block, 2, "done")], lines
+                     ("start", "INFO", block, 2, None), ("end", "INFO", block, 2, "success")], lines
     for name in (f"{ns}-a", f"{ns}-s"):
         c = await eventually("the manager's counters", lambda: manager.controller(name))
         assert c.get("deadlineMisses", 0) >= 1, c

@@ -158,6 +158,22 @@ def test_registration() -> None:
         op.reconcile("v1/ConfigMap", name="roll-out-things")(roll_out_things)
 
 
+def test_the_definition_keywords_are_declared_once_and_checked() -> None:
+    """``Options`` (the decorators' keyword types) and ``Definition`` (their docs, defaults and
+    the Register they make) list the same 13 keywords; on_event refuses the reconcile-only ones."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(ctrlhub.Definition)} - {"name", "kind", "mode"}
+    assert fields == set(ctrlhub.Options.__annotations__) and len(fields) == 13
+    op = ctrlhub.Operator()
+    with pytest.raises(TypeError, match="an event handler takes no owns"):
+        op.on_event("v1/ConfigMap", owns=["apps/v1/Deployment"])(lambda key: None)
+    with pytest.raises(TypeError, match="unknown controller option.* max_concurency"):
+        ctrlhub.Controller("x", "v1/ConfigMap", lambda key: None, max_concurency=2)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="max_concurrent must be at least 1"):
+        op.reconcile("v1/ConfigMap", max_concurrent=0)(lambda key: None)
+
+
 def test_handler_arguments_are_checked_when_declared() -> None:
     with pytest.raises(TypeError, match="unknown parameter 'objekt'"):
         injection(lambda key, objekt: None, RECONCILE_KWARGS, "reconcile handler")
@@ -170,9 +186,10 @@ def test_handler_arguments_are_checked_when_declared() -> None:
 
 
 @pytest.mark.parametrize("value,label,field", [
-    (None, "done", "done"),
-    (ctrlhub.Done(), "done", "done"),
-    (ctrlhub.RequeueAfter(1.5), "requeue", "requeue_after"),
+    (None, "success", "done"),
+    (ctrlhub.Done(), "success", "done"),
+    (ctrlhub.RequeueAfter(1.5), "requeue_after", "requeue_after"),
+    (ctrlhub.RequeueAfter(0), "requeue", "requeue_after"),
     (ctrlhub.TemporaryError("later", delay=3), "error", "error"),
     (ctrlhub.PermanentError("bad spec"), "terminal", "terminal"),
     (KeyError("x"), "error", "error"),
@@ -183,7 +200,7 @@ def test_outcomes(value: Any, label: str, field: str) -> None:
     assert outcome(result, value) == label
     assert result.WhichOneof("outcome") == field
     if isinstance(value, ctrlhub.RequeueAfter):
-        assert result.requeue_after.delay.ToMilliseconds() == 1500
+        assert result.requeue_after.delay.ToMilliseconds() == value.delay * 1000
     if isinstance(value, ctrlhub.TemporaryError):
         assert result.error.retry_after.seconds == 3 and result.error.message == "later"
     if value == 42:

@@ -107,7 +107,7 @@ def test_rollout_end_to_end(devcluster: Cluster, tmp_path: Path) -> None:
 
         log = controller.stderr()
         assert f"reconcile start key={NS}/web reasons=" in log
-        assert re.search(f"reconcile end key={NS}/web attempt=\\d+ outcome=done", log)
+        assert re.search(f"reconcile end key={NS}/web attempt=\\d+ outcome=success", log)
     finally:
         code = controller.stop(timeout=30)
         manager.stop(timeout=30)

@@ -195,7 +195,7 @@ def test_reconcile_reconnect_and_drain(devcluster: Cluster, fake_manager: tuple[
         controller.stop()
     log = controller.stderr()
     assert re.search("reconcile start key=default/web reasons=\\S+ attempt=1", log)
-    assert "reconcile end key=default/web attempt=1 outcome=done" in log
+    assert "reconcile end key=default/web attempt=1 outcome=success" in log
 
 
 def test_rejected_exits_non_zero_with_the_message(fake_manager: tuple[FakeManager, str], tmp_path: Path) -> None:

@@ -332,7 +332,7 @@ class Attempts:
                        exc=trace, outcome=label, duration_ms=took, error=error)
             self._post_failure(attempt, value, error)
         else:
-            extra: dict[str, Any] = {"requeue_after_ms": round(result.requeue_after.delay.ToMilliseconds())} if label == "requeue" else {}
+            extra: dict[str, Any] = {"requeue_after_ms": round(result.requeue_after.delay.ToMilliseconds())} if label == "requeue_after" else {}
             self._line(attempt, logging.INFO, f"reconcile end key={key} attempt={msg.attempt} outcome={label} duration_ms={took}"
                        + "".join(f" {k}={v}" for k, v in extra.items()), outcome=label, duration_ms=took, **extra)
         session.send(answer)
