@@ -40,6 +40,19 @@ def test_level_and_format_come_from_the_same_variables_as_in_every_sdk() -> None
         format_from_env({"CTRLHUB_LOG_FORMAT": "yaml"})
 
 
+def test_run_refuses_an_unknown_level_in_one_line(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "c.py"
+    script.write_text("import ctrlhub\n@ctrlhub.reconcile('v1/ConfigMap')\nasync def c(key): pass\nctrlhub.run()\n")
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, "CTRLHUB_LOG": "loud"}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "CTRLHUB_LOG='loud': the log level is one of error, warn, info, debug, trace" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 class _Traced:
     span_traceparent = "00-427cc54d8016c41e51b4e24e7a0f4578-fdb7b6d5d6316525-01"
 

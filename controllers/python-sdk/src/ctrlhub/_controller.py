@@ -134,5 +134,10 @@ class Controller(SessionLoop, Attempts):
         use; see ``ctrlhub.Kube``)."""
         self.kube = kube if kube is not None else Kube(self.name)
         self.events = EventRecorder(self.name, self.kube)
-        self._helpers = Helpers(self.kube, self.events, asyncio.get_running_loop())
-        await self._serve(config, stop)
+        loop = asyncio.get_running_loop()
+        self._helpers = Helpers(self.kube, self.events, loop)
+        warming = loop.run_in_executor(None, self.kube.warm)
+        try:
+            await self._serve(config, stop)
+        finally:
+            await asyncio.gather(warming, return_exceptions=True)

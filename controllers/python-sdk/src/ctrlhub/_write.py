@@ -14,6 +14,7 @@ thread (async handlers), never on the event loop.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -227,6 +228,15 @@ class Kube:
             if self._client is None:
                 self._client = self._factory()
             return self._client
+
+    def warm(self) -> None:
+        """Makes the client now (on a worker thread, so that no handler pays for importing the
+        ``kubernetes`` package and reading the credentials on the event loop); without
+        credentials nothing happens until a write needs them."""
+        try:
+            self.api_client
+        except WriteError as err:
+            logging.getLogger("ctrlhub").debug("no Kubernetes client yet: %s", err)
 
     # ---- raw requests
 
