@@ -5,6 +5,7 @@ its pod template), on the ctrlhub Python SDK, which owns sessions, retries, dead
 import argparse
 import hashlib
 import json
+import logging
 import os
 import threading
 from datetime import datetime, timezone
@@ -63,7 +64,7 @@ operator = ctrlhub.Operator()
 @operator.reconcile(DEPLOYMENT, name=CONTROLLER_NAME, watches=[ctrlhub.Watch(CONFIGMAP, label=ROLLOUT_LABEL)],
                     include_object=True, max_concurrent=2)
 def reconcile(key: ctrlhub.Key, obj: dict[str, Any] | None, reader: ctrlhub.SyncReader,
-              deadline: datetime | None, cancelled: threading.Event) -> None:
+              deadline: datetime | None, cancelled: threading.Event, logger: logging.LoggerAdapter[logging.Logger]) -> None:
     """Make the Deployment's hash annotation match its ConfigMaps (sync: the SDK runs it in a thread)."""
     if obj is None:  # deleted, or no known state: nothing to roll
         return
@@ -77,10 +78,10 @@ def reconcile(key: ctrlhub.Key, obj: dict[str, Any] | None, reader: ctrlhub.Sync
         k8s.AppsV1Api(api).patch_namespaced_deployment(key.name, key.namespace, hash_patch(want), _request_timeout=timeout,
                                                        _content_type="application/merge-patch+json")
     except ApiException as err:
-        if err.status == 404:
+        if ctrlhub.is_not_found(err):
             return  # deleted meanwhile; its tombstone follows
         raise ctrlhub.TemporaryError(f"patching deployment {key}: {err.status} {err.reason}") from err
-    operator.controllers[0].log.info("rolled deployment %s: %s=%s", key, HASH_ANNOTATION, want)
+    logger.info("rolled deployment %s: %s=%s", key, HASH_ANNOTATION, want)
 
 
 def read_configmap(reader: ctrlhub.SyncReader, namespace: str, name: str) -> dict[str, Any] | None:
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--token", default=os.environ.get("CTRLHUB_TOKEN", "dev"), help="bearer token (env CTRLHUB_TOKEN; default dev)")
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="for writes; default in-cluster, then ~/.kube/config")
     p.add_argument("--token-file", default=os.environ.get("CTRLHUB_TOKEN_FILE"), help="token read on every connect; wins over --token")
-    p.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
-    p.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("LOG_FORMAT", "text"), help="json: a JSON object per line")
+    p.add_argument("--log-level", help="error, warn, info, debug or trace (default: env CTRLHUB_LOG, else info)")
+    p.add_argument("--log-format", choices=["text", "json"], help="json: a JSON object per line (default: env CTRLHUB_LOG_FORMAT, else text)")
     args = p.parse_args(argv)
     global api
     try:  # --kubeconfig, else the pod's ServiceAccount inside a cluster, else KUBECONFIG or ~/.kube/config
@@ -103,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         api = k8s.ApiClient() if in_pod else k8s_config.new_client_from_config(args.kubeconfig)
     except (k8s_config.ConfigException, OSError) as err:
         raise SystemExit(f"config-rollout: cannot load Kubernetes configuration: {err}") from None
-    operator.run(ctrlhub.Config(addr=args.manager, token=args.token, token_file=args.token_file or None),
-                 log_level=args.log_level.upper(), log_format=args.log_format)
+    operator.api_client = api  # the SDK's write helpers (Events about failed reconciles) use it too
+    config = ctrlhub.Config(addr=args.manager, token=args.token, token_file=args.token_file or None,
+                            health_addr=os.environ.get("CTRLHUB_HEALTH_ADDR") or None)
+    operator.run(config, log_level=args.log_level, log_format=args.log_format)
 
 
 if __name__ == "__main__":

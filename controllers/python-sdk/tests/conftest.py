@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -187,7 +188,7 @@ _ns_counter = [0]
 def ns(devcluster: Cluster, request: pytest.FixtureRequest) -> str:
     """A fresh namespace (also a good controller name) for one test."""
     _ns_counter[0] += 1
-    base = request.node.name.removeprefix("test_").replace("_", "-").lower()[:40].strip("-")
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.removeprefix("test_").replace("_", "-").lower())[:40].strip("-")
     return devcluster.namespace(f"{base}-{_ns_counter[0]}")
 
 

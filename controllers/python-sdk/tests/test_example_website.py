@@ -7,6 +7,7 @@ the deletion that cleans the registry up before the finalizer goes."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,6 +149,27 @@ async def test_website_operator(dev: Dev, tmp_path: Path) -> None:
         status = website()["status"]
         assert status["readyReplicas"] == 2 and status["observedGeneration"] == website()["metadata"]["generation"]
 
+        # `kubectl describe website blog` shows the history: the operator's Events about it.
+        def events(name: str) -> list[Any]:
+            return core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
+
+        await eventually("the Waiting and Ready Events", lambda: {e.reason for e in events("blog")} >= {"Waiting", "Ready"})
+        assert {(e.type, e.reporting_component) for e in events("blog")} == {("Normal", "ctrlhub.io/website")}
+        described = subprocess.run(["kubectl", "--kubeconfig", str(dev.kubeconfig), "describe", "website", "blog", "-n", NS],
+                                   capture_output=True, text=True, timeout=60)
+        assert "ctrlhub.io/website" in described.stdout and "2/2 replicas ready" in described.stdout, described
+
+        # A Website whose Deployment the API server refuses: every failure is a Warning Event, the
+        # same one counted up rather than repeated.
+        custom.create_namespaced_custom_object("example.ctrlhub.io", "v1", NS, "websites", {
+            "apiVersion": "example.ctrlhub.io/v1", "kind": "Website", "metadata": {"name": "broken"},
+            "spec": {"image": "", "replicas": 1}})
+        failed = await eventually("a ReconcileFailed Event counted twice", lambda: [
+            e for e in events("broken") if e.reason == "ReconcileFailed" and (e.count or 0) >= 2])
+        assert len(failed) == 1 and failed[0].type == "Warning" and "422" in failed[0].message, failed
+        custom.delete_namespaced_custom_object("example.ctrlhub.io", "v1", NS, "websites", "broken")
+        await eventually("the broken Website gone", lambda: website("broken") is None)
+
         # A restart: the new process must not take the Website for deleted (the registry entry
         # and the finalizer survive). Whether the manager hands it the key at once (a fresh
         # controller's INITIAL_LIST) or keeps the controller and its queue for a while, an
@@ -159,7 +181,7 @@ async def test_website_operator(dev: Dev, tmp_path: Path) -> None:
                                               {"metadata": {"annotations": {"test/restarted": "yes"}}},
                                               _content_type="application/merge-patch+json")
         await eventually("the restarted operator to reconcile the Website",
-                         lambda: op.alive() and f"reconcile end key={NS}/blog outcome=done" in op.log())
+                         lambda: op.alive() and re.search(f"reconcile end key={NS}/blog attempt=\\d+ outcome=success", op.log()))
         assert registry().get("blog") == "nginx:1.27", "a phantom delete removed the registry entry"
         assert FINALIZER in website()["metadata"]["finalizers"] and ready() == "True"
 

@@ -4,14 +4,19 @@ and exit 0 on SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from conftest import REPO, Cluster, Manager, eventually
+import pytest
+
+from conftest import REPO, Cluster, Manager, eventually, free_port
 
 STAMP = "example.com/stamped-at"
 
@@ -23,12 +28,28 @@ def quickstart() -> str:
     return m.group(1)
 
 
-def test_quickstart_stamps_labelled_configmaps(devcluster: Cluster, manager: Manager, ns: str, tmp_path: Path) -> None:
+def probe(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError as err:
+        return 0, str(err)
+
+
+@pytest.mark.parametrize("logs", ["default", "trace-json"])
+def test_quickstart_stamps_labelled_configmaps(devcluster: Cluster, manager: Manager, ns: str, tmp_path: Path, logs: str) -> None:
+    """The same round at the default level and with CTRLHUB_LOG=trace in JSON (no log level
+    changes behaviour), the second also serving health probes from CTRLHUB_HEALTH_ADDR."""
     code = quickstart()
     assert len(code.splitlines()) <= 35, "the quick start stays about 30 lines"
     script = tmp_path / "stamp.py"
     script.write_text(code)
     env = {**os.environ, "KUBECONFIG": str(devcluster.kubeconfig), "CTRLHUB_ADDR": manager.addr}
+    health = f"127.0.0.1:{free_port()}"
+    if logs == "trace-json":
+        env.update(CTRLHUB_LOG="trace", CTRLHUB_LOG_FORMAT="json", CTRLHUB_HEALTH_ADDR=health)
     log = open(tmp_path / "stamp.log", "w")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -43,6 +64,9 @@ def test_quickstart_stamps_labelled_configmaps(devcluster: Cluster, manager: Man
 
         asyncio.run(eventually("the stamp", stamped))
         assert STAMP not in (devcluster.read(ns, "plain")["metadata"].get("annotations") or {})
+        if logs == "trace-json":
+            assert probe(f"http://{health}/readyz") == (200, "ready\n")
+            assert probe(f"http://{health}/healthz") == (200, "ok\n")
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
@@ -50,3 +74,10 @@ def test_quickstart_stamps_labelled_configmaps(devcluster: Cluster, manager: Man
     out = (tmp_path / "stamp.log").read_text()
     assert code == 0, out
     assert f"stamped {ns}/labelled" in out
+    if logs == "trace-json":
+        lines = [json.loads(line) for line in out.splitlines()]  # every line is one JSON object
+        assert any(j["level"] == "TRACE" and j["fields"]["message"].startswith("received reconcile") for j in lines)
+        start = [j for j in lines if j["fields"]["message"].startswith(f"reconcile start key={ns}/labelled")][0]
+        assert start["fields"]["key"] == f"{ns}/labelled" and start["span"]["key"] == f"{ns}/labelled" and start["span"]["request_id"]
+        (mine,) = [j for j in lines if j["fields"]["message"] == f"stamped {ns}/labelled"]
+        assert mine["target"] == "ctrlhub.stamp" and mine["span"]["request_id"] == start["span"]["request_id"]

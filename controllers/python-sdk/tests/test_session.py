@@ -113,9 +113,12 @@ async def test_deadline_cancels_the_handler_and_its_next_attempt_waits_for_it(
     assert late[0][3] == 1.0, "the sync handler saw `cancelled` set"
     sync = [e for e in events if e[1] == "block" and e[0] in ("start", "end")]
     assert [(e[0], e[2]) for e in sync] == [("start", 1), ("end", 1), ("start", 2), ("end", 2)], f"attempts overlapped: {sync}"
-    starts = [r.getMessage() for r in caplog.records if "reconcile start" in r.getMessage() or "reconcile end" in r.getMessage()]
-    assert starts == [f"reconcile start key={ns}/block attempt=1", f"reconcile end key={ns}/block outcome=cancelled",
-                      f"reconcile start key={ns}/block attempt=2", f"reconcile end key={ns}/block outcome=done"], starts
+    lines = [(r.getMessage().split()[1], r.levelname, r.ctrlhub_fields["key"], r.ctrlhub_fields["attempt"], r.ctrlhub_fields.get("outcome"))
+             for r in caplog.records if r.getMessage().startswith(("reconcile start", "reconcile end"))
+             and r.ctrlhub_fields["key"] == f"{ns}/block"]
+    block = f"{ns}/block"
+    assert lines == [("start", "INFO", block, 1, None), ("end", "WARNING", block, 1, "cancelled"),
+                     ("start", "INFO", block, 2, None), ("end", "INFO", block, 2, "success")], lines
     for name in (f"{ns}-a", f"{ns}-s"):
         c = await eventually("the manager's counters", lambda: manager.controller(name))
         assert c.get("deadlineMisses", 0) >= 1, c
@@ -220,6 +223,7 @@ async def test_a_superseded_replica_waits_and_registers_again_once_the_newer_def
     await asyncio.wait_for(cancelled.wait(), 30)
     await eventually("the old replica outdated", lambda: replica.outdated and not replica.ready)
     assert "superseded by a newer definition" in caplog.text
+    assert old.not_ready_reason().startswith(f"controller {ns}: outdated: superseded by a newer definition"), "/readyz says why"
     # It keeps running, takes no work, and every retry is refused while the newer one runs.
     await eventually("a retry refused as outdated", lambda: "registration refused as outdated" in caplog.text)
     assert not running.task.done() and replica.session_id is None
@@ -332,7 +336,7 @@ async def test_a_standby_names_the_leader_and_is_retried_until_it_leads(
     op = ctrlhub.Operator()
     seen: list[str] = []
     op.reconcile("v1/ConfigMap", name=ns, namespaces=ns)(lambda name: seen.append(name))
-    caplog.set_level("WARNING", logger=f"ctrlhub.{ns}")
+    caplog.set_level("INFO", logger=f"ctrlhub.{ns}")
     serve(op, cfg(standby))  # only ever dials the standby's address
     await eventually("a retry naming the leader", lambda: "(the leader is leader-a)" in caplog.text)
     assert op.controllers[0].session_id is None

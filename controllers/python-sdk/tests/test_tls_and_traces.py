@@ -4,6 +4,8 @@ manager's trace in OpenTelemetry."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
@@ -84,12 +86,22 @@ async def test_reconcile_span_continues_the_managers_trace(devcluster: Cluster, 
     got: dict[str, Any] = {}
 
     op = ctrlhub.Operator()
+    captured: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            captured.append(record)
+
+    logging.getLogger(f"ctrlhub.{ns}").addHandler(Capture())
+    logging.getLogger(f"ctrlhub.{ns}").setLevel(logging.INFO)
 
     @op.reconcile("v1/ConfigMap", name=ns, namespaces=ns)
-    async def traced(request: ctrlhub.Request) -> None:
+    async def traced(request: ctrlhub.Request, logger: Any) -> None:
         with trace.get_tracer("test").start_as_current_span("inner"):
             pass
         got.update(traceparent=request.traceparent, mine=request.span_traceparent)
+        logger.info("inside the span")
+        got["line"] = json.loads(ctrlhub.JsonFormatter().format([r for r in captured if r.msg == "inside the span"][-1]))
 
     serve(op, ctrlhub.Config(addr=m.addr))
     devcluster.configmap(ns, "t")
@@ -102,3 +114,5 @@ async def test_reconcile_span_continues_the_managers_trace(devcluster: Cluster, 
     assert reconcile.attributes["ctrlhub.outcome"] == "success"
     assert inner.parent.span_id == reconcile.context.span_id, "spans the handler starts are children"
     assert got["mine"] == f"00-{trace_id}-{reconcile.context.span_id:016x}-{flags}"
+    span = got["line"]["span"]  # a JSON log line joins the trace: the handler's span, the manager's trace
+    assert (span["trace_id"], span["span_id"]) == (trace_id, f"{reconcile.context.span_id:016x}") and span["key"] == f"{ns}/t"

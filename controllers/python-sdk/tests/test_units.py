@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,8 @@ from ctrlhub import conditions, finalizers
 from ctrlhub._config import parse_addr
 from ctrlhub._fence import Fence, Verdict, Watchdog
 from ctrlhub._request import RECONCILE_KWARGS, injection
-from ctrlhub._timing import Backoff, time_left
+from ctrlhub._attempt import time_left
+from ctrlhub._backoff import Backoff
 from ctrlhub._types import outcome
 from ctrlhub.v1 import controller_pb2 as pb
 
@@ -33,14 +36,16 @@ def test_backoff_doubles_to_its_maximum_with_equal_jitter() -> None:
     assert highs == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
 
 
-def test_backoff_resets_after_a_session_that_registered() -> None:
+def test_backoff_resets_after_any_session_that_registered() -> None:
+    """Registered resets the sequence however short the session was (two leader changes in a
+    row cost one first step each); failed connection attempts double it."""
     b = Backoff(0.1, 5.0, rng=lambda: 1.0)
     for _ in range(5):
         b.next_delay(False)
     assert b.failures == 5
     assert b.next_delay(True) == pytest.approx(0.1) and b.failures == 1
-    b.next_delay(False)
-    assert b.next_delay(True, lasted=0.2) == pytest.approx(0.4) and b.failures == 3, "a flapping session is no reset"
+    assert b.next_delay(True) == pytest.approx(0.1), "a second short session in a row: still the first step"
+    assert b.next_delay(False) == pytest.approx(0.2) and b.failures == 2
 
 
 def test_time_left_keeps_a_margin() -> None:
@@ -153,6 +158,22 @@ def test_registration() -> None:
         op.reconcile("v1/ConfigMap", name="roll-out-things")(roll_out_things)
 
 
+def test_the_definition_keywords_are_declared_once_and_checked() -> None:
+    """``Options`` (the decorators' keyword types) and ``Definition`` (their docs, defaults and
+    the Register they make) list the same 13 keywords; on_event refuses the reconcile-only ones."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(ctrlhub.Definition)} - {"name", "kind", "mode"}
+    assert fields == set(ctrlhub.Options.__annotations__) and len(fields) == 13
+    op = ctrlhub.Operator()
+    with pytest.raises(TypeError, match="an event handler takes no owns"):
+        op.on_event("v1/ConfigMap", owns=["apps/v1/Deployment"])(lambda key: None)
+    with pytest.raises(TypeError, match="unknown controller option.* max_concurency"):
+        ctrlhub.Controller("x", "v1/ConfigMap", lambda key: None, max_concurency=2)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="max_concurrent must be at least 1"):
+        op.reconcile("v1/ConfigMap", max_concurrent=0)(lambda key: None)
+
+
 def test_handler_arguments_are_checked_when_declared() -> None:
     with pytest.raises(TypeError, match="unknown parameter 'objekt'"):
         injection(lambda key, objekt: None, RECONCILE_KWARGS, "reconcile handler")
@@ -165,9 +186,10 @@ def test_handler_arguments_are_checked_when_declared() -> None:
 
 
 @pytest.mark.parametrize("value,label,field", [
-    (None, "done", "done"),
-    (ctrlhub.Done(), "done", "done"),
-    (ctrlhub.RequeueAfter(1.5), "requeue", "requeue_after"),
+    (None, "success", "done"),
+    (ctrlhub.Done(), "success", "done"),
+    (ctrlhub.RequeueAfter(1.5), "requeue_after", "requeue_after"),
+    (ctrlhub.RequeueAfter(0), "requeue", "requeue_after"),
     (ctrlhub.TemporaryError("later", delay=3), "error", "error"),
     (ctrlhub.PermanentError("bad spec"), "terminal", "terminal"),
     (KeyError("x"), "error", "error"),
@@ -178,7 +200,7 @@ def test_outcomes(value: Any, label: str, field: str) -> None:
     assert outcome(result, value) == label
     assert result.WhichOneof("outcome") == field
     if isinstance(value, ctrlhub.RequeueAfter):
-        assert result.requeue_after.delay.ToMilliseconds() == 1500
+        assert result.requeue_after.delay.ToMilliseconds() == value.delay * 1000
     if isinstance(value, ctrlhub.TemporaryError):
         assert result.error.retry_after.seconds == 3 and result.error.message == "later"
     if value == 42:
@@ -202,31 +224,59 @@ def test_conditions_keep_transition_time_unless_status_changes() -> None:
         conditions.set_condition(cs, "Ready", "yes", "r")
 
 
-def test_finalize_flow() -> None:
+def _fake_patch(patches: list[dict[str, Any]]) -> Any:
+    def patch(obj: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        patches.append(body)
+        rv = str(int(obj["metadata"].get("resourceVersion", "0")) + 1)
+        return {"metadata": {"name": "x", "finalizers": body["metadata"]["finalizers"], "resourceVersion": rv}}
+
+    return patch
+
+
+def test_sync_finalizers_ensure_and_finalize() -> None:
     patches: list[dict[str, Any]] = []
     steps: list[str] = []
-
-    def patch(body: dict[str, Any]) -> dict[str, Any]:
-        patches.append(body)
-        return {"metadata": {"name": "x", "finalizers": body["metadata"]["finalizers"], "resourceVersion": "2"}}
-
-    async def apply(obj: dict[str, Any]) -> ctrlhub.Result:
-        steps.append(f"apply {obj['metadata']['resourceVersion']}")
-        return ctrlhub.RequeueAfter(60)
-
-    def cleanup(obj: dict[str, Any]) -> None:
-        steps.append("cleanup")
-
+    f = ctrlhub.SyncFinalizers(_fake_patch(patches), lambda coro: asyncio.run(coro))
     live = {"metadata": {"name": "x", "resourceVersion": "1", "finalizers": ["other"]}}
-    assert asyncio.run(finalizers.finalize(live, "ex.com/f", patch, apply=apply, cleanup=cleanup)) == ctrlhub.RequeueAfter(60)
+    assert not f.finalize(live, "ex.com/f", lambda o: steps.append("cleanup")), "not deleting: nothing to clean"
+    assert f.ensure(live, "ex.com/f") and not f.ensure(live, "ex.com/f")
     assert patches == [{"metadata": {"finalizers": ["other", "ex.com/f"], "resourceVersion": "1"}}]
-    assert steps == ["apply 2"], "apply sees the stored object"
+    assert live["metadata"] == {"name": "x", "resourceVersion": "2", "finalizers": ["other", "ex.com/f"]}, "obj refreshed in place"
     deleting = {"metadata": {"name": "x", "resourceVersion": "3", "deletionTimestamp": "t", "finalizers": ["other", "ex.com/f"]}}
-    assert asyncio.run(finalizers.finalize(deleting, "ex.com/f", patch, apply=apply, cleanup=cleanup)) is None
-    assert steps[-1] == "cleanup" and patches[-1] == {"metadata": {"finalizers": ["other"], "resourceVersion": "3"}}
-    gone = {"metadata": {"deletionTimestamp": "t", "finalizers": ["other"]}}
-    assert asyncio.run(finalizers.finalize(gone, "ex.com/f", patch, apply=apply, cleanup=cleanup)) == ctrlhub.Done()
-    assert len(patches) == 2
+    assert not f.ensure(deleting, "ex.com/g"), "no new finalizer on a deleting object"
+    assert f.finalize(deleting, "ex.com/f", lambda o: steps.append(f"cleanup {o['metadata']['resourceVersion']}"))
+    assert steps == ["cleanup 3"] and patches[-1] == {"metadata": {"finalizers": ["other"], "resourceVersion": "3"}}
+    assert not f.finalize(deleting, "ex.com/f", lambda o: steps.append("again")), "the finalizer is gone: done"
+
+    async def async_cleanup(o: dict[str, Any]) -> None:
+        steps.append("async cleanup")
+
+    again = {"metadata": {"name": "x", "resourceVersion": "5", "deletionTimestamp": "t", "finalizers": ["ex.com/f"]}}
+    assert f.finalize(again, "ex.com/f", async_cleanup) and steps[-1] == "async cleanup", "an async cleanup from a sync handler"
+    with pytest.raises(RuntimeError):
+        f.finalize({"metadata": {"deletionTimestamp": "t", "finalizers": ["ex.com/f"]}}, "ex.com/f",
+                   lambda o: (_ for _ in ()).throw(RuntimeError("external system down")))
+    assert len(patches) == 3, "a failed cleanup keeps the finalizer"
+
+
+async def test_async_finalizers_run_a_sync_cleanup_off_the_event_loop() -> None:
+    patches: list[dict[str, Any]] = []
+    threads: list[str] = []
+    sync_patch = _fake_patch(patches)
+
+    async def patch(obj: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        return sync_patch(obj, body)  # type: ignore[no-any-return]
+
+    from ctrlhub._request import blocking
+
+    f = ctrlhub.Finalizers(patch, blocking)
+    loop_thread = threading.current_thread().name
+    deleting = {"metadata": {"name": "x", "resourceVersion": "3", "deletionTimestamp": "t", "finalizers": ["ex.com/f"]}}
+    assert await f.finalize(deleting, "ex.com/f", lambda o: threads.append(threading.current_thread().name))
+    assert threads and threads[0] != loop_thread, "a sync cleanup never runs on the event loop"
+    assert patches == [{"metadata": {"finalizers": [], "resourceVersion": "3"}}]
+    live = {"metadata": {"name": "y", "resourceVersion": "1"}}
+    assert await f.ensure(live, "ex.com/f") and live["metadata"]["finalizers"] == ["ex.com/f"]
 
 
 def test_traceparent_child() -> None:
@@ -237,11 +287,13 @@ def test_traceparent_child() -> None:
     assert ctrlhub.traces.child_traceparent("") == "" and ctrlhub.traces.child_traceparent("junk") == ""
 
 
-def test_the_package_is_typed() -> None:
-    """mypy --strict over the package (its config is in pyproject.toml)."""
+def test_the_package_is_typed(tmp_path: Path) -> None:
+    """mypy --strict over the installed package (its config is in pyproject.toml), copied with
+    its generated stubs, which a wheel build never writes into src/."""
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), str(root / "src" / "ctrlhub")],
-                          capture_output=True, text=True, cwd=root, timeout=600)
+    shutil.copytree(Path(ctrlhub.__file__).parent, tmp_path / "ctrlhub", ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
+                           str(tmp_path / "ctrlhub")], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -301,7 +353,7 @@ def test_the_watchdog_expires_once_and_exits_for_a_handler_that_outlives_the_hol
 def _request(**fields: Any) -> ctrlhub.Request:
     msg = pb.ReconcileRequest(id="r1", attempt=1, **fields)
     msg.key.namespace, msg.key.name = "ns", "n"
-    return ctrlhub.Request(msg, None, logging.getLogger("unit"))  # type: ignore[arg-type]
+    return ctrlhub.Request(msg, None, logging.getLogger("unit"))
 
 
 def test_a_missing_or_empty_object_is_not_found_and_an_empty_tombstone_still_a_deletion() -> None:
@@ -311,10 +363,10 @@ def test_a_missing_or_empty_object_is_not_found_and_an_empty_tombstone_still_a_d
     assert empty.object is None and empty.tombstone is None, "an empty object is no state: NotFound"
     tomb = _request(tombstone=pb.Tombstone(object_json=b""))
     assert tomb.object is None and tomb.tombstone == {}, "the manager saw the deletion, without a last state"
-    kwargs = {name: get(tomb) for name, get in RECONCILE_KWARGS.items() if name not in ("reader", "deadline")}
+    kwargs = {name: get(tomb) for name, get in RECONCILE_KWARGS.items() if name not in ("reader", "deadline", "events")}
     assert kwargs["obj"] is None and kwargs["meta"] == {} and kwargs["spec"] == {}
-    with pytest.raises(ctrlhub.PermanentError, match="not valid JSON"):
-        _ = _request(object_json=b"{nope").object
+    with pytest.raises(ctrlhub.TemporaryError, match="not valid JSON"):
+        _ = _request(object_json=b"{nope").object  # the manager's fault, never Terminal
 
 
 # ---- registration: revisions, children, exclusive attempts ---------------------------------

@@ -6,6 +6,7 @@ Python controller really worked against the real manager.
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -105,8 +106,8 @@ def test_rollout_end_to_end(devcluster: Cluster, tmp_path: Path) -> None:
             raise AssertionError(f"{err}{diagnostics()}") from None
 
         log = controller.stderr()
-        assert f"reconcile start key={NS}/web attempt=" in log
-        assert f"reconcile end key={NS}/web outcome=done" in log
+        assert f"reconcile start key={NS}/web reasons=" in log
+        assert re.search(f"reconcile end key={NS}/web attempt=\\d+ outcome=success", log)
     finally:
         code = controller.stop(timeout=30)
         manager.stop(timeout=30)

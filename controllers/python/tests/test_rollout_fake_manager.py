@@ -5,6 +5,7 @@ without waiting for the Rust manager."""
 from __future__ import annotations
 
 import json
+import re
 import queue
 import threading
 import time
@@ -193,8 +194,8 @@ def test_reconcile_reconnect_and_drain(devcluster: Cluster, fake_manager: tuple[
     finally:
         controller.stop()
     log = controller.stderr()
-    assert "reconcile start key=default/web attempt=1" in log
-    assert "reconcile end key=default/web outcome=done" in log
+    assert re.search("reconcile start key=default/web reasons=\\S+ attempt=1", log)
+    assert "reconcile end key=default/web attempt=1 outcome=success" in log
 
 
 def test_rejected_exits_non_zero_with_the_message(fake_manager: tuple[FakeManager, str], tmp_path: Path) -> None:

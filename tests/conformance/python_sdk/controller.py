@@ -60,7 +60,7 @@ operator = ctrlhub.Operator()
     max_concurrent=int(env["CONFORMANCE_MAX_IN_FLIGHT"]),
     owns=[ctrlhub.Owns(LEASE, metadata_only=OWNS == "leases-metadata")] if OWNS else [],
 )
-def conformance(request: ctrlhub.Request, reader: ctrlhub.SyncReader, cancelled: threading.Event) -> ctrlhub.Result:
+def conformance(request: ctrlhub.SyncRequest, reader: ctrlhub.SyncReader, cancelled: threading.Event) -> ctrlhub.Result:
     body = request.object or request.tombstone or {}
     data = body.get("data") or {}
     base = {"key": str(request.key), "id": request.id, "attempt": request.attempt, "session": request.session_id}

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import grpc
 
+__all__ = ["DEFAULT_ADDR", "DEFAULT_TOKEN", "HEALTH_ENV", "REVISION_ENV", "TLS", "Config", "ConfigError",
+           "parse_addr", "parse_listen_addr", "revision_from_env"]
+
 REVISION_ENV = "CTRLHUB_REVISION"
 """The environment variable an unset ``revision`` of a controller is read from."""
+
+HEALTH_ENV = "CTRLHUB_HEALTH_ADDR"
+"""The environment variable naming the address of the health endpoint (e.g. ``0.0.0.0:8081``)."""
 
 DEFAULT_ADDR = "127.0.0.1:9090"
 """The manager of ``ctrlhub dev``."""
@@ -97,6 +103,19 @@ def parse_addr(addr: str) -> tuple[str, bool]:
     return f"{host}:{port}", tls
 
 
+def parse_listen_addr(addr: str) -> tuple[str, int]:
+    """``(host, port)`` to listen on from ``host:port``, ``:port`` (every address) or
+    ``[::]:port``.
+
+    >>> parse_listen_addr("0.0.0.0:8081")
+    ('0.0.0.0', 8081)
+    """
+    host, colon, port = addr.strip().rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"invalid health address {addr!r} ({HEALTH_ENV}): expected host:port, e.g. 0.0.0.0:8081")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 @dataclass(frozen=True)
 class Config:
     """Connection settings. ``Config.from_env()`` reads the standard variables.
@@ -132,6 +151,11 @@ class Config:
     """After ``Revoked(SUPERSEDED)`` or ``Rejected`` with ``outdated`` (another definition of
     the controller runs under a higher or equal revision), how long to wait before registering
     again, in seconds."""
+    health_addr: str | None = None
+    """Where to serve ``/healthz`` and ``/readyz`` (``host:port``, e.g. ``0.0.0.0:8081``);
+    None: no health endpoint."""
+    health_stuck_after: float = 10.0
+    """``/healthz`` answers 500 once the event loop has not run for this many seconds."""
     target: str = field(init=False, repr=False)
     secure: bool = field(init=False, repr=False)
 
@@ -152,14 +176,17 @@ class Config:
             _check_token(self.token)
         if self.reconnect_initial <= 0 or self.reconnect_max < self.reconnect_initial:
             raise ConfigError("reconnect delays must be positive, the initial one at most the maximum")
+        if self.health_addr is not None:
+            parse_listen_addr(self.health_addr)
         if self.shutdown_grace < 0 or self.drain_grace < 0 or self.outdated_retry <= 0:
             raise ConfigError("shutdown_grace and drain_grace must not be negative, outdated_retry must be positive")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """Settings from ``CTRLHUB_ADDR``, ``CTRLHUB_TOKEN``, ``CTRLHUB_TOKEN_FILE`` and
+        """Settings from ``CTRLHUB_ADDR``, ``CTRLHUB_TOKEN``, ``CTRLHUB_TOKEN_FILE``,
         ``CTRLHUB_TLS_CA_FILE`` / ``CTRLHUB_TLS_CERT_FILE`` / ``CTRLHUB_TLS_KEY_FILE`` /
-        ``CTRLHUB_TLS_SERVER_NAME``, defaulting to ``ctrlhub dev``'s address and token."""
+        ``CTRLHUB_TLS_SERVER_NAME`` and ``CTRLHUB_HEALTH_ADDR``, defaulting to ``ctrlhub
+        dev``'s address and token and no health endpoint."""
         env = os.environ if env is None else env
 
         def var(name: str) -> str | None:
@@ -181,6 +208,7 @@ class Config:
             token=var("CTRLHUB_TOKEN") or DEFAULT_TOKEN,
             token_file=Path(token_file) if token_file else None,
             tls=tls,
+            health_addr=var(HEALTH_ENV),
         )
 
     def authorization(self) -> str:

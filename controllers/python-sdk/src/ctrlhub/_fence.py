@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 
+__all__ = ["EXIT_AT", "EXIT_STATUS", "EXPIRE_AT", "Fence", "Verdict", "Watchdog", "exit_stuck"]
+
 log = logging.getLogger("ctrlhub")
 
 EXPIRE_AT = 0.5

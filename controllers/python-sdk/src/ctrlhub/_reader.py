@@ -17,6 +17,8 @@ from ._types import Form, Kind, KindLike, Selector, SelectorLike
 from .v1 import controller_pb2_grpc as pb_grpc
 from .v1 import read_pb2
 
+__all__ = ["CachedObject", "MetadataOnlyError", "ObjectMetadata", "ReadError", "Reader", "SyncReader"]
+
 T = TypeVar("T")
 
 

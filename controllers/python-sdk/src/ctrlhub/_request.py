@@ -3,29 +3,52 @@ ask for by name, kopf-style."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import inspect
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar, Union
 
 from . import traces
+from ._events import EventRecorder
 from ._reader import Reader, SyncReader
-from ._types import EventType, Key, PermanentError, Reason
+from ._types import EventType, Key, Reason, TemporaryError
+from ._write import Kube, WriteError, adopt
+from .finalizers import Finalizers, SyncFinalizers
 from .v1 import controller_pb2 as pb
+
+__all__ = [
+    "EVENT_KWARGS",
+    "RECONCILE_KWARGS",
+    "Event",
+    "Helpers",
+    "Request",
+    "SyncEvent",
+    "SyncRequest",
+    "blocking",
+    "injection",
+]
+
+T = TypeVar("T")
 
 
 def _decode(raw: bytes, what: str) -> dict[str, Any]:
     """A JSON object from the manager. Never called on empty bytes: an empty object means no
-    state (NotFound), an empty tombstone a deletion whose last state is unknown."""
+    state (NotFound), an empty tombstone a deletion whose last state is unknown. Something
+    undecodable is the manager's fault, not the object's: the attempt fails and is retried,
+    never answered as a terminal error."""
     try:
         obj = json.loads(raw)
     except ValueError as err:
-        raise PermanentError(f"the {what} is not valid JSON: {err}") from err
+        raise TemporaryError(f"the manager sent a {what} that is not valid JSON: {err}") from err
     if not isinstance(obj, dict):
-        raise PermanentError(f"the {what} is not a JSON object")
+        raise TemporaryError(f"the manager sent a {what} that is not a JSON object")
     return obj
 
 
@@ -33,37 +56,142 @@ def _timestamp(ts: Any) -> float | None:
     return ts.seconds + ts.nanos / 1e9 if ts.seconds or ts.nanos else None
 
 
-class _Cancellable:
-    __slots__ = ("cancelled",)
+async def blocking(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a worker thread, off the event loop. If the awaiting task is cancelled
+    the call still runs to its end (a thread cannot be interrupted; the SDK's calls carry the
+    request's deadline as their timeout), and only then is the cancellation raised: a handler
+    has stopped only once nothing it started still runs."""
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    fut = loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            try:
+                await asyncio.wait((fut,))
+            except asyncio.CancelledError:
+                continue
+        raise
 
-    def __init__(self) -> None:
+
+class Helpers:
+    """What a controller's handlers write with: its ``Kube`` (the client and field manager),
+    its ``EventRecorder`` and the SDK's event loop."""
+
+    def __init__(self, kube: Kube, recorder: EventRecorder, loop: asyncio.AbstractEventLoop) -> None:
+        self.kube = kube
+        self.recorder = recorder
+        self.loop = loop
+
+
+class _Delivery:
+    """What every request and event has: its key, reader, logger, cancellation and helpers."""
+
+    def __init__(self, key: Key, reader: Any, logger: logging.Logger | logging.LoggerAdapter[Any],
+                 helpers: Helpers | None, stop_at: float | None) -> None:
+        self.key = key
+        """The primary object's key."""
+        self.reader = reader
+        self.logger = logger
+        """The controller's logger; every line carries this request's key and request id."""
         self.cancelled = threading.Event()
         """Set when the handler must stop (its deadline is near, its session ended, or the
         manager stopped answering heartbeats); sync handlers, which cannot be interrupted, must
         check it between steps and return soon after it is set: the SDK answers the request only
         once the handler has returned, and exits the process if a handler outlives the hold
         (``Registration.hold``)."""
+        self._helpers = helpers
+        self._stop_at = stop_at  # time.monotonic() when the handler is cancelled
 
     def _cancel(self) -> None:
         self.cancelled.set()
 
+    def _kube(self) -> Kube:
+        if self._helpers is None:
+            raise WriteError("this request has no Kubernetes client (it was not made by a running controller)")
+        return self._helpers.kube
 
-class Request(_Cancellable):
+    def _timeout(self) -> float:
+        """Seconds a write may take: until the handler's deadline, at least 1."""
+        return 60.0 if self._stop_at is None else max(1.0, self._stop_at - time.monotonic())
+
+    @property
+    def events(self) -> EventRecorder:
+        """Kubernetes Events about objects (``events.info(obj, reason, message)``,
+        ``events.warning(...)``); never blocks nor fails the handler."""
+        if self._helpers is None:
+            raise WriteError("this request has no Kubernetes client (it was not made by a running controller)")
+        return self._helpers.recorder
+
+    @property
+    def api_client(self) -> Any:
+        """The ``kubernetes.client.ApiClient`` the helpers write with, for your own calls
+        (``kubernetes.client.CoreV1Api(request.api_client)``); blocking: call it from a sync
+        handler, or through ``asyncio.to_thread`` from an async one."""
+        return self._kube().api_client
+
+    @staticmethod
+    def adopt(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+        """See ``ctrlhub.adopt``: ``owner`` becomes ``child``'s controller owner; returns
+        ``child``."""
+        return adopt(child, owner)
+
+
+class _AsyncWrites(_Delivery):
+    reader: Reader
+    """Cached Get/List through the session that delivered this request."""
+
+    @property
+    def finalizers(self) -> Finalizers:
+        """``ensure`` and ``finalize`` for this object (``await`` them)."""
+        return Finalizers(lambda obj, body: blocking(self._kube().merge_patch, obj, body, self._timeout()), blocking)
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of ``obj`` (a full object: apiVersion, kind, metadata.name and
+        namespace, what you want set) with the controller's name as field manager, forcing
+        conflicts; returns the object as the API server stored it. Raises ``WriteError``."""
+        return await blocking(self._kube().apply, obj, self._timeout())
+
+    async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of ``obj``'s status subresource with ``status`` (custom resources
+        and built-ins); returns the updated object. Raises ``WriteError``."""
+        return await blocking(self._kube().patch_status, obj, status, self._timeout())
+
+
+class _SyncWrites(_Delivery):
+    reader: SyncReader
+    """Cached Get/List through the session that delivered this request (blocking)."""
+
+    @property
+    def finalizers(self) -> SyncFinalizers:
+        """``ensure`` and ``finalize`` for this object (blocking)."""
+        loop = self._helpers.loop if self._helpers is not None else None
+
+        def run_async(coro: Any) -> Any:
+            if loop is None:
+                raise WriteError("no event loop to run an async cleanup on")
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(self._timeout())
+
+        return SyncFinalizers(lambda obj, body: self._kube().merge_patch(obj, body, self._timeout()), run_async)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """See ``Request.apply`` (blocking, on the handler's thread)."""
+        return self._kube().apply(obj, self._timeout())
+
+    def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """See ``Request.patch_status`` (blocking, on the handler's thread)."""
+        return self._kube().patch_status(obj, status, self._timeout())
+
+
+class _RequestData(_Delivery):
     """One reconcile request: a key to bring to its desired state, with the object as of
     dispatch when the controller includes objects."""
 
-    __slots__ = ("_pb", "key", "reader", "logger", "_object", "_tombstone", "_span_traceparent", "_reasons")
-
-    def __init__(self, msg: pb.ReconcileRequest, reader: Reader | SyncReader, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    def __init__(self, msg: pb.ReconcileRequest, reader: Any, logger: logging.Logger | logging.LoggerAdapter[Any],
+                 helpers: Helpers | None = None, stop_at: float | None = None) -> None:
+        super().__init__(Key(msg.key.namespace, msg.key.name), reader, logger, helpers, stop_at)
         self._pb = msg
-        self.key = Key(msg.key.namespace, msg.key.name)
-        """The primary object's key."""
-        self.reader = reader
-        """Cached Get/List through the session that delivered this request (a ``SyncReader`` in
-        sync handlers)."""
-        super().__init__()
-        self.logger = logger
-        """A logger for this controller."""
         self._object: Any = ...
         self._tombstone: Any = ...
         self._span_traceparent: str | None = None
@@ -77,7 +205,7 @@ class Request(_Cancellable):
     @property
     def session_id(self) -> str:
         """The session that delivered the request (``Registered.session_id``)."""
-        return self.reader.session_id
+        return str(self.reader.session_id)
 
     @property
     def attempt(self) -> int:
@@ -143,27 +271,33 @@ class Request(_Cancellable):
         return self._span_traceparent
 
     def __repr__(self) -> str:
-        return f"<Request {self.id} key={self.key} attempt={self.attempt}>"
+        return f"<{type(self).__name__} {self.id} key={self.key} attempt={self.attempt}>"
 
 
-class Event(_Cancellable):
+class Request(_RequestData, _AsyncWrites):
+    """One reconcile request, as an **async** handler receives it (``request``): the key, the
+    object, why and which attempt, the cached ``reader``, and the writes (``apply``,
+    ``patch_status``, ``adopt``, ``finalizers``, ``events``), awaitable and never blocking the
+    event loop."""
+
+
+class SyncRequest(_RequestData, _SyncWrites):
+    """One reconcile request, as a **sync** handler receives it: the same as ``Request``, with
+    a blocking ``reader``, ``apply``, ``patch_status`` and ``finalizers`` (the handler runs on
+    a thread of its own)."""
+
+
+class _EventData(_Delivery):
     """One change to an object of the primary type (MODE_EVENTS)."""
 
-    __slots__ = ("_pb", "key", "type", "reader", "logger", "_object")
-
-    def __init__(self, msg: pb.Event, reader: Reader | SyncReader, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    def __init__(self, msg: pb.Event, reader: Any, logger: logging.Logger | logging.LoggerAdapter[Any],
+                 helpers: Helpers | None = None, stop_at: float | None = None) -> None:
+        super().__init__(Key(msg.key.namespace, msg.key.name), reader, logger, helpers, stop_at)
         self._pb = msg
-        self.key = Key(msg.key.namespace, msg.key.name)
-        """The object's key."""
         try:
             self.type: EventType | int = EventType(msg.type)
         except ValueError:
             self.type = msg.type
-        self.reader = reader
-        """Cached Get/List through the session that delivered this event."""
-        super().__init__()
-        self.logger = logger
-        """A logger for this controller."""
         self._object: Any = ...
 
     @property
@@ -175,7 +309,7 @@ class Event(_Cancellable):
     def object(self) -> dict[str, Any]:
         """The object (its last known state for DELETED)."""
         if self._object is ...:
-            self._object = _decode(self._pb.object_json, "object")
+            self._object = _decode(self._pb.object_json, "object") if self._pb.object_json else {}
         return self._object  # type: ignore[no-any-return]
 
     @property
@@ -204,18 +338,37 @@ class Event(_Cancellable):
         """W3C tracestate accompanying ``traceparent``."""
         return self._pb.tracestate
 
+    @property
+    def span_traceparent(self) -> str:
+        """W3C traceparent for this handler's log lines: the event's trace, a new span id."""
+        return traces.child_traceparent(self._pb.traceparent)
+
     def __repr__(self) -> str:
         kind = self.type.name if isinstance(self.type, EventType) else self.type
-        return f"<Event {self.id} {kind} key={self.key} sequence={self.sequence}>"
+        return f"<{type(self).__name__} {self.id} {kind} key={self.key} sequence={self.sequence}>"
 
 
-def _body(r: Request | Event) -> dict[str, Any]:
-    if isinstance(r, Event):
+class Event(_EventData, _AsyncWrites):
+    """One change (MODE_EVENTS), as an **async** event handler receives it (``event``), with
+    the same writes as ``Request``."""
+
+
+class SyncEvent(_EventData, _SyncWrites):
+    """One change (MODE_EVENTS), as a **sync** event handler receives it, with the same
+    blocking writes as ``SyncRequest``."""
+
+
+AnyRequest = Union[Request, SyncRequest]
+AnyEvent = Union[Event, SyncEvent]
+
+
+def _body(r: Any) -> dict[str, Any]:
+    if isinstance(r, _EventData):
         return r.object
     return r.object or r.tombstone or {}
 
 
-def _meta(r: Request | Event) -> dict[str, Any]:
+def _meta(r: Any) -> dict[str, Any]:
     meta = _body(r).get("metadata")
     return meta if isinstance(meta, dict) else {}
 
@@ -236,6 +389,11 @@ COMMON: dict[str, Getter] = {
     "meta": _meta,
     "labels": lambda r: _meta(r).get("labels") or {},
     "annotations": lambda r: _meta(r).get("annotations") or {},
+    "apply": lambda r: r.apply,
+    "patch_status": lambda r: r.patch_status,
+    "adopt": lambda r: r.adopt,
+    "finalizers": lambda r: r.finalizers,
+    "events": lambda r: r.events,
 }
 
 RECONCILE_KWARGS: dict[str, Getter] = {

@@ -13,6 +13,10 @@ from google.protobuf import duration_pb2
 from .v1 import controller_pb2 as pb
 from .v1 import registration_pb2, resource_pb2
 
+__all__ = ["Done", "EventType", "FatalError", "Form", "Key", "Kind", "KindLike", "Owns", "PermanentError", "Predicate", "Reason",
+           "Registration", "RequeueAfter", "Requirement", "Result", "Selector", "SelectorLike", "TemporaryError", "Watch",
+           "duration", "names", "outcome", "seconds"]
+
 
 def seconds(value: float | timedelta) -> float:
     """Seconds from a number of seconds or a ``timedelta``."""
@@ -367,14 +371,15 @@ class FatalError(Exception):
 
 
 def outcome(result: pb.ReconcileResult, value: object) -> str:
-    """Fill ``result``'s outcome from a handler's return value or exception; returns its name
-    (``done``, ``requeue``, ``error`` or ``terminal``)."""
+    """Fill ``result``'s outcome from a handler's return value or exception; returns its name,
+    as the manager and the other SDKs say it (``success``, ``requeue`` (no delay),
+    ``requeue_after``, ``error`` or ``terminal``)."""
     if value is None or isinstance(value, Done):
         result.done.SetInParent()
-        return "done"
+        return "success"
     if isinstance(value, RequeueAfter):
         result.requeue_after.delay.CopyFrom(duration(value.delay))
-        return "requeue"
+        return "requeue_after" if seconds(value.delay) > 0 else "requeue"
     if isinstance(value, PermanentError):
         result.terminal.message = str(value) or type(value).__name__
         return "terminal"

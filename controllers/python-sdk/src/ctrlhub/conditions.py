@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+__all__ = ["Condition", "find_condition", "is_condition_true", "remove_condition", "set_condition"]
+
 Condition = dict[str, Any]
 
 

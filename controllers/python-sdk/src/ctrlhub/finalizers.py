@@ -1,27 +1,47 @@
-"""Finalizers on plain Kubernetes JSON, for any Kubernetes client.
+"""Finalizers: keep an object from going until your cleanup of external state has run.
 
-The SDK does not write to the API server itself (the manager is not a write proxy, and
-controllers use their own client and credentials): the helpers build JSON merge patches
-guarded by ``metadata.resourceVersion`` (the API server answers 409 Conflict if the object
-changed since it was read), and ``finalize`` takes the function that sends one.
+A handler receives ``finalizers`` (also ``request.finalizers``), bound to the controller's
+client: ``Finalizers`` in an async handler, ``SyncFinalizers`` in a sync one (same methods,
+blocking). The usual reconcile::
 
-    async def patch(body):
-        return await api.patch_namespaced_config_map(name, namespace, body)
+    if finalizers.finalize(obj, "example.com/cleanup", delete_external) or finalizers.is_deleting(obj):
+        return None                       # cleaned up (the object goes now), or not ours to clean
+    finalizers.ensure(obj, "example.com/cleanup")
+    ...                                   # create or repair what the object asks for
 
-    return await finalize(obj, "example.com/cleanup", patch, apply=ensure_children, cleanup=delete_external)
+Both write JSON merge patches of ``metadata.finalizers`` guarded by ``metadata.resourceVersion``
+(the API server answers 409 Conflict if the object changed since it was read; the handler
+fails and is retried with the new object), and update ``obj``'s metadata in place from the
+answer. ``cleanup`` may be sync or async, in either kind of handler: a sync one never runs on
+the event loop (in an async handler it runs on a worker thread, and the handler counts as
+stopped only once it has returned); it must be idempotent, since a conflict after it ran
+retries the whole reconcile.
+
+The pure helpers (``has_finalizer``, ``is_deleting``, ``add_patch``, ``remove_patch``) build
+the same patches for any other client.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Union
+from typing import Any
 
-from ._types import Done, Result
+__all__ = [
+    "Cleanup",
+    "Finalizers",
+    "SyncFinalizers",
+    "add_patch",
+    "finalizers_patch",
+    "has_finalizer",
+    "is_deleting",
+    "remove_patch",
+]
 
 Obj = dict[str, Any]
-Step = Callable[[Obj], Union[Result, Awaitable[Result]]]
-Patch = Callable[[Obj], Union[Obj, None, Awaitable[Union[Obj, None]]]]
+Cleanup = Callable[[Obj], Any]
+"""``cleanup(obj)``: sync or async; its return value is ignored, an exception it raises fails
+the reconcile (retried) and leaves the finalizer in place."""
 
 
 def _meta(obj: Obj) -> Obj:
@@ -63,36 +83,84 @@ def remove_patch(obj: Obj, name: str) -> Obj | None:
     return finalizers_patch(current, _meta(obj).get("resourceVersion"))
 
 
-async def _call(fn: Callable[[Obj], Any], arg: Obj) -> Any:
-    value = fn(arg)
-    return await value if inspect.isawaitable(value) else value
+def _refresh(obj: Obj, stored: Any) -> None:
+    """``obj``'s finalizers and resourceVersion as the API server stored them."""
+    meta = obj.setdefault("metadata", {})
+    new = _meta(stored) if isinstance(stored, dict) else {}
+    for field in ("finalizers", "resourceVersion"):
+        if field in new:
+            meta[field] = new[field]
+        elif field == "finalizers":
+            meta.pop(field, None)
 
 
-async def finalize(obj: Obj, name: str, patch: Patch, *, apply: Step, cleanup: Step) -> Result:
-    """Runs a reconcile under finalizer ``name`` (like kube-rs' ``finalizer``):
+class Finalizers:
+    """Finalizer steps for async handlers (``await``). ``patch(obj, body)`` sends a merge patch
+    of ``obj`` and returns the stored object; ``blocking(fn, obj)`` runs a sync function off
+    the event loop (the SDK passes both)."""
 
-    - live object without the finalizer: add it (``patch``), then ``apply`` the stored object;
-    - live object with it: ``apply``;
-    - deleting object with it: ``cleanup``, then remove the finalizer; returns cleanup's result;
-    - deleting object without it: nothing to do.
+    def __init__(self, patch: Callable[[Obj, Obj], Awaitable[Obj]],
+                 blocking: Callable[[Callable[[Obj], Any], Obj], Awaitable[Any]]) -> None:
+        self._patch = patch
+        self._blocking = blocking
 
-    ``patch(body)`` sends a JSON merge patch of the object and returns the stored object (or
-    None); ``apply`` and ``cleanup`` take the object and return a result like a handler, sync
-    or async. A conflict while patching is the client's exception, which the SDK retries like
-    any other error, so ``cleanup`` must be idempotent."""
-    deleting = is_deleting(obj)
-    present = has_finalizer(obj, name)
-    if not deleting:
-        if not present:
-            body = add_patch(obj, name)
-            assert body is not None
-            stored = await _call(patch, body)
-            obj = stored if isinstance(stored, dict) else obj
-        return await _call(apply, obj)  # type: ignore[no-any-return]
-    if not present:
-        return Done()
-    result = await _call(cleanup, obj)
-    body = remove_patch(obj, name)
-    assert body is not None
-    await _call(patch, body)
-    return result  # type: ignore[no-any-return]
+    is_deleting = staticmethod(is_deleting)
+    has_finalizer = staticmethod(has_finalizer)
+
+    async def ensure(self, obj: Obj, name: str) -> bool:
+        """Adds finalizer ``name`` to ``obj`` unless it is there (or ``obj`` is being deleted:
+        Kubernetes takes no new finalizer then); returns whether it did."""
+        body = None if is_deleting(obj) else add_patch(obj, name)
+        if body is None:
+            return False
+        _refresh(obj, await self._patch(obj, body))
+        return True
+
+    async def finalize(self, obj: Obj, name: str, cleanup: Cleanup) -> bool:
+        """When ``obj`` is being deleted and holds finalizer ``name``: runs ``cleanup(obj)``
+        (a sync one on a worker thread), then removes the finalizer; returns whether it did
+        (False: not deleting, or not holding the finalizer)."""
+        body = remove_patch(obj, name) if is_deleting(obj) else None
+        if body is None:
+            return False
+        if inspect.iscoroutinefunction(cleanup):
+            await cleanup(obj)
+        else:
+            value = await self._blocking(cleanup, obj)
+            if inspect.isawaitable(value):
+                await value
+        _refresh(obj, await self._patch(obj, body))
+        return True
+
+
+class SyncFinalizers:
+    """Finalizer steps for sync handlers (blocking, on the handler's thread). ``patch(obj,
+    body)`` sends a merge patch and returns the stored object; ``run_async(coro)`` waits for a
+    coroutine on the SDK's event loop (for an async ``cleanup``)."""
+
+    def __init__(self, patch: Callable[[Obj, Obj], Obj], run_async: Callable[[Awaitable[Any]], Any]) -> None:
+        self._patch = patch
+        self._run_async = run_async
+
+    is_deleting = staticmethod(is_deleting)
+    has_finalizer = staticmethod(has_finalizer)
+
+    def ensure(self, obj: Obj, name: str) -> bool:
+        """See ``Finalizers.ensure``."""
+        body = None if is_deleting(obj) else add_patch(obj, name)
+        if body is None:
+            return False
+        _refresh(obj, self._patch(obj, body))
+        return True
+
+    def finalize(self, obj: Obj, name: str, cleanup: Cleanup) -> bool:
+        """See ``Finalizers.finalize``; a sync ``cleanup`` runs on this thread, an async one on
+        the SDK's event loop."""
+        body = remove_patch(obj, name) if is_deleting(obj) else None
+        if body is None:
+            return False
+        value = cleanup(obj)
+        if inspect.isawaitable(value):
+            self._run_async(value)
+        _refresh(obj, self._patch(obj, body))
+        return True

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+__all__ = ["child_traceparent", "enabled", "init", "reconcile_span"]
+
 _HAVE_OTEL = importlib.util.find_spec("opentelemetry") is not None
 
 

@@ -3,3 +3,5 @@
 Controllers rarely need these: the ctrlhub package wraps them. They are here for what it
 does not wrap, e.g. ``from ctrlhub.v1 import controller_pb2``.
 """
+
+__all__: list[str] = []  # the generated modules, imported by name (``from ctrlhub.v1 import controller_pb2``)
