@@ -82,7 +82,7 @@
 //!
 //! ## Modules
 //!
-//! - [`write`]: [`adopt`](write::adopt), server-side [`apply`](write::apply),
+//! - [`write`](mod@write): [`adopt`](write::adopt), server-side [`apply`](write::apply),
 //!   [`patch_status`](write::patch_status), [`is_not_found`], [`is_conflict`] (also on every
 //!   [`Request`]);
 //! - [`events`]: Kubernetes Events, `ReconcileFailed` posted for every failure, aggregated and

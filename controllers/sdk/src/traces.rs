@@ -20,7 +20,7 @@
 //! the gRPC hop and the controller. The span is the current OpenTelemetry
 //! context while the reconcile function runs: spans started from
 //! `opentelemetry::Context::current()` become its children. The Kubernetes
-//! API calls of this crate's helpers ([`apply`](crate::apply),
+//! API calls of this crate's helpers ([`apply`](crate::write::apply),
 //! [`finalizer`](crate::finalizer), [`events`](crate::events)) are CLIENT
 //! child spans of it; wrap your own calls in [`k8s_call`] so that a slow
 //! write shows in the trace too.
