@@ -266,7 +266,7 @@ impl DevArgs {
             self.grpc_addr
         ));
         say(format!(
-            "    e.g. CTRLHUB_ADDR=http://{} CTRLHUB_TOKEN=dev for the Rust SDK; protocol: docs/protocol.md",
+            "    every SDK (Rust, Python, TypeScript) reads CTRLHUB_ADDR=http://{} CTRLHUB_TOKEN=dev; protocol: docs/protocol.md",
             self.grpc_addr
         ));
         say(format!(

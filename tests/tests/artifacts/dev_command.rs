@@ -51,6 +51,12 @@ async fn ctrlhub_dev_reconciles_the_sample_and_exits_cleanly() {
         stdout.contains("kubectl --kubeconfig"),
         "it tells the user where to look next:\n{stdout}"
     );
+    // Every SDK reads the same two variables, so the hint names them all, not one.
+    assert!(
+        stdout.contains("every SDK (Rust, Python, TypeScript) reads CTRLHUB_ADDR=http://")
+            && stdout.contains("CTRLHUB_TOKEN=dev"),
+        "it prints what any SDK needs to connect:\n{stdout}"
+    );
     assert!(
         stderr.contains("reconcile start key=default/memcached-sample"),
         "reconciles are shown:\n{stderr}"
