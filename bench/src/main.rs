@@ -49,7 +49,7 @@ enum Cmd {
     Failover,
     /// Tenant B's latency while tenant A floods its queue.
     Fairness,
-    /// Team-b's latency and the manager's peak memory during each attack of issue 14.
+    /// Team-b's latency and the manager's peak memory during each attack of the hostile-tenant suite (tests/tests/adversity/hostile.rs).
     Hostile,
     /// Steady 1,000 updates/s for N minutes.
     Soak {

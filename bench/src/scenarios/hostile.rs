@@ -1,4 +1,4 @@
-//! Hostile tenants (issue 14): team-b's update-to-delivery latency (median and p99 over N
+//! Hostile tenants: team-b's update-to-delivery latency (median and p99 over N
 //! updates) and the manager's peak resident memory while team-a makes each attack of the issue,
 //! beside a quiet baseline. Each case gets its own devcluster and `ctrlhub run --auth kubernetes`
 //! with default limits (attack 6 shortens the token cache to 2 s, attack 8 sets team-a's
@@ -33,9 +33,10 @@ pub const WINDOW: Duration = Duration::from_secs(20);
 /// The manager's memory cap: the Deployment's limit.
 const CAP: u64 = 1024 * MIB;
 
-/// The cases: 0 is the quiet baseline, 1–12 the attacks of issue 14, 13–19 the attacks that
-/// need no credentials (the isolation issue's "strangers get nothing free"; drivers shared with
-/// `tests/tests/adversity/strangers.rs` in `ctrlhub_tests::strangers`).
+/// The cases: 0 is the quiet baseline, 1–12 the first named attacks by a tenant, 13–19 the
+/// attacks that need no credentials (drivers shared with `tests/tests/adversity/strangers.rs` in
+/// `ctrlhub_tests::strangers`), 20–28 the tenant attacks one step beside the first ones
+/// (`tests/tests/adversity/hostile.rs` attacks 13–21).
 pub const CASES: [u8; 29] = [
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
     26, 27, 28,
@@ -77,7 +78,7 @@ fn case_name(case: u8) -> &'static str {
     }
 }
 
-/// The flags a case adds to the manager's: the issue's own settings for attacks 6 and 8, and
+/// The flags a case adds to the manager's: the attack's own settings for attacks 6 and 8, and
 /// for 5 no registration rate limit, so that the churn reaches the leak it looks for (the same
 /// flags as `tests/tests/adversity/hostile.rs`). Tenants are namespaces (the default grouping), so limits
 /// name team-a's group.
