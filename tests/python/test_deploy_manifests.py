@@ -114,8 +114,8 @@ def test_servicemonitor_selects_the_metrics_service():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_rbac_grants_only_what_ctrlhub_needs(overlay: str):
-    """Reads for the caches, Leases and its own pod's label, TokenReview and SubjectAccessReview:
-    nothing that writes a tenant's objects."""
+    """Reads for the caches, Leases and its own pod's label, TokenReview and SubjectAccessReview,
+    its own TenantPolicy objects' status: nothing that writes a tenant's objects."""
     for doc in render(overlay):
         if doc["kind"] not in ("Role", "ClusterRole"):
             continue
@@ -129,6 +129,9 @@ def test_rbac_grants_only_what_ctrlhub_needs(overlay: str):
                 assert resources <= {"tokenreviews", "subjectaccessreviews"}, rule
             elif resources == {"leases"}:
                 assert writes <= {"create", "update", "patch"}, rule
+            elif rule["apiGroups"] == ["ctrlhub.io"]:
+                # The manager reports on its own TenantPolicy objects (their Accepted condition).
+                assert resources == {"tenantpolicies/status"} and writes <= {"update", "patch"}, rule
             else:
                 assert resources == {"pods"} and writes == {"patch"}, rule
 
@@ -151,9 +154,14 @@ def test_namespaced_overlay_sets_the_ceiling():
     docs = render("namespaced")
     bound = {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "ctrlhub-cache-reader"}
     assert bound == {"team-a", "team-b"}
-    # Role instead of ClusterRole: the only cluster-wide grant is the tenancy reviews.
+    # Role instead of ClusterRole: the only cluster-wide grants are the tenancy reviews and the
+    # manager's own configuration (TenantPolicy, cluster-scoped, no tenant data).
     cluster_reads = [
-        r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"] if {"list", "watch"} & set(r["verbs"])
+        r
+        for d in docs
+        if d["kind"] == "ClusterRole"
+        for r in d["rules"]
+        if {"list", "watch"} & set(r["verbs"]) and r["apiGroups"] != ["ctrlhub.io"]
     ]
     assert cluster_reads == []
 
