@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 /// Lets one log line through per period and counts the ones it holds back, so a tenant that
 /// misses a thousand deadlines a second costs one line every period (the counts go to metrics).
 #[derive(Debug)]
-pub struct LogEvery {
+pub(crate) struct LogEvery {
     period: Duration,
     last: Option<Instant>,
     held_back: u64,
@@ -23,7 +23,7 @@ pub struct LogEvery {
 
 impl LogEvery {
     /// At most one line per `period`.
-    pub fn new(period: Duration) -> Self {
+    pub(crate) fn new(period: Duration) -> Self {
         LogEvery {
             period,
             last: None,
@@ -32,7 +32,7 @@ impl LogEvery {
     }
 
     /// Whether to log now; if so, how many lines were held back since the last one.
-    pub fn hit(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn hit(&mut self, now: Instant) -> Option<u64> {
         if self
             .last
             .is_some_and(|last| now.saturating_duration_since(last) < self.period)
@@ -47,7 +47,7 @@ impl LogEvery {
 
 /// A token bucket: `burst` calls at once, then `per_second` on average.
 #[derive(Debug, Clone)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     tokens: f64,
     burst: f64,
     per_second: f64,
@@ -56,7 +56,7 @@ pub struct TokenBucket {
 
 impl TokenBucket {
     /// A full bucket.
-    pub fn new(burst: u32, per_second: f64, now: Instant) -> Self {
+    pub(crate) fn new(burst: u32, per_second: f64, now: Instant) -> Self {
         TokenBucket {
             tokens: f64::from(burst),
             burst: f64::from(burst),
@@ -66,7 +66,7 @@ impl TokenBucket {
     }
 
     /// Take one token if there is one.
-    pub fn take(&mut self, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
         if self.has_token(now) {
             self.tokens -= 1.0;
             return true;
@@ -75,7 +75,7 @@ impl TokenBucket {
     }
 
     /// Take `n` tokens if there are that many; none otherwise.
-    pub fn take_n(&mut self, n: u32, now: Instant) -> bool {
+    pub(crate) fn take_n(&mut self, n: u32, now: Instant) -> bool {
         self.has_token(now);
         if self.tokens >= f64::from(n) {
             self.tokens -= f64::from(n);
@@ -85,7 +85,7 @@ impl TokenBucket {
     }
 
     /// Whether a token is there (refilling first), without taking it.
-    pub fn has_token(&mut self, now: Instant) -> bool {
+    pub(crate) fn has_token(&mut self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.at = now;
         self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
@@ -93,13 +93,13 @@ impl TokenBucket {
     }
 
     /// Gives back one token taken earlier (never above the burst).
-    pub fn refund(&mut self, now: Instant) {
+    pub(crate) fn refund(&mut self, now: Instant) {
         self.has_token(now);
         self.tokens = (self.tokens + 1.0).min(self.burst);
     }
 
     /// Whether the bucket is full again as of `now` (an idle peer's bucket can be forgotten).
-    pub fn is_full(&self, now: Instant) -> bool {
+    pub(crate) fn is_full(&self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens + elapsed * self.per_second >= self.burst
     }
@@ -109,7 +109,7 @@ impl TokenBucket {
 /// single host commonly holds a whole /64, so counting its addresses one by one would let it
 /// have 2^64 buckets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PeerKey(IpAddr);
+pub(crate) struct PeerKey(IpAddr);
 
 impl From<IpAddr> for PeerKey {
     fn from(ip: IpAddr) -> Self {
@@ -139,7 +139,7 @@ impl std::fmt::Display for PeerKey {
 
 /// Which bound of a [`Slots`] was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Full {
+pub(crate) enum Full {
     /// The key already holds its share.
     #[error("the per-key bound is reached")]
     Key,
@@ -152,7 +152,7 @@ pub enum Full {
 /// [`Slot`] is dropped. Connections per peer, Connect streams waiting for their Register per
 /// tenant and TokenReviews in flight per peer are all bounded with one.
 #[derive(Debug)]
-pub struct Slots<K: Eq + Hash + Clone> {
+pub(crate) struct Slots<K: Eq + Hash + Clone> {
     per_key: usize,
     total: usize,
     held: Mutex<(usize, HashMap<K, usize>)>,
@@ -160,7 +160,7 @@ pub struct Slots<K: Eq + Hash + Clone> {
 
 impl<K: Eq + Hash + Clone> Slots<K> {
     /// At most `per_key` slots per key and `total` in all.
-    pub fn new(per_key: usize, total: usize) -> Arc<Self> {
+    pub(crate) fn new(per_key: usize, total: usize) -> Arc<Self> {
         Arc::new(Slots {
             per_key,
             total,
@@ -170,7 +170,7 @@ impl<K: Eq + Hash + Clone> Slots<K> {
 
     /// Takes a slot for `key`, or says which bound is reached. The map only holds keys with a
     /// slot, so it is bounded by `total`.
-    pub fn take(self: &Arc<Self>, key: K) -> Result<Slot<K>, Full> {
+    pub(crate) fn take(self: &Arc<Self>, key: K) -> Result<Slot<K>, Full> {
         let mut held = self.held.lock();
         if held.0 >= self.total {
             return Err(Full::Total);
@@ -189,17 +189,17 @@ impl<K: Eq + Hash + Clone> Slots<K> {
 
     /// Slots held in all.
     #[cfg(test)]
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.held.lock().0
     }
 
     /// The per-key bound.
-    pub fn per_key(&self) -> usize {
+    pub(crate) fn per_key(&self) -> usize {
         self.per_key
     }
 
     /// The total bound.
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.total
     }
 
@@ -217,7 +217,7 @@ impl<K: Eq + Hash + Clone> Slots<K> {
 
 /// One slot of a [`Slots`], given back when dropped.
 #[derive(Debug)]
-pub struct Slot<K: Eq + Hash + Clone> {
+pub(crate) struct Slot<K: Eq + Hash + Clone> {
     slots: Arc<Slots<K>>,
     key: K,
 }
@@ -231,7 +231,7 @@ impl<K: Eq + Hash + Clone> Drop for Slot<K> {
 /// Why an authentication was refused before its token was looked at (the caller is told
 /// [`Throttled::message`], which names its address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Throttled {
+pub(crate) enum Throttled {
     /// The peer spent its failed-authentication budget.
     #[error("too many failed authentications from this address")]
     Failures,
@@ -245,7 +245,7 @@ pub enum Throttled {
 
 impl Throttled {
     /// The metrics label (bounded).
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Throttled::Failures => "failures",
             Throttled::PeerInFlight => "peer_in_flight",
@@ -254,7 +254,7 @@ impl Throttled {
     }
 
     /// What the caller is told: what happened and what to do.
-    pub fn message(self, peer: Option<IpAddr>) -> String {
+    pub(crate) fn message(self, peer: Option<IpAddr>) -> String {
         let from = peer.map_or_else(
             || "this address".to_string(),
             |ip| PeerKey::from(ip).to_string(),
@@ -279,7 +279,7 @@ impl Throttled {
 /// junk tokens a peer sends at once, it costs at most `burst` reviews, then `per_second`, and
 /// never more than `in_flight` API calls (and their connections) at a time. Peers that
 /// authenticate never spend anything.
-pub struct PeerThrottle {
+pub(crate) struct PeerThrottle {
     burst: u32,
     per_second: f64,
     peers: Mutex<HashMap<PeerKey, TokenBucket>>,
@@ -291,7 +291,7 @@ const PEERS_BEFORE_PRUNE: usize = 4096;
 
 /// A reserved authentication attempt: holds its in-flight slot until dropped; its token is
 /// spent unless [`Reservation::succeeded`] gives it back.
-pub struct Reservation<'a> {
+pub(crate) struct Reservation<'a> {
     throttle: &'a PeerThrottle,
     peer: Option<PeerKey>,
     _slot: Slot<PeerKey>,
@@ -299,7 +299,7 @@ pub struct Reservation<'a> {
 
 impl Reservation<'_> {
     /// The token was accepted: the attempt costs the peer nothing.
-    pub fn succeeded(self, now: Instant) {
+    pub(crate) fn succeeded(self, now: Instant) {
         if let Some(peer) = self.peer
             && let Some(bucket) = self.throttle.peers.lock().get_mut(&peer)
         {
@@ -314,7 +314,12 @@ const NO_PEER: PeerKey = PeerKey(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
 impl PeerThrottle {
     /// `burst` failures at once, then `per_second`, per peer; at most `peer_in_flight` reviews
     /// in flight per peer and `total_in_flight` in all.
-    pub fn new(burst: u32, per_second: f64, peer_in_flight: usize, total_in_flight: usize) -> Self {
+    pub(crate) fn new(
+        burst: u32,
+        per_second: f64,
+        peer_in_flight: usize,
+        total_in_flight: usize,
+    ) -> Self {
         PeerThrottle {
             burst,
             per_second,
@@ -324,7 +329,7 @@ impl PeerThrottle {
     }
 
     /// Reserves one review for `peer`: a token of its bucket and an in-flight slot, or why not.
-    pub fn reserve(
+    pub(crate) fn reserve(
         &self,
         peer: Option<IpAddr>,
         now: Instant,
@@ -358,7 +363,7 @@ impl PeerThrottle {
 
     /// Reviews in flight right now.
     #[cfg(test)]
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.held()
     }
 }

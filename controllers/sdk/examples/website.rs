@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// The finalizer that guards the registry entry.
-pub const FINALIZER: &str = "example.ctrlhub.io/registry";
+pub(crate) const FINALIZER: &str = "example.ctrlhub.io/registry";
 /// The ConfigMap that lists every Website of a namespace with its image.
-pub const REGISTRY: &str = "website-registry";
+pub(crate) const REGISTRY: &str = "website-registry";
 
 /// A website: an image served by `replicas` pods.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug)]
@@ -31,7 +31,7 @@ pub const REGISTRY: &str = "website-registry";
     namespaced
 )]
 #[kube(status = "WebsiteStatus", schema = "disabled")]
-pub struct WebsiteSpec {
+pub(crate) struct WebsiteSpec {
     /// The container image.
     #[serde(default = "default_image")]
     pub image: String,
@@ -49,7 +49,7 @@ fn one() -> i32 {
 /// What the operator observed.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct WebsiteStatus {
+pub(crate) struct WebsiteStatus {
     /// `Ready`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
@@ -60,7 +60,7 @@ pub struct WebsiteStatus {
 }
 
 /// Runs the operator until `shutdown` (then drains).
-pub async fn run(
+pub(crate) async fn run(
     client: Client,
     config: Config,
     shutdown: CancellationToken,
@@ -149,7 +149,7 @@ async fn registry(
 
 /// Logs, signals, the client and the manager's address from the environment; runs until SIGTERM.
 #[tokio::main]
-pub async fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ctrlhub_sdk::logs::init()?; // CTRLHUB_LOG (info), CTRLHUB_LOG_FORMAT (text or json)
     let shutdown = ctrlhub_sdk::shutdown_on_signals(); // SIGTERM or Ctrl-C drains
     run(Client::try_default().await?, Config::from_env()?, shutdown).await?;

@@ -310,8 +310,8 @@ fn bearer(
 
 /// `http::Uri` as re-exported by tonic.
 mod http_uri {
-    pub use tonic::codegen::http::Uri;
-    pub use tonic::codegen::http::uri::InvalidUri;
+    pub(super) use tonic::codegen::http::Uri;
+    pub(super) use tonic::codegen::http::uri::InvalidUri;
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::tenancy::{Limits, NamespaceGate, TenantGrouping, TenantLimits};
 
 /// How tenants share the manager: their limits, the dispatch seats, and which identities make
 /// one tenant.
-pub struct Sharing {
+pub(crate) struct Sharing {
     /// Per-tenant limits.
     pub limits: TenantLimits,
     /// The dispatch seats.
@@ -35,7 +35,7 @@ pub struct Sharing {
 
 /// A registration's turn to start informers: its tenant's turn and one of the manager's
 /// first-list slots. Held until its first lists are done.
-pub struct FirstListTurn {
+pub(crate) struct FirstListTurn {
     _tenant: tokio::sync::OwnedMutexGuard<()>,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -43,14 +43,14 @@ pub struct FirstListTurn {
 /// Turns to list new caches: one registration of a tenant at a time, and a number of them
 /// across tenants. The slots are taken in arrival order and a tenant waits for at most one (its
 /// others wait for its turn first), so tenants are served in turn, whatever one of them sends.
-pub struct ListTurns {
+pub(crate) struct ListTurns {
     tenants: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl ListTurns {
     /// Turns with `slots` registrations listing at once (at least one).
-    pub fn new(slots: usize) -> Self {
+    pub(crate) fn new(slots: usize) -> Self {
         ListTurns {
             tenants: Mutex::new(HashMap::new()),
             slots: Arc::new(tokio::sync::Semaphore::new(slots.max(1))),
@@ -58,7 +58,7 @@ impl ListTurns {
     }
 
     /// Waits for `tenant`'s turn, then for a slot.
-    pub async fn take(&self, tenant: String) -> FirstListTurn {
+    pub(crate) async fn take(&self, tenant: String) -> FirstListTurn {
         let turn = self.tenants.lock().entry(tenant).or_default().clone();
         let tenant = turn.lock_owned().await;
         let slot = self.slots.clone().acquire_owned().await.ok();
@@ -72,7 +72,7 @@ impl ListTurns {
 /// What a session brings besides its registration: the revision of its definition and whether
 /// it confirms the end of its attempts (`exclusive_attempts`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Terms {
+pub(crate) struct Terms {
     /// `Register.revision`.
     pub revision: u64,
     /// `Register.exclusive_attempts`.
@@ -97,7 +97,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Why a registration was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
+pub(crate) enum RegisterError {
     /// A field is wrong.
     #[error(transparent)]
     Invalid(#[from] Invalid),
@@ -156,7 +156,7 @@ pub enum RegisterError {
 }
 
 /// How a session is attached.
-pub struct Attached {
+pub(crate) struct Attached {
     /// The controller it joined.
     pub controller: Arc<Controller>,
     /// Its session id.
@@ -175,26 +175,26 @@ pub struct Attached {
 /// The namespaces currently admitted into a namespace-label-selector scope: a read-only view
 /// for the gRPC edge, which re-authorizes them and keeps every key outside them from leaving.
 #[derive(Clone)]
-pub struct AdmittedNamespaces {
+pub(crate) struct AdmittedNamespaces {
     set: ScopeSet,
     gated: bool,
 }
 
 impl AdmittedNamespaces {
     /// Whether `namespace` is in the scope now.
-    pub fn contains(&self, namespace: &str) -> bool {
+    pub(crate) fn contains(&self, namespace: &str) -> bool {
         self.set.read().contains(namespace)
     }
 
     /// Every namespace in the scope now, sorted.
-    pub fn namespaces(&self) -> Vec<String> {
+    pub(crate) fn namespaces(&self) -> Vec<String> {
         let mut all: Vec<String> = self.set.read().iter().cloned().collect();
         all.sort();
         all
     }
 
     /// Whether each namespace was admitted only after its own check (a [`NamespaceGate`]).
-    pub fn is_gated(&self) -> bool {
+    pub(crate) fn is_gated(&self) -> bool {
         self.gated
     }
 }
@@ -207,7 +207,7 @@ struct SelectorScope {
 }
 
 /// Every registered controller of this manager.
-pub struct ControllerTable {
+pub(crate) struct ControllerTable {
     cache: Arc<Cache>,
     ceiling: Option<Vec<String>>,
     controllers: Mutex<BTreeMap<ControllerId, Arc<Controller>>>,
@@ -245,7 +245,7 @@ pub struct ControllerTable {
 
 /// Cached reads one tenant may have served at once: a tenant repeating large Lists gets its
 /// own reads queued behind each other, not every thread of the manager.
-pub const READS_PER_TENANT: usize = 2;
+pub(crate) const READS_PER_TENANT: usize = 2;
 
 /// New registrations a tenant may make at once, at the least: each may start informers whose
 /// first lists the manager must decode, so a burst of them is a burst of work for everyone.
@@ -394,7 +394,7 @@ fn related_subscriber(
 
 impl ControllerTable {
     /// A controller table whose tenants share the manager as `sharing` says.
-    pub fn new(
+    pub(crate) fn new(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,
         leading: watch::Receiver<bool>,
@@ -437,7 +437,7 @@ impl ControllerTable {
     /// controller runs (queued keys and bytes) apply to running controllers at once; the others
     /// (sessions, controllers, informers, cached bytes, deadlines, resync, registration rate)
     /// to registrations from now on: nothing running is cut off by a policy change.
-    pub fn set_limits(&self, limits: TenantLimits) {
+    pub(crate) fn set_limits(&self, limits: TenantLimits) {
         for c in self.all() {
             c.apply_limits(&limits.for_tenant(&c.group));
         }
@@ -445,7 +445,7 @@ impl ControllerTable {
     }
 
     /// The tenant `identity`'s limits and seats count against.
-    pub fn group_of(&self, identity: &str) -> String {
+    pub(crate) fn group_of(&self, identity: &str) -> String {
         self.grouping.tenant_of(identity)
     }
 
@@ -478,12 +478,12 @@ impl ControllerTable {
     }
 
     /// Every controller, for status and metrics.
-    pub fn all(&self) -> Vec<Arc<Controller>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Controller>> {
         self.controllers().values().cloned().collect()
     }
 
     /// The dispatch seats every controller of this controllers shares.
-    pub fn seat_pool(&self) -> &Arc<SeatPool> {
+    pub(crate) fn seat_pool(&self) -> &Arc<SeatPool> {
         &self.seat_pool
     }
 
@@ -493,7 +493,7 @@ impl ControllerTable {
     /// an identity allowed cluster-wide). A gated registration never joins an ungated controller
     /// of the same name: that one delivers from namespaces nobody checked for this session, so
     /// the gated one supersedes it.
-    pub fn attach_gated(
+    pub(crate) fn attach_gated(
         &self,
         tenant: &str,
         registration: Registration,
@@ -550,7 +550,7 @@ impl ControllerTable {
     /// The tenant's turn to start informers, when `registration` would start any that do not
     /// run yet (a replica joining a running controller never waits here). Hold it until the
     /// registration's first lists are done.
-    pub async fn first_list_turn(
+    pub(crate) async fn first_list_turn(
         &self,
         identity: &str,
         registration: &Registration,
@@ -568,7 +568,10 @@ impl ControllerTable {
 
     /// A turn to serve one cached read for `identity`'s tenant (at most [`READS_PER_TENANT`]
     /// at once); hold it while the read is served.
-    pub async fn read_turn(&self, identity: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) async fn read_turn(
+        &self,
+        identity: &str,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let turns = self
             .reads
             .lock()
@@ -582,7 +585,7 @@ impl ControllerTable {
     /// session) if its tenant's controllers now make the manager cache more than the tenant's
     /// budget. Checked when a registration is new, not when replicas join it, so a controller
     /// that was admitted keeps running as the cluster grows.
-    pub fn check_cache_budget(&self, attached: &Attached) -> Result<(), RegisterError> {
+    pub(crate) fn check_cache_budget(&self, attached: &Attached) -> Result<(), RegisterError> {
         let tenant = &*attached.controller.group;
         let limits = self.limits.read().for_tenant(tenant);
         let held = self.cached_bytes(tenant);
@@ -599,7 +602,7 @@ impl ControllerTable {
     }
 
     /// Bytes held by the distinct informers `tenant`'s controllers use.
-    pub fn cached_bytes(&self, tenant: &str) -> u64 {
+    pub(crate) fn cached_bytes(&self, tenant: &str) -> u64 {
         let mut seen = HashSet::new();
         self.controllers()
             .values()
@@ -894,7 +897,12 @@ impl ControllerTable {
 
     /// Set a session's credits from a Credit message, clamped so the tenant's sessions never
     /// hold more than its in-flight limit between them. Returns the credits granted.
-    pub fn set_credits(&self, controller: &Arc<Controller>, session: u64, asked: u32) -> u32 {
+    pub(crate) fn set_credits(
+        &self,
+        controller: &Arc<Controller>,
+        session: u64,
+        asked: u32,
+    ) -> u32 {
         let tenant = &*controller.group;
         let limits = self.limits.read().for_tenant(tenant);
         // Under the table's lock, as attach checks the same sum, so the two cannot race past it.
@@ -917,7 +925,7 @@ impl ControllerTable {
 
     /// Detach a session whose registration was refused (its informers could not list, the
     /// tenant's budget, the manager closing): a controller it created goes away at once.
-    pub fn detach_refused(&self, controller: &Arc<Controller>, session: u64) {
+    pub(crate) fn detach_refused(&self, controller: &Arc<Controller>, session: u64) {
         if controller.remove_session(session) == 0 {
             self.remove_if_sessionless(controller, "its registration was refused");
         }
@@ -928,7 +936,7 @@ impl ControllerTable {
     /// seen (sessions 0, its queue growing, an alert) rather than vanishing; a replica that
     /// registers meanwhile takes it up where it was. Without leadership, while shutting down,
     /// with no grace, or past its queue limit, it goes at once.
-    pub fn detach(&self, controller: &Arc<Controller>, session: u64) {
+    pub(crate) fn detach(&self, controller: &Arc<Controller>, session: u64) {
         if controller.remove_session(session) > 0 {
             return;
         }
@@ -971,7 +979,7 @@ impl ControllerTable {
 
     /// Removes the controllers whose grace period is over (no session since `grace` ago), and
     /// every sessionless one once this manager no longer leads (the next leader keeps them).
-    pub fn sweep(&self, now: Instant) {
+    pub(crate) fn sweep(&self, now: Instant) {
         let leading = *self.leading.borrow();
         let expired: Vec<Arc<Controller>> = self
             .all()
@@ -988,14 +996,14 @@ impl ControllerTable {
 
     /// Shut down: refuse every later attach, then revoke every session. A session that attaches
     /// concurrently is either revoked here or sees the flag in `attach` and is refused.
-    pub fn close(&self, message: &str) {
+    pub(crate) fn close(&self, message: &str) {
         self.closed.store(true, Ordering::SeqCst);
         self.revoke_all(RevokeReason::ShuttingDown, message);
     }
 
     /// Shutting down, step 1: no new session attaches and nothing more is handed out, while
     /// sessions stay open so the attempts already out can report their results.
-    pub fn quiesce(&self) {
+    pub(crate) fn quiesce(&self) {
         self.closed.store(true, Ordering::SeqCst);
         for c in self.all() {
             c.quiesce();
@@ -1003,7 +1011,7 @@ impl ControllerTable {
     }
 
     /// Attempts still out on live sessions, across every controller.
-    pub fn live_attempts(&self) -> usize {
+    pub(crate) fn live_attempts(&self) -> usize {
         self.all().iter().map(|c| c.live_attempts()).sum()
     }
 
@@ -1014,7 +1022,7 @@ impl ControllerTable {
     /// When the last key fenced after an exclusive session ended may move (None: none waits).
     /// A manager handing over waits for it before giving up its Lease, so a successor never
     /// hands out a key a replica of this manager's sessions may still be working on.
-    pub fn fenced_until(&self) -> Option<Instant> {
+    pub(crate) fn fenced_until(&self) -> Option<Instant> {
         let gone = *self.fenced_until.lock();
         self.all()
             .iter()
@@ -1025,12 +1033,12 @@ impl ControllerTable {
     }
 
     /// How long an exclusive session's keys stay fenced after its last heartbeat answer.
-    pub fn hold(&self) -> std::time::Duration {
+    pub(crate) fn hold(&self) -> std::time::Duration {
         self.hold
     }
 
     /// Revoke every session of every controller (e.g. on losing the lease).
-    pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
+    pub(crate) fn revoke_all(&self, reason: RevokeReason, message: &str) {
         for c in self.all() {
             c.revoke_all(reason, message);
         }
@@ -1039,7 +1047,7 @@ impl ControllerTable {
     /// The namespaces to open informers in: None = one cluster-wide informer.
     /// The namespaces a registration watches: its list, or the manager's ceiling when it asks for
     /// every namespace (None: every namespace).
-    pub fn effective_namespaces(
+    pub(crate) fn effective_namespaces(
         &self,
         reg: &Registration,
     ) -> Result<Option<Vec<String>>, RegisterError> {

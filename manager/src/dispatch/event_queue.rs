@@ -15,11 +15,11 @@ use crate::informer::object::CachedObject;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Events one key may have waiting behind its in-flight one before later changes are compacted.
-pub const PENDING_PER_KEY: usize = 16;
+pub(crate) const PENDING_PER_KEY: usize = 16;
 
 /// What happened to the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
+pub(crate) enum EventType {
     /// Created while watched.
     Added,
     /// Changed.
@@ -32,7 +32,7 @@ pub enum EventType {
 
 /// One change waiting for delivery.
 #[derive(Debug, Clone)]
-pub struct PendingEvent {
+pub(crate) struct PendingEvent {
     /// Increases with every event of this queue, so per-key order is visible to the receiver.
     pub sequence: u64,
     /// The change.
@@ -43,7 +43,7 @@ pub struct PendingEvent {
 
 /// A delivery handed to a worker.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// The key.
     pub key: ObjectKey,
     /// The event at the head of the key's queue.
@@ -54,7 +54,7 @@ pub struct Delivery {
 
 /// Ordered per-key event delivery with acknowledgements.
 #[derive(Debug, Default)]
-pub struct EventQueue {
+pub(crate) struct EventQueue {
     per_key: HashMap<ObjectKey, VecDeque<PendingEvent>>,
     ready: VecDeque<ObjectKey>,
     in_flight: HashSet<ObjectKey>,
@@ -67,7 +67,7 @@ pub struct EventQueue {
 impl EventQueue {
     /// Append a change of `key`, or compact it into the key's pending change. Returns the bytes
     /// held now minus before (negative when a larger pending state was replaced).
-    pub fn push(&mut self, key: ObjectKey, kind: EventType, object: CachedObject) -> isize {
+    pub(crate) fn push(&mut self, key: ObjectKey, kind: EventType, object: CachedObject) -> isize {
         self.next_sequence += 1;
         let before = self.bytes;
         let in_flight = self.in_flight.contains(&key);
@@ -102,12 +102,12 @@ impl EventQueue {
     }
 
     /// Bytes of the objects this queue holds.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
     /// The next deliverable event: the head of a key with nothing in flight.
-    pub fn pop(&mut self) -> Option<Delivery> {
+    pub(crate) fn pop(&mut self) -> Option<Delivery> {
         while let Some(key) = self.ready.pop_front() {
             let Some(event) = self.per_key.get(&key).and_then(|q| q.front()).cloned() else {
                 continue;
@@ -125,7 +125,7 @@ impl EventQueue {
     }
 
     /// The in-flight event of `key` was acknowledged: drop it and make the next one deliverable.
-    pub fn ack(&mut self, key: &ObjectKey) {
+    pub(crate) fn ack(&mut self, key: &ObjectKey) {
         if !self.in_flight.remove(key) {
             return;
         }
@@ -148,19 +148,19 @@ impl EventQueue {
 
     /// The worker of `key`'s in-flight event is gone (or missed its deadline): deliver it again
     /// before anything else.
-    pub fn lost(&mut self, key: &ObjectKey) {
+    pub(crate) fn lost(&mut self, key: &ObjectKey) {
         if self.in_flight.remove(key) {
             self.ready.push_front(key.clone());
         }
     }
 
     /// Events waiting (not in flight).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.per_key.values().map(VecDeque::len).sum::<usize>() - self.in_flight.len()
     }
 
     /// Whether nothing waits.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -19,7 +19,7 @@
 pub(crate) mod controllers;
 pub(crate) mod dispatcher;
 pub(crate) mod event_queue;
-pub mod queue;
+pub(crate) mod queue;
 pub(crate) mod seats;
-pub mod spans;
+pub(crate) mod spans;
 pub(crate) mod usage;

@@ -35,18 +35,18 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-pub use crate::registration::Backoff;
+pub(crate) use crate::registration::Backoff;
 
 /// Consecutive Live pops allowed while Background work waits; large enough that live changes
 /// dominate latency, small enough that a full resync still drains at a useful rate.
-pub const DEFAULT_LIVE_BURST: u32 = 8;
+pub(crate) const DEFAULT_LIVE_BURST: u32 = 8;
 
 /// Which lane a key is queued in.
 ///
 /// Ordered so that `Live > Background`, which lets merges keep the more urgent priority with
 /// `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Priority {
+pub(crate) enum Priority {
     /// Initial list and resync work: must make progress, but never ahead of real changes.
     Background,
     /// Watch events: someone is waiting for the controller to react to a change.
@@ -66,7 +66,7 @@ fn later(now: Instant, d: Duration) -> Instant {
 
 /// How a worker finished a key; fed back with [`WorkQueue::done`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Reconciled; forget the backoff.
     Done,
     /// Reconciled, but look again no earlier than this (unless the object changes first).
@@ -89,7 +89,7 @@ pub enum Outcome {
 
 /// Why a key is being delivered; several reasons can collapse into one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The primary object was created (a watch event).
     Created,
     /// The primary object was updated.
@@ -140,7 +140,7 @@ impl Reason {
 
     /// The lane a key added for this reason waits in: changes are live, initial lists and
     /// resyncs background.
-    pub fn priority(self) -> Priority {
+    pub(crate) fn priority(self) -> Priority {
         match self {
             Reason::InitialList | Reason::Resync => Priority::Background,
             _ => Priority::Live,
@@ -148,7 +148,7 @@ impl Reason {
     }
 
     /// A stable lower-case name for wire messages and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Reason::Created => "created",
             Reason::Updated => "updated",
@@ -175,16 +175,16 @@ impl fmt::Display for Reason {
 /// A small set of [`Reason`]s; a bit set because collapsing thousands of events must not grow
 /// memory per key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Reasons(u16);
+pub(crate) struct Reasons(u16);
 
 impl Reasons {
     /// Whether `reason` contributed to this delivery.
-    pub fn contains(&self, reason: Reason) -> bool {
+    pub(crate) fn contains(&self, reason: Reason) -> bool {
         self.0 & reason.bit() != 0
     }
 
     /// The reasons in a fixed order, so wire messages are deterministic.
-    pub fn iter(&self) -> impl Iterator<Item = Reason> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Reason> + '_ {
         Reason::ALL.into_iter().filter(|r| self.contains(*r))
     }
 
@@ -195,11 +195,11 @@ impl Reasons {
 
 /// Identifies one hand-out of a key, so a late result for an earlier hand-out can be told apart
 /// from the result of the current one.
-pub type HandoutId = u64;
+pub(crate) type HandoutId = u64;
 
 /// A key handed to a worker by [`WorkQueue::pop`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handout<K> {
+pub(crate) struct Handout<K> {
     /// The key to reconcile.
     pub key: K,
     /// Unique per hand-out; pass it to [`WorkQueue::done_handout`] to ignore stale results.
@@ -276,7 +276,7 @@ impl Entry {
 
 /// Where a queued key sits, as [`WorkQueue::peek`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueuedAs {
+pub(crate) enum QueuedAs {
     /// Ready in the Live lane.
     Live,
     /// Ready in the Background lane.
@@ -292,7 +292,7 @@ pub enum QueuedAs {
 ///
 /// `K` needs `Ord` only so timers with equal deadlines have a deterministic order.
 #[derive(Debug)]
-pub struct WorkQueue<K: Clone + Eq + Hash + Ord> {
+pub(crate) struct WorkQueue<K: Clone + Eq + Hash + Ord> {
     backoff: Backoff,
     live_burst: u32,
     entries: HashMap<K, Entry>,
@@ -311,7 +311,7 @@ pub struct WorkQueue<K: Clone + Eq + Hash + Ord> {
 
 impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// An empty queue with the given backoff and [`DEFAULT_LIVE_BURST`].
-    pub fn new(backoff: Backoff) -> Self {
+    pub(crate) fn new(backoff: Backoff) -> Self {
         Self {
             backoff,
             live_burst: DEFAULT_LIVE_BURST,
@@ -333,7 +333,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// Sets how many consecutive Live pops may pass a waiting Background item.
     ///
     /// Clamped to at least 1: zero would invert the priorities rather than disable them.
-    pub fn with_live_burst(mut self, live_burst: u32) -> Self {
+    pub(crate) fn with_live_burst(mut self, live_burst: u32) -> Self {
         self.live_burst = live_burst.max(1);
         self
     }
@@ -341,7 +341,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// Records that `key` needs reconciling at `priority`, for an update (Live) or a resync
     /// (Background); see [`WorkQueue::add_because`].
     #[cfg(test)]
-    pub fn add(&mut self, key: K, priority: Priority, now: Instant) {
+    pub(crate) fn add(&mut self, key: K, priority: Priority, now: Instant) {
         let reason = match priority {
             Priority::Live => Reason::Updated,
             Priority::Background => Reason::Resync,
@@ -355,7 +355,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// Live); a key being processed is marked dirty and delivered again after `done`; a key
     /// waiting on a requeue-after, backoff or `add_after` timer becomes ready now, because an
     /// event means there is new state to look at; a terminal key is revived.
-    pub fn add_because(&mut self, key: K, reason: Reason, now: Instant) {
+    pub(crate) fn add_because(&mut self, key: K, reason: Reason, now: Instant) {
         let priority = reason.priority();
         let mut entry = self.entries.remove(&key).unwrap_or_else(Entry::new);
         entry.terminal = false;
@@ -429,7 +429,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// already ready (it will be delivered sooner anyway) and nothing to a terminal key, since
     /// only an object change may revive it. During processing the request is remembered and
     /// merged with the outcome on `done`.
-    pub fn add_after(&mut self, key: K, delay: Duration, now: Instant) {
+    pub(crate) fn add_after(&mut self, key: K, delay: Duration, now: Instant) {
         let at = later(now, delay);
         let mut entry = self.entries.remove(&key).unwrap_or_else(Entry::new);
         match entry.state {
@@ -468,7 +468,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     ///
     /// Due timers are moved to the ready queues first; the lane is chosen by the priority rule in
     /// the module docs. The key stays exclusive until [`WorkQueue::done`].
-    pub fn pop(&mut self, now: Instant) -> Option<Handout<K>> {
+    pub(crate) fn pop(&mut self, now: Instant) -> Option<Handout<K>> {
         self.fire_timers(now);
         let take_background = !self.background.is_empty()
             && (self.live.is_empty() || self.live_streak >= self.live_burst);
@@ -523,7 +523,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// still applies (an error still counts towards the backoff; a terminal verdict is not
     /// recorded because the change supersedes it). Without a dirty mark, an `add_after` made
     /// during processing and the outcome's own timer are merged by keeping the earlier one.
-    pub fn done(&mut self, key: &K, outcome: Outcome, now: Instant) -> bool {
+    pub(crate) fn done(&mut self, key: &K, outcome: Outcome, now: Instant) -> bool {
         let Some(entry) = self.entries.get(key) else {
             return false;
         };
@@ -535,7 +535,13 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
 
     /// Finishes hand-out `id` of `key`; a result for any other hand-out is ignored (returns
     /// false), which is how a late result after a deadline is discarded.
-    pub fn done_handout(&mut self, key: &K, id: HandoutId, outcome: Outcome, now: Instant) -> bool {
+    pub(crate) fn done_handout(
+        &mut self,
+        key: &K,
+        id: HandoutId,
+        outcome: Outcome,
+        now: Instant,
+    ) -> bool {
         let Some(mut entry) = self.entries.remove(key) else {
             return false;
         };
@@ -669,7 +675,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     ///
     /// A key in flight stays exclusive until its worker reports back (so a re-added key is never
     /// handed to a second worker concurrently), but that result then changes nothing.
-    pub fn remove(&mut self, key: &K) {
+    pub(crate) fn remove(&mut self, key: &K) {
         let Some(mut entry) = self.entries.remove(key) else {
             return;
         };
@@ -704,29 +710,29 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     /// The earliest pending timer, so the caller can sleep until then (or until an add).
     ///
     /// `None` means no timer is pending; ready work is reported by [`WorkQueue::len`], not here.
-    pub fn next_ready_at(&self) -> Option<Instant> {
+    pub(crate) fn next_ready_at(&self) -> Option<Instant> {
         self.timers.keys().next().map(|(at, _)| *at)
     }
 
     /// Keys ready to pop (`workqueue_depth`); excludes keys waiting on timers and in flight.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.live.len() + self.background.len()
     }
 
     /// True when nothing is ready to pop right now.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Whether [`WorkQueue::pop`] at `now` may hand out a key: one is ready, or a timer is due
     /// (pop fires due timers first, which [`WorkQueue::len`] does not count yet).
-    pub fn has_ready(&self, now: Instant) -> bool {
+    pub(crate) fn has_ready(&self, now: Instant) -> bool {
         !self.is_empty() || self.next_ready_at().is_some_and(|at| at <= now)
     }
 
     #[cfg(test)]
     /// Ready keys in one lane.
-    pub fn depth(&self, priority: Priority) -> usize {
+    pub(crate) fn depth(&self, priority: Priority) -> usize {
         match priority {
             Priority::Live => self.live.len(),
             Priority::Background => self.background.len(),
@@ -735,7 +741,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
 
     /// Up to `limit` keys in the order they would be popped now (Live lane first), then keys
     /// waiting on a timer, earliest first; for status pages, so bounded by `limit`.
-    pub fn peek(&self, limit: usize) -> Vec<(K, QueuedAs)> {
+    pub(crate) fn peek(&self, limit: usize) -> Vec<(K, QueuedAs)> {
         self.live
             .values()
             .map(|k| (k.clone(), QueuedAs::Live))
@@ -757,32 +763,32 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     }
 
     /// Keys waiting on a timer (requeue-after, backoff, `add_after`).
-    pub fn waiting_len(&self) -> usize {
+    pub(crate) fn waiting_len(&self) -> usize {
         self.timers.len()
     }
 
     /// Keys of [`WorkQueue::waiting_len`] waiting out a backoff after an error or a missed
     /// deadline (failing), as opposed to a requeue-after they asked for (scheduled).
-    pub fn retrying_len(&self) -> usize {
+    pub(crate) fn retrying_len(&self) -> usize {
         self.retry_timers.len()
     }
 
     /// Whether `key` is ready, waiting on a timer or handed out: whether anything still to
     /// come may need what the caller keeps for it (its tombstone).
-    pub fn holds(&self, key: &K) -> bool {
+    pub(crate) fn holds(&self, key: &K) -> bool {
         self.entries
             .get(key)
             .is_some_and(|e| !matches!(e.state, State::Idle))
     }
 
     /// Keys handed out and not yet finished.
-    pub fn in_flight_count(&self) -> usize {
+    pub(crate) fn in_flight_count(&self) -> usize {
         self.in_flight
     }
 
     #[cfg(test)]
     /// Whether `key` is currently handed out.
-    pub fn is_processing(&self, key: &K) -> bool {
+    pub(crate) fn is_processing(&self, key: &K) -> bool {
         matches!(
             self.entries.get(key).map(|e| &e.state),
             Some(State::Processing { .. })
@@ -791,14 +797,14 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
 
     #[cfg(test)]
     /// Whether `key` is parked after a terminal error.
-    pub fn is_terminal(&self, key: &K) -> bool {
+    pub(crate) fn is_terminal(&self, key: &K) -> bool {
         self.entries.get(key).is_some_and(|e| e.terminal)
     }
 
     #[cfg(test)]
     /// The current hand-out of `key`, so a deadline timer can report [`Outcome::Lost`] for
     /// exactly the handout it was armed for.
-    pub fn current_handout(&self, key: &K) -> Option<HandoutId> {
+    pub(crate) fn current_handout(&self, key: &K) -> Option<HandoutId> {
         match self.entries.get(key).map(|e| &e.state) {
             Some(State::Processing { handout_id, .. }) => Some(*handout_id),
             _ => None,
@@ -807,32 +813,32 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
 
     #[cfg(test)]
     /// Consecutive errors recorded for `key` (the backoff exponent).
-    pub fn failures(&self, key: &K) -> u32 {
+    pub(crate) fn failures(&self, key: &K) -> u32 {
         self.entries.get(key).map_or(0, |e| e.failures)
     }
 
     /// Keys that entered the ready queue or were marked dirty (`workqueue_adds_total`);
     /// collapsed adds are not counted, as in client-go.
-    pub fn adds_total(&self) -> u64 {
+    pub(crate) fn adds_total(&self) -> u64 {
         self.adds_total
     }
 
     /// Errors and redeliveries (`workqueue_retries_total`).
-    pub fn retries_total(&self) -> u64 {
+    pub(crate) fn retries_total(&self) -> u64 {
         self.retries_total
     }
 
     #[cfg(test)]
     /// How long the oldest in-flight key has been processing
     /// (`workqueue_longest_running_processor_seconds`); zero when idle.
-    pub fn longest_running(&self, now: Instant) -> Duration {
+    pub(crate) fn longest_running(&self, now: Instant) -> Duration {
         self.processing_ages(now).max().unwrap_or_default()
     }
 
     #[cfg(test)]
     /// Total time in-flight keys have been processing (`workqueue_unfinished_work_seconds`),
     /// which grows when workers are stuck.
-    pub fn unfinished_work(&self, now: Instant) -> Duration {
+    pub(crate) fn unfinished_work(&self, now: Instant) -> Duration {
         self.processing_ages(now).sum()
     }
 

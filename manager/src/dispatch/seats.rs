@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 
 /// The default seat budget: far above what one controller's replicas hold in flight (tens), so
 /// seats bind only when many tenants' backlogs meet.
-pub const DEFAULT_SEATS: usize = 256;
+pub(crate) const DEFAULT_SEATS: usize = 256;
 /// What a seat is charged before anything is known of a tenant's requests (1 ms).
 const FIRST_ESTIMATE: f64 = 0.001;
 /// Weight of the newest holding time in a tenant's running estimate.
@@ -46,11 +46,11 @@ const MIN_CHARGE: f64 = 0.000_01;
 /// Borrowing beyond a tenant's guarantee stops while fewer than `capacity / HEADROOM_DIVISOR`
 /// seats are free, so a tenant that connects while another holds everything it may borrow still
 /// gets seats at once instead of waiting for the borrower's deadlines.
-pub const HEADROOM_DIVISOR: usize = 8;
+pub(crate) const HEADROOM_DIVISOR: usize = 8;
 
 /// Tenant weights: a default and per-tenant overrides.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Weights {
+pub(crate) struct Weights {
     default: u32,
     overrides: HashMap<String, u32>,
 }
@@ -66,7 +66,7 @@ impl Default for Weights {
 
 /// A tenant weight the manager's configuration could not read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum WeightError {
+pub(crate) enum WeightError {
     /// Not TENANT=N.
     #[error(
         "--tenant-weight {0:?} is not TENANT=N (for example system:serviceaccount:team-a:ctrl=4)"
@@ -79,7 +79,7 @@ pub enum WeightError {
 
 impl Weights {
     /// Weights from `TENANT=N` overrides; every other tenant weighs `default`.
-    pub fn parse<'a>(
+    pub(crate) fn parse<'a>(
         default: u32,
         overrides: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, WeightError> {
@@ -108,25 +108,25 @@ impl Weights {
     }
 
     /// The same weights with `tenant`'s set to `weight` (a tenant policy).
-    pub fn with(mut self, tenant: &str, weight: u32) -> Self {
+    pub(crate) fn with(mut self, tenant: &str, weight: u32) -> Self {
         self.overrides.insert(tenant.to_string(), weight);
         self
     }
 
     /// Every tenant given a weight of its own.
-    pub fn named(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn named(&self) -> impl Iterator<Item = &str> {
         self.overrides.keys().map(String::as_str)
     }
 
     /// The weight of `tenant`.
-    pub fn of(&self, tenant: &str) -> u32 {
+    pub(crate) fn of(&self, tenant: &str) -> u32 {
         self.overrides.get(tenant).copied().unwrap_or(self.default)
     }
 }
 
 /// A tenant's share of the seats, as status and metrics report it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TenantSeats {
+pub(crate) struct TenantSeats {
     /// The tenant.
     pub tenant: String,
     /// Its weight.
@@ -144,7 +144,7 @@ pub struct TenantSeats {
 }
 
 /// The manager's dispatch seats.
-pub struct SeatPool {
+pub(crate) struct SeatPool {
     /// 0 = unlimited: every request gets a seat at once and nobody ever waits.
     capacity: usize,
     /// Swapped whole when tenant policies change (`set_weights`); read once per call.
@@ -411,7 +411,7 @@ impl Inner {
 
 impl SeatPool {
     /// `capacity` seats (0 = unlimited) shared by `weights`.
-    pub fn new(capacity: usize, weights: Weights) -> Arc<Self> {
+    pub(crate) fn new(capacity: usize, weights: Weights) -> Arc<Self> {
         Arc::new(SeatPool {
             capacity,
             weights: RwLock::new(Arc::new(weights)),
@@ -422,7 +422,7 @@ impl SeatPool {
 
     #[cfg(test)]
     /// Unlimited seats: nothing waits (tests and embedding without a budget).
-    pub fn unlimited() -> Arc<Self> {
+    pub(crate) fn unlimited() -> Arc<Self> {
         Self::new(0, Weights::default())
     }
 
@@ -432,7 +432,7 @@ impl SeatPool {
 
     /// Replace the tenants' weights (tenant policies changed): every tenant known so far takes
     /// its new weight at once, and guarantees are shared out again.
-    pub fn set_weights(&self, weights: Weights) {
+    pub(crate) fn set_weights(&self, weights: Weights) {
         let weights = Arc::new(weights);
         *self.weights.write() = weights.clone();
         let mut inner = self.lock();
@@ -444,7 +444,7 @@ impl SeatPool {
     }
 
     /// The seat budget (0 = unlimited).
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
@@ -454,7 +454,7 @@ impl SeatPool {
 
     /// A flow of requests for `tenant`: one per controller. `wake` is notified when a seat it
     /// waited for has been granted.
-    pub fn flow(self: &Arc<Self>, tenant: &str, wake: Arc<Notify>) -> Flow {
+    pub(crate) fn flow(self: &Arc<Self>, tenant: &str, wake: Arc<Notify>) -> Flow {
         Flow {
             id: self.next_flow.fetch_add(1, Ordering::Relaxed),
             tenant: Arc::from(tenant),
@@ -464,7 +464,7 @@ impl SeatPool {
     }
 
     /// Seats per tenant, for status and metrics.
-    pub fn tenants(&self) -> Vec<TenantSeats> {
+    pub(crate) fn tenants(&self) -> Vec<TenantSeats> {
         let inner = self.lock();
         let mut out: Vec<TenantSeats> = inner
             .tenants
@@ -485,7 +485,7 @@ impl SeatPool {
 
     #[cfg(test)]
     /// Seats in use across all tenants.
-    pub fn in_use(&self) -> usize {
+    pub(crate) fn in_use(&self) -> usize {
         self.lock().in_use
     }
 
@@ -497,7 +497,7 @@ impl SeatPool {
 }
 
 /// One controller's claim on seats.
-pub struct Flow {
+pub(crate) struct Flow {
     id: u64,
     tenant: Arc<str>,
     seat_pool: Arc<SeatPool>,
@@ -508,12 +508,12 @@ impl Flow {
     /// A seat for one request, or `None`: then this flow waits in its tenant's queue and its
     /// `wake` is notified when a seat has been set aside for it. Call only with a request ready
     /// to send, and [`Flow::withdraw`] when no longer wanting one.
-    pub fn acquire(&self) -> Option<Seat> {
+    pub(crate) fn acquire(&self) -> Option<Seat> {
         self.acquire_at(Instant::now())
     }
 
     /// [`Flow::acquire`] with the clock given.
-    pub fn acquire_at(&self, now: Instant) -> Option<Seat> {
+    pub(crate) fn acquire_at(&self, now: Instant) -> Option<Seat> {
         let s = &self.seat_pool;
         let weights = s.weights();
         let mut inner = s.lock();
@@ -545,12 +545,12 @@ impl Flow {
 
     /// Stop waiting and hand back seats granted but not taken (no ready work, not leading, or
     /// no session with credits).
-    pub fn withdraw(&self) {
+    pub(crate) fn withdraw(&self) {
         self.withdraw_at(Instant::now());
     }
 
     /// [`Flow::withdraw`] with the clock given.
-    pub fn withdraw_at(&self, now: Instant) {
+    pub(crate) fn withdraw_at(&self, now: Instant) {
         let s = &self.seat_pool;
         let weights = s.weights();
         let mut inner = s.lock();
@@ -569,12 +569,12 @@ impl Flow {
 
     /// How many seats this flow's sessions could hold at once (their credits, capped by the
     /// controller's max concurrency): what its tenant's guarantee is sized by.
-    pub fn set_demand(&self, demand: u64) {
+    pub(crate) fn set_demand(&self, demand: u64) {
         self.set_demand_at(demand, Instant::now());
     }
 
     /// [`Flow::set_demand`] with the clock given.
-    pub fn set_demand_at(&self, demand: u64, now: Instant) {
+    pub(crate) fn set_demand_at(&self, demand: u64, now: Instant) {
         let s = &self.seat_pool;
         let weights = s.weights();
         let mut inner = s.lock();
@@ -594,7 +594,7 @@ impl Flow {
 
     #[cfg(test)]
     /// Seats granted to this flow and not yet taken.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.seat_pool
             .lock()
             .grants
@@ -611,7 +611,7 @@ impl Drop for Flow {
 }
 
 /// One request's seat: freed, and its tenant charged for the time held, when dropped.
-pub struct Seat {
+pub(crate) struct Seat {
     tenant: Arc<str>,
     seat_pool: Arc<SeatPool>,
     /// Taken when the seat is freed, so it is freed once.
@@ -621,7 +621,7 @@ pub struct Seat {
 impl Seat {
     #[cfg(test)]
     /// Free the seat as of `now` (dropping it frees it as of the current time).
-    pub fn release_at(mut self, now: Instant) {
+    pub(crate) fn release_at(mut self, now: Instant) {
         self.free(now);
     }
 

@@ -28,15 +28,15 @@ use opentelemetry::{Context, KeyValue};
 use std::collections::{HashMap, VecDeque};
 use std::time::SystemTime;
 
-pub use ctrlhub_otel::enabled;
+pub(crate) use ctrlhub_otel::enabled;
 
 /// Links and enqueue events kept per key for its next attempt (each); older ones are dropped
 /// (and counted) beyond this, so a hot key cannot grow its attempt span without bound.
-pub const MAX_LINKS_PER_KEY: usize = 8;
+pub(crate) const MAX_LINKS_PER_KEY: usize = 8;
 
 /// Why an attempt links to another span (`ctrlhub.link` attribute of the link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkKind {
+pub(crate) enum LinkKind {
     /// The previous attempt, whose outcome re-delivered the key.
     PreviousAttempt,
 }
@@ -51,14 +51,14 @@ impl LinkKind {
 
 /// An informer event or resync that queued a key: when, and in which lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Enqueued {
+pub(crate) struct Enqueued {
     at: SystemTime,
     background: bool,
 }
 
 impl Enqueued {
     /// Now, for a live change (`background` false) or a resync or relist.
-    pub fn now(background: bool) -> Self {
+    pub(crate) fn now(background: bool) -> Self {
         Enqueued {
             at: SystemTime::now(),
             background,
@@ -89,7 +89,7 @@ struct KeyLinks {
 
 /// What a key's next attempt records of what came before it.
 #[derive(Debug, Default, PartialEq)]
-pub struct Pending {
+pub(crate) struct Pending {
     /// Links to earlier attempts.
     pub links: Vec<Link>,
     /// `enqueue` span events, oldest first.
@@ -100,13 +100,13 @@ pub struct Pending {
 
 /// Span links and enqueue events waiting for each key's next attempt.
 #[derive(Debug, Default)]
-pub struct PendingLinks {
+pub(crate) struct PendingLinks {
     by_key: HashMap<ObjectKey, KeyLinks>,
 }
 
 impl PendingLinks {
     /// Remember `span` for `key`'s next attempt, keeping the newest [`MAX_LINKS_PER_KEY`].
-    pub fn add(&mut self, key: &ObjectKey, span: SpanContext, kind: LinkKind) {
+    pub(crate) fn add(&mut self, key: &ObjectKey, span: SpanContext, kind: LinkKind) {
         if !span.is_valid() {
             return;
         }
@@ -128,7 +128,7 @@ impl PendingLinks {
 
     /// Remember that `key` was queued, for its next attempt's `enqueue` events, keeping the
     /// newest [`MAX_LINKS_PER_KEY`].
-    pub fn enqueued(&mut self, key: &ObjectKey, what: Enqueued) {
+    pub(crate) fn enqueued(&mut self, key: &ObjectKey, what: Enqueued) {
         let entry = match self.by_key.get_mut(key) {
             Some(e) => e,
             None => self.by_key.entry(key.clone()).or_default(),
@@ -141,7 +141,7 @@ impl PendingLinks {
     }
 
     /// What `key`'s attempt starting now records; forgets it.
-    pub fn take(&mut self, key: &ObjectKey) -> Pending {
+    pub(crate) fn take(&mut self, key: &ObjectKey) -> Pending {
         match self.by_key.remove(key) {
             Some(k) => Pending {
                 links: k.links.into(),
@@ -154,7 +154,7 @@ impl PendingLinks {
 
     #[cfg(test)]
     /// Keys with links waiting (for tests and bounds checks).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_key.len()
     }
 }
@@ -171,7 +171,7 @@ fn controller_attributes(controller: &ControllerId, tenant: &str) -> [KeyValue; 
 
 /// What an attempt delivers: a reconcile request or an EVENTS-mode event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptKind {
+pub(crate) enum AttemptKind {
     /// MODE_RECONCILE.
     Reconcile,
     /// MODE_EVENTS.
@@ -180,7 +180,7 @@ pub enum AttemptKind {
 
 /// The identity of one attempt, as its spans record it.
 #[derive(Debug, Clone, Copy)]
-pub struct AttemptInfo<'a> {
+pub(crate) struct AttemptInfo<'a> {
     /// Who it is for.
     pub controller: &'a ControllerId,
     /// The controller's tenant, as metrics and limits name it.
@@ -199,7 +199,7 @@ pub struct AttemptInfo<'a> {
 
 /// The spans of one attempt in flight: the root and its CLIENT dispatch child.
 #[derive(Debug)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     root: Context,
     dispatch: Context,
 }
@@ -207,7 +207,7 @@ pub struct Attempt {
 impl Attempt {
     /// Starts the root span (with `pending`'s links and enqueue events) and the dispatch span
     /// of an attempt.
-    pub fn start(info: AttemptInfo<'_>, pending: Pending) -> Attempt {
+    pub(crate) fn start(info: AttemptInfo<'_>, pending: Pending) -> Attempt {
         let tracer = tracer();
         let Pending {
             links,
@@ -252,17 +252,17 @@ impl Attempt {
     }
 
     /// `traceparent` and `tracestate` of the dispatch span, for the wire.
-    pub fn trace_context(&self) -> (String, String) {
+    pub(crate) fn trace_context(&self) -> (String, String) {
         ctrlhub_otel::inject(&self.dispatch)
     }
 
     /// The root span, for linking the next attempt.
-    pub fn root(&self) -> SpanContext {
+    pub(crate) fn root(&self) -> SpanContext {
         self.root.span().span_context().clone()
     }
 
     /// Ends both spans with `outcome` (`ctrlhub.outcome`) and, on failure, an error status.
-    pub fn finish(self, outcome: &'static str, error: Option<&str>) {
+    pub(crate) fn finish(self, outcome: &'static str, error: Option<&str>) {
         for cx in [&self.dispatch, &self.root] {
             let span = cx.span();
             span.set_attribute(KeyValue::new("ctrlhub.outcome", outcome));
@@ -276,7 +276,7 @@ impl Attempt {
 
 /// The `ctrlhub.outcome` of a result, and whether it re-delivers the key (then the next attempt
 /// links to this one).
-pub fn outcome(o: Outcome) -> (&'static str, bool) {
+pub(crate) fn outcome(o: Outcome) -> (&'static str, bool) {
     match o {
         Outcome::Done => ("success", false),
         Outcome::RequeueAfter(d) if d.is_zero() => ("requeue", true),

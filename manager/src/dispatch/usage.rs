@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One controller's share of its tenant's queued bytes.
 #[derive(Debug)]
-pub struct QueuedBytes {
+pub(crate) struct QueuedBytes {
     tenant: Arc<AtomicU64>,
     own: AtomicU64,
     /// Changes when tenant policies change.
@@ -20,7 +20,7 @@ pub struct QueuedBytes {
 
 impl QueuedBytes {
     /// A controller's count against `tenant`'s total, which may not pass `limit`.
-    pub fn new(tenant: Arc<AtomicU64>, limit: u64) -> Self {
+    pub(crate) fn new(tenant: Arc<AtomicU64>, limit: u64) -> Self {
         QueuedBytes {
             tenant,
             own: AtomicU64::new(0),
@@ -30,12 +30,12 @@ impl QueuedBytes {
 
     /// A count of its own tenant, unlimited (unit tests).
     #[cfg(test)]
-    pub fn unlimited() -> Self {
+    pub(crate) fn unlimited() -> Self {
         Self::new(Arc::new(AtomicU64::new(0)), u64::MAX)
     }
 
     /// Whether `bytes` more would still fit the tenant's limit.
-    pub fn fits(&self, bytes: usize) -> bool {
+    pub(crate) fn fits(&self, bytes: usize) -> bool {
         self.tenant
             .load(Ordering::Relaxed)
             .saturating_add(bytes as u64)
@@ -44,7 +44,7 @@ impl QueuedBytes {
 
     /// Count a change of `delta` bytes (negative: given back). Returns whether the tenant is
     /// within its limit afterwards.
-    pub fn add(&self, delta: isize) -> bool {
+    pub(crate) fn add(&self, delta: isize) -> bool {
         let n = delta.unsigned_abs() as u64;
         if delta >= 0 {
             self.own.fetch_add(n, Ordering::Relaxed);
@@ -57,17 +57,17 @@ impl QueuedBytes {
     }
 
     /// Bytes this controller holds.
-    pub fn own(&self) -> u64 {
+    pub(crate) fn own(&self) -> u64 {
         self.own.load(Ordering::Relaxed)
     }
 
     /// The limit it is counted against.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit.load(Ordering::Relaxed)
     }
 
     /// Count against a new limit from now on (what is held stays held).
-    pub fn set_limit(&self, limit: u64) {
+    pub(crate) fn set_limit(&self, limit: u64) {
         self.limit.store(limit, Ordering::Relaxed);
     }
 }

@@ -11,7 +11,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 /// Keeps `reporter` in step with `leading` until `stop` fires, then reports NOT_SERVING.
-pub fn follow_leadership(
+pub(crate) fn follow_leadership(
     reporter: HealthReporter,
     mut leading: watch::Receiver<bool>,
     stop: CancellationToken,

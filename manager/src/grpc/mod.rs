@@ -8,10 +8,10 @@
 
 mod connect;
 pub(crate) mod convert;
-pub mod health;
+pub(crate) mod health;
 mod reads;
 mod registering;
-pub mod server_metrics;
+pub(crate) mod server_metrics;
 
 use crate::dispatch::controllers::ControllerTable;
 use crate::dispatch::dispatcher::Controller;
@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
 /// Shared state behind the gRPC service.
-pub struct ServiceState {
+pub(crate) struct ServiceState {
     controllers: Arc<ControllerTable>,
     client: kube::Client,
     authn: Arc<dyn Authenticator>,
@@ -62,33 +62,33 @@ pub struct ServiceState {
 /// How long a registration waits for its caches' first lists by default (controller-runtime
 /// waits 2 minutes for its caches to sync): a list of a large kind through a slow API server
 /// finishes; one that cannot (forbidden, a refused selector) is reported to the controller.
-pub const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const FIRST_LIST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Failed authentications a peer address may make at once, then per second: a controller with
 /// a stale token retries a few times; a flood of junk tokens is cut off before each one costs a
 /// TokenReview. Each review reserves its token before it is made, so concurrency cannot spend
 /// more: a peer costs at most 20 reviews, then one a second.
-pub const AUTH_FAILURE_BURST: u32 = 20;
+pub(crate) const AUTH_FAILURE_BURST: u32 = 20;
 /// Failed authentications per second a peer may make after its burst.
-pub const AUTH_FAILURES_PER_SECOND: f64 = 1.0;
+pub(crate) const AUTH_FAILURES_PER_SECOND: f64 = 1.0;
 /// TokenReviews in flight for one peer address: a node's controllers starting together are
 /// reviewed four at a time (a token already reviewed is answered from the cache, not counted).
-pub const REVIEWS_IN_FLIGHT_PER_PEER: usize = 4;
+pub(crate) const REVIEWS_IN_FLIGHT_PER_PEER: usize = 4;
 /// TokenReviews in flight from the gRPC port in all: each is an API request (and, under load,
 /// an API connection), so this bounds both whatever strangers send.
-pub const REVIEWS_IN_FLIGHT: usize = 16;
+pub(crate) const REVIEWS_IN_FLIGHT: usize = 16;
 /// Connect streams of one tenant waiting for their Register: replicas reconnecting together
 /// after a leader change fit; a tenant opening thousands of silent streams does not.
-pub const PENDING_CONNECTS_PER_TENANT: usize = 64;
+pub(crate) const PENDING_CONNECTS_PER_TENANT: usize = 64;
 /// Connect streams waiting for their Register in all (each costs a task and its stream's
 /// buffers, about 14 KiB: 512 are about 7 MiB).
-pub const PENDING_CONNECTS: usize = 512;
+pub(crate) const PENDING_CONNECTS: usize = 512;
 
 impl ServiceState {
     /// RBAC mode: live registrations are re-authorized every `recheck` and revoked with
     /// PERMISSION_DENIED when access is gone, and a kind that does not exist is reported
     /// exactly as a denied one would be.
-    pub fn with_rbac(mut self, recheck: Duration) -> Self {
+    pub(crate) fn with_rbac(mut self, recheck: Duration) -> Self {
         self.conceal_unserved = true;
         self.recheck = Some(recheck);
         self
@@ -97,13 +97,13 @@ impl ServiceState {
     /// Tokens that can expire or be revoked: each live session's token is authenticated again
     /// every `every` (and at its `exp`), and the session ends with CREDENTIALS_EXPIRED once it
     /// is no longer accepted.
-    pub fn with_token_recheck(mut self, every: Duration) -> Self {
+    pub(crate) fn with_token_recheck(mut self, every: Duration) -> Self {
         self.token_recheck = Some(every);
         self
     }
 
     /// A service over `controllers`.
-    pub fn new(
+    pub(crate) fn new(
         controllers: Arc<ControllerTable>,
         client: kube::Client,
         authn: Arc<dyn Authenticator>,
@@ -139,13 +139,13 @@ impl ServiceState {
 
     /// How long a registration waits for the first lists of all its caches before it is
     /// refused with UNAVAILABLE (`--first-list-timeout`).
-    pub fn with_first_list_timeout(mut self, timeout: Duration) -> Self {
+    pub(crate) fn with_first_list_timeout(mut self, timeout: Duration) -> Self {
         self.first_list_timeout = timeout;
         self
     }
 
     /// This manager's Lease identity.
-    pub fn with_identity(mut self, identity: &str) -> Self {
+    pub(crate) fn with_identity(mut self, identity: &str) -> Self {
         self.identity = identity.to_string();
         self
     }
@@ -228,7 +228,7 @@ impl ServiceState {
 
 /// The gRPC service: a cheap handle on [`ServiceState`].
 #[derive(Clone)]
-pub struct Service(pub Arc<ServiceState>);
+pub(crate) struct Service(pub Arc<ServiceState>);
 
 impl std::ops::Deref for Service {
     type Target = ServiceState;

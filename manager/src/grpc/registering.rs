@@ -22,13 +22,13 @@ use tonic::Status;
 
 /// Discovery calls one tenant's Registers may cost at once: more than the most kinds one
 /// Register can name (a primary, 32 owns and 32 watches), so any valid Register can be resolved...
-pub const DISCOVERY_BURST: u32 = 80;
+pub(super) const DISCOVERY_BURST: u32 = 80;
 /// ...then this many a second: a tenant naming ever new kinds that do not exist costs the API
 /// server one discovery call a second, whatever it sends.
-pub const DISCOVERY_PER_SECOND: f64 = 1.0;
+pub(super) const DISCOVERY_PER_SECOND: f64 = 1.0;
 /// How long a kind found not served is answered from memory (a CRD installed meanwhile is seen
 /// after this long): repeating a Register that names it costs no API call.
-pub const UNSERVED_TTL: Duration = Duration::from_secs(10);
+pub(super) const UNSERVED_TTL: Duration = Duration::from_secs(10);
 /// Kinds remembered as not served at most (the cache evicts the oldest beyond).
 const UNSERVED_ENTRIES: usize = 4096;
 /// Tenants remembered before full (idle) buckets are forgotten.

@@ -101,14 +101,14 @@ fn unknown() -> Known {
 
 /// Counts and times the calls of the gRPC server.
 #[derive(Clone)]
-pub struct ServerMetricsLayer {
+pub(crate) struct ServerMetricsLayer {
     table: Arc<MethodTable>,
     metrics: GrpcServerMetrics,
 }
 
 impl ServerMetricsLayer {
     /// Records into `metrics`; every served method's series exist at 0 from now on.
-    pub fn new(metrics: &Metrics) -> Self {
+    pub(crate) fn new(metrics: &Metrics) -> Self {
         let table = MethodTable::served();
         for known in table.by_path.values() {
             metrics.grpc.preinitialise(known.labels());
@@ -134,7 +134,7 @@ impl<S> tower::Layer<S> for ServerMetricsLayer {
 
 /// The service of [`ServerMetricsLayer`].
 #[derive(Clone)]
-pub struct ServerMetrics<S> {
+pub(crate) struct ServerMetrics<S> {
     inner: S,
     table: Arc<MethodTable>,
     metrics: GrpcServerMetrics,
@@ -202,7 +202,7 @@ impl Call {
 
 /// A response body that counts its call as handled when the trailers arrive with the status, or
 /// as cancelled when it is dropped before.
-pub struct Observed<B> {
+pub(crate) struct Observed<B> {
     inner: Pin<Box<B>>,
     pending: Option<Call>,
 }

@@ -27,16 +27,16 @@ use std::time::{Duration, Instant};
 
 /// Failed authentications a peer may make at once on the HTTP port before it is slowed down
 /// (reserved before each review, so concurrency cannot spend more).
-pub const AUTH_FAILURE_BURST: u32 = 20;
+pub(crate) const AUTH_FAILURE_BURST: u32 = 20;
 /// Failed authentications per second a peer may make after its burst.
-pub const AUTH_FAILURES_PER_SECOND: f64 = 5.0;
+pub(crate) const AUTH_FAILURES_PER_SECOND: f64 = 5.0;
 /// TokenReviews in flight for one peer on the HTTP port (a cached token needs none).
-pub const REVIEWS_IN_FLIGHT_PER_PEER: usize = 4;
+pub(crate) const REVIEWS_IN_FLIGHT_PER_PEER: usize = 4;
 /// TokenReviews in flight from the HTTP port in all.
-pub const REVIEWS_IN_FLIGHT: usize = 8;
+pub(crate) const REVIEWS_IN_FLIGHT: usize = 8;
 
 /// How the HTTP port decides who sees what.
-pub enum Gate {
+pub(crate) enum Gate {
     /// Everything open to everyone (`--auth static`).
     Open,
     /// Bearer tokens reviewed by the API server (`--auth kubernetes`).
@@ -44,7 +44,7 @@ pub enum Gate {
 }
 
 /// The review steps of [`Gate::Kubernetes`].
-pub struct KubernetesGate {
+pub(crate) struct KubernetesGate {
     authn: Arc<dyn Authenticator>,
     authz: Arc<dyn PathAuthorizer>,
     grouping: TenantGrouping,
@@ -55,7 +55,7 @@ pub struct KubernetesGate {
 
 /// A login that opened a session: who, and the cookie that names it.
 #[derive(Debug)]
-pub struct Login {
+pub(crate) struct Login {
     /// The session id, the cookie's value.
     pub session: String,
     /// How long the session lives (at most the token's own life).
@@ -65,7 +65,7 @@ pub struct Login {
 impl Gate {
     /// A gate that reviews tokens with `authn` and paths with `authz`; a caller without the
     /// path grant sees its tenant, as `grouping` defines tenants.
-    pub fn kubernetes(
+    pub(crate) fn kubernetes(
         authn: Arc<dyn Authenticator>,
         authz: Arc<dyn PathAuthorizer>,
         grouping: TenantGrouping,
@@ -86,7 +86,7 @@ impl Gate {
     }
 
     /// Counts throttled authentications in `metrics`.
-    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+    pub(crate) fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         match self {
             Gate::Kubernetes(mut gate) => {
                 gate.metrics = Some(metrics);
@@ -99,7 +99,7 @@ impl Gate {
     /// Who the caller of `path` is and what it may see. `tenant_view`: whether a caller without
     /// the path grant may still see its own tenant (the status page and `/status` do; `/metrics`
     /// does not, since its series are not split by who may read them).
-    pub async fn viewer(
+    pub(crate) async fn viewer(
         &self,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
@@ -131,7 +131,7 @@ impl Gate {
 impl Gate {
     /// Logs in with `token`: reviewed like a bearer token (a failure counts against the peer's
     /// budget), then a session is opened for it. Static auth needs no login.
-    pub async fn login(&self, token: &str, peer: Option<IpAddr>) -> Result<Login, Refusal> {
+    pub(crate) async fn login(&self, token: &str, peer: Option<IpAddr>) -> Result<Login, Refusal> {
         let Gate::Kubernetes(gate) = self else {
             return Err(Refusal::Unauthenticated(
                 "this manager runs --auth static: its page needs no login".into(),
@@ -155,7 +155,7 @@ impl Gate {
     }
 
     /// Ends the session the request's cookie names, if any.
-    pub fn logout(&self, headers: &HeaderMap) {
+    pub(crate) fn logout(&self, headers: &HeaderMap) {
         if let (Gate::Kubernetes(gate), Some(id)) = (self, session::from_cookies(headers)) {
             gate.sessions.close(id);
         }
@@ -163,7 +163,11 @@ impl Gate {
 
     /// Who the request's session cookie logged in as, if it names a live session whose token
     /// is still accepted.
-    pub async fn session_user(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Option<String> {
+    pub(crate) async fn session_user(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Option<String> {
         let Gate::Kubernetes(gate) = self else {
             return None;
         };
@@ -264,7 +268,7 @@ fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
 
 /// What a caller may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Viewer {
+pub(crate) enum Viewer {
     /// Everything: the port is open, or the caller has the operator grant on the path.
     Operator,
     /// Only the controllers of this tenant (as limits count tenants).
@@ -273,7 +277,7 @@ pub enum Viewer {
 
 /// Why a request was refused; each answers with its HTTP status and says what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No valid token: 401.
     #[error("{0}")]
     Unauthenticated(String),
@@ -290,7 +294,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The HTTP status it answers with.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,

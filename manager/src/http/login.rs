@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
 /// The largest login body read: a ServiceAccount token is a couple of KiB.
-pub const MAX_LOGIN_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_LOGIN_BYTES: usize = 16 * 1024;
 
 /// The login form's fields.
 #[derive(Debug, serde::Deserialize)]

@@ -5,14 +5,14 @@
 //! Owns: the HTTP routes and the status page. May call: `dispatch`, `informer`, `leader`,
 //! `metrics` and `registration`, read-only — nothing below calls back up into it.
 
-pub mod access;
-pub mod login;
-pub mod probes;
+pub(crate) mod access;
+pub(crate) mod login;
+pub(crate) mod probes;
 #[cfg(feature = "profiling")]
-pub mod profile;
-pub mod session;
-pub mod status_page;
-pub mod tls;
+pub(crate) mod profile;
+pub(crate) mod session;
+pub(crate) mod status_page;
+pub(crate) mod tls;
 
 use crate::dispatch::controllers::ControllerTable;
 use crate::informer::Cache;
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// What the HTTP handlers read.
-pub struct HttpState {
+pub(crate) struct HttpState {
     /// Controllers.
     pub controllers: Arc<ControllerTable>,
     /// Caches.
@@ -66,7 +66,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
 }
 
 /// The router for the HTTP port.
-pub fn router(state: Arc<HttpState>) -> Router {
+pub(crate) fn router(state: Arc<HttpState>) -> Router {
     // The probes stay here, open, for probes written before the probe port existed.
     let probes = probes::router(state.probes.clone());
     let router = Router::new();

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// What the probes look at.
-pub struct Probes {
+pub(crate) struct Probes {
     /// The dispatch runtime's heartbeat.
     pub liveness: Liveness,
     /// Leadership, whose channel closes when the election stops.
@@ -95,7 +95,7 @@ impl Probes {
 }
 
 /// The probe routes: `/livez`, `/readyz`, `/healthz` and `/livez/NAME`, `/readyz/NAME`.
-pub fn router(probes: Arc<Probes>) -> Router {
+pub(crate) fn router(probes: Arc<Probes>) -> Router {
     Router::new()
         .route("/livez", get(livez))
         .route("/healthz", get(livez))

@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The path, as authorized.
-pub const PATH: &str = "/debug/pprof/profile";
+pub(crate) const PATH: &str = "/debug/pprof/profile";
 /// The longest profile: the request (and one blocking thread) is held that long.
-pub const MAX_SECONDS: u64 = 60;
+pub(crate) const MAX_SECONDS: u64 = 60;
 /// The profile's length when `seconds` is not given (Go's net/http/pprof takes 30).
-pub const DEFAULT_SECONDS: u64 = 30;
+pub(crate) const DEFAULT_SECONDS: u64 = 30;
 /// Samples per second (pprof-rs' default; not a round number, so it does not beat with timers).
 const FREQUENCY: i32 = 99;
 

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// The cookie's name. `__Host-` makes browsers accept it only `Secure`, for `Path=/` and
 /// without `Domain`: no other host or plain-HTTP page can set or shadow it.
-pub const COOKIE: &str = "__Host-ctrlhub-session";
+pub(crate) const COOKIE: &str = "__Host-ctrlhub-session";
 /// The longest a session lives.
-pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
+pub(crate) const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 /// Sessions one identity may hold; a new one ends its oldest.
-pub const PER_IDENTITY: usize = 8;
+pub(crate) const PER_IDENTITY: usize = 8;
 /// Sessions in all; a new one ends the oldest.
-pub const MAX_SESSIONS: usize = 1024;
+pub(crate) const MAX_SESSIONS: usize = 1024;
 
 /// One logged-in browser.
 struct Session {
@@ -34,19 +34,19 @@ struct Session {
 
 /// The sessions of one manager (they do not survive a restart or follow a failover).
 #[derive(Default)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     open: Mutex<HashMap<String, Session>>,
 }
 
 /// Why no session id could be made.
 #[derive(Debug, thiserror::Error)]
 #[error("no random session id: {0}")]
-pub struct NoRandom(String);
+pub(crate) struct NoRandom(String);
 
 impl Sessions {
     /// Opens a session for `token`, whose identity is `username` and which expires at
     /// `token_expiry` (if it says); returns its id and how long it lives.
-    pub fn open(
+    pub(crate) fn open(
         &self,
         token: &str,
         username: &str,
@@ -85,7 +85,7 @@ impl Sessions {
     }
 
     /// The token of live session `id`; an expired one is ended.
-    pub fn token(&self, id: &str, now: Instant) -> Option<String> {
+    pub(crate) fn token(&self, id: &str, now: Instant) -> Option<String> {
         let mut open = self.open.lock();
         match open.get(id) {
             Some(s) if s.expires > now => Some(s.token.clone()),
@@ -98,7 +98,7 @@ impl Sessions {
     }
 
     /// Ends session `id` (log out, or its token was rejected).
-    pub fn close(&self, id: &str) {
+    pub(crate) fn close(&self, id: &str) {
         self.open.lock().remove(id);
     }
 
@@ -125,7 +125,7 @@ fn random_id() -> Result<String, NoRandom> {
 }
 
 /// The session id the request's `Cookie` header names, if any.
-pub fn from_cookies(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn from_cookies(headers: &HeaderMap) -> Option<&str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -138,7 +138,7 @@ pub fn from_cookies(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// `Set-Cookie` for session `id`, kept by the browser for `max_age`.
-pub fn set_cookie(id: &str, max_age: Duration) -> Option<HeaderValue> {
+pub(crate) fn set_cookie(id: &str, max_age: Duration) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!(
         "{COOKIE}={id}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={}",
         max_age.as_secs()
@@ -147,7 +147,7 @@ pub fn set_cookie(id: &str, max_age: Duration) -> Option<HeaderValue> {
 }
 
 /// `Set-Cookie` that makes the browser forget the session.
-pub fn clear_cookie() -> HeaderValue {
+pub(crate) fn clear_cookie() -> HeaderValue {
     HeaderValue::from_static(
         "__Host-ctrlhub-session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0",
     )

@@ -28,7 +28,7 @@ pub(crate) const DEFAULT_REFRESH_SECS: u32 = 5;
 /// How this manager was started, as far as the page tells it: what an operator must know
 /// before trusting what it shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// `--auth static`: one shared token, tenant `dev`, everything allowed (development only).
     pub static_auth: bool,
     /// The namespace ceiling (`--watch-namespace`) every registration is confined to; `None`:

@@ -24,7 +24,7 @@ use tower::ServiceExt as _;
 
 /// Concurrent HTTP/2 streams per connection on the HTTP port: probes, a scrape and a page's
 /// requests need a handful; a client opening thousands at once is held to this many.
-pub const MAX_STREAMS: u32 = 32;
+pub(crate) const MAX_STREAMS: u32 = 32;
 
 /// The HTTP/1.1 read buffer, which bounds a request head (line and headers) a client can send.
 const MAX_HTTP1_BUFFER: usize = 64 * 1024;
@@ -34,7 +34,7 @@ const RELOAD_CHECK: Duration = Duration::from_secs(10);
 
 /// Why HTTPS could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+pub(crate) enum TlsError {
     /// A PEM file could not be read or parsed.
     #[error("{what} {path}: {why}")]
     File {
@@ -52,7 +52,7 @@ pub enum TlsError {
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone)]
-pub enum CertSource {
+pub(crate) enum CertSource {
     /// PEM certificate chain and private key files.
     Files {
         /// The certificate chain.
@@ -65,7 +65,7 @@ pub enum CertSource {
 }
 
 /// A TLS acceptor for `source`, offering HTTP/2 and HTTP/1.1.
-pub fn acceptor(source: &CertSource) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+pub(crate) fn acceptor(source: &CertSource) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let resolver: Arc<dyn ResolvesServerCert> = match source {
         CertSource::Files { cert, key } => Arc::new(FileCert::load(cert, key, provider.clone())?),
@@ -215,7 +215,7 @@ fn read_pair(
 /// deadlines: first bytes, first request, idle); each is its own task (a slow handshake holds
 /// up no one else), must finish its TLS handshake within the first-bytes deadline, and tells
 /// the handlers its peer address (for per-peer throttling).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// Bursts closer together than this share one trim, which runs at the end of the interval so
 /// that the last burst is always followed by one.
-pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(2);
 
 struct State {
     last: Option<Instant>,
@@ -31,7 +31,7 @@ fn state() -> parking_lot::MutexGuard<'static, State> {
 
 /// Ask for freed heap to be returned soon: now, or when [`MIN_INTERVAL`] since the previous trim
 /// has passed. Does nothing outside a Tokio runtime.
-pub fn release_after_burst() {
+pub(crate) fn release_after_burst() {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -63,7 +63,7 @@ pub fn release_after_burst() {
     unsafe_code,
     reason = "malloc_trim is a C function; this is ctrlhub's only FFI call"
 )]
-pub fn trim() -> bool {
+pub(crate) fn trim() -> bool {
     // SAFETY: malloc_trim takes a plain integer, touches only the allocator's own state and is
     // thread-safe; it has no caller-side invariants.
     unsafe { libc::malloc_trim(0) != 0 }

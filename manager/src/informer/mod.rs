@@ -14,9 +14,9 @@
 //! after bursts ([`heap`]). May call: `key` and the Kubernetes client — nothing that knows about
 //! controllers, so caches stay testable on their own.
 
-pub mod heap;
-pub mod object;
-pub mod watched;
+pub(crate) mod heap;
+pub(crate) mod object;
+pub(crate) mod watched;
 
 use crate::informer::object::CachedObject;
 use crate::informer::watched::WatchedObject;
@@ -32,11 +32,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::watch as signal;
 
-pub use crate::key::ObjectKey;
+pub(crate) use crate::key::ObjectKey;
 
 /// What one informer lists and watches.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct InformerKey {
+pub(crate) struct InformerKey {
     /// API group.
     pub group: String,
     /// API version.
@@ -72,7 +72,7 @@ impl InformerKey {
     }
 
     /// A short label for logs and metrics (never per object).
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let gv = if self.group.is_empty() {
             self.version.clone()
         } else {
@@ -100,7 +100,7 @@ impl InformerKey {
 
 /// A change seen by an informer, as subscribers receive it.
 #[derive(Debug, Clone)]
-pub enum CacheEvent {
+pub(crate) enum CacheEvent {
     /// An object appeared. `initial` is true for objects delivered by a (re)list or by the replay
     /// a late subscriber gets, which dispatch treats as background work.
     Added {
@@ -127,7 +127,7 @@ pub enum CacheEvent {
 
 /// A subscriber callback. It runs under the informer's lock: it must be quick and must not call
 /// back into the cache.
-pub type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
+pub(crate) type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 
 #[derive(Default)]
 struct Store {
@@ -146,7 +146,7 @@ struct Store {
 }
 
 /// One informer: its store, its subscribers and its watch task.
-pub struct Informer {
+pub(crate) struct Informer {
     key: InformerKey,
     store: Mutex<Store>,
     synced: signal::Sender<bool>,
@@ -167,14 +167,14 @@ pub struct Informer {
 /// after (ten cluster-wide registrations once each listed the whole cluster, +530 MB, only to
 /// be refused for exceeding a 16 MiB budget).
 #[derive(Debug)]
-pub struct ListBudget {
+pub(crate) struct ListBudget {
     left: std::sync::atomic::AtomicI64,
     limit: u64,
 }
 
 impl ListBudget {
     /// `left` bytes may still be listed, out of a tenant limit of `limit`.
-    pub fn new(left: u64, limit: u64) -> Arc<Self> {
+    pub(crate) fn new(left: u64, limit: u64) -> Arc<Self> {
         Arc::new(ListBudget {
             left: std::sync::atomic::AtomicI64::new(i64::try_from(left).unwrap_or(i64::MAX)),
             limit,
@@ -190,7 +190,7 @@ impl ListBudget {
 
 /// Why an informer could not complete its first list.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// The first list would have held more than the budget of the registration that started it.
     #[error(
         "the informer for {informer} was stopped during its first list: it would hold more than what is left of the tenant's cached_bytes limit of {limit} bytes"
@@ -288,39 +288,39 @@ impl Informer {
     }
 
     /// What this informer watches.
-    pub fn key(&self) -> &InformerKey {
+    pub(crate) fn key(&self) -> &InformerKey {
         &self.key
     }
 
     /// Objects held now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().objects.len()
     }
 
     /// Bytes of the objects held (their JSON).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
     }
 
     /// How many times the watcher (re)listed, including the first list.
-    pub fn relists(&self) -> u64 {
+    pub(crate) fn relists(&self) -> u64 {
         self.relists.load(Ordering::Relaxed)
     }
 
     /// How many list or watch requests failed (each followed by a restart with backoff).
-    pub fn watch_restarts(&self) -> u64 {
+    pub(crate) fn watch_restarts(&self) -> u64 {
         self.watch_restarts.load(Ordering::Relaxed)
     }
 
     /// Whether the first list completed.
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         *self.synced.borrow()
     }
 
     /// Wait until the first list completed. Fails as soon as a list or watch request fails
     /// before that (the watcher keeps retrying, but whoever waits is told at once), or after
     /// `within`.
-    pub async fn wait_synced(&self, within: std::time::Duration) -> Result<(), SyncError> {
+    pub(crate) async fn wait_synced(&self, within: std::time::Duration) -> Result<(), SyncError> {
         let mut synced = self.synced.subscribe();
         let deadline = tokio::time::Instant::now() + within;
         loop {
@@ -353,7 +353,7 @@ impl Informer {
     }
 
     /// One cached object.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<CachedObject> {
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<CachedObject> {
         self.lock()
             .objects
             .get(&ObjectKey::new(namespace, name))
@@ -364,7 +364,7 @@ impl Informer {
     /// within `namespace` (None: all); and whether more follow. The cost is the range read,
     /// `O(log n + limit)` under the informer's lock, whatever the cache holds: the objects are
     /// shared, not copied.
-    pub fn range(
+    pub(crate) fn range(
         &self,
         namespace: Option<&str>,
         after: Option<&ObjectKey>,
@@ -393,12 +393,12 @@ impl Informer {
     }
 
     /// The newest resourceVersion this cache applied ("" before anything was).
-    pub fn newest_resource_version(&self) -> String {
+    pub(crate) fn newest_resource_version(&self) -> String {
         self.lock().newest_rv.clone()
     }
 
     /// Keys of every cached object.
-    pub fn keys(&self) -> Vec<ObjectKey> {
+    pub(crate) fn keys(&self) -> Vec<ObjectKey> {
         self.lock().objects.keys().cloned().collect()
     }
 
@@ -532,14 +532,14 @@ fn map_event<T>(
 }
 
 /// The shared caches of one manager.
-pub struct Cache {
+pub(crate) struct Cache {
     client: kube::Client,
     informers: Mutex<HashMap<InformerKey, (Arc<Informer>, usize)>>,
     next_id: AtomicU64,
 }
 
 /// A live subscription; dropping it unsubscribes and releases the informer.
-pub struct Subscription {
+pub(crate) struct Subscription {
     cache: Weak<Cache>,
     key: InformerKey,
     id: u64,
@@ -548,7 +548,7 @@ pub struct Subscription {
 
 impl Subscription {
     /// The informer this subscription reads from.
-    pub fn informer(&self) -> &Arc<Informer> {
+    pub(crate) fn informer(&self) -> &Arc<Informer> {
         &self.informer
     }
 }
@@ -564,7 +564,7 @@ impl Drop for Subscription {
 
 impl Cache {
     /// A cache reading through `client`.
-    pub fn new(client: kube::Client) -> Arc<Self> {
+    pub(crate) fn new(client: kube::Client) -> Arc<Self> {
         Arc::new(Cache {
             client,
             informers: Mutex::new(HashMap::new()),
@@ -578,13 +578,17 @@ impl Cache {
 
     /// Subscribe to an informer, starting it if this is its first subscriber. The current
     /// snapshot is replayed to `subscriber` as initial `Added` events before any live event.
-    pub fn subscribe(self: &Arc<Self>, key: InformerKey, subscriber: Subscriber) -> Subscription {
+    pub(crate) fn subscribe(
+        self: &Arc<Self>,
+        key: InformerKey,
+        subscriber: Subscriber,
+    ) -> Subscription {
         self.subscribe_within(key, subscriber, None)
     }
 
     /// [`Cache::subscribe`]; an informer it starts stops during its first list once that list
     /// overdraws `budget`.
-    pub fn subscribe_within(
+    pub(crate) fn subscribe_within(
         self: &Arc<Self>,
         key: InformerKey,
         subscriber: Subscriber,
@@ -618,7 +622,7 @@ impl Cache {
     }
 
     /// Every running informer, for status and metrics.
-    pub fn all(&self) -> Vec<Arc<Informer>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Informer>> {
         self.informers().values().map(|(i, _)| i.clone()).collect()
     }
 
@@ -638,7 +642,7 @@ impl Cache {
     }
 
     /// Whether an informer for `key` runs now.
-    pub fn is_running(&self, key: &InformerKey) -> bool {
+    pub(crate) fn is_running(&self, key: &InformerKey) -> bool {
         self.informers().contains_key(key)
     }
 
@@ -703,7 +707,7 @@ impl Cache {
 /// budget, so it is what a first list may hold beyond its budget: 100 objects (kube's default
 /// is 500), at most 150 MiB at the API server's 1.5 MiB object limit, a few hundred KB for
 /// typical objects; 100,000 objects still list in 1,000 requests.
-pub const LIST_PAGE_SIZE: u32 = 100;
+pub(crate) const LIST_PAGE_SIZE: u32 = 100;
 
 /// Where a watcher's errors are recorded.
 struct Failures {

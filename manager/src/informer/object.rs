@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// Nothing else is kept beside the bytes: a separate resourceVersion would cost another
 /// allocation per object, more than reading it back out of the JSON when it is needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CachedObject {
+pub(crate) struct CachedObject {
     json: Arc<[u8]>,
 }
 
@@ -49,14 +49,14 @@ struct LabelsMeta {
 
 impl CachedObject {
     /// Serialize `value` once.
-    pub fn from_value(value: &Value) -> Self {
+    pub(crate) fn from_value(value: &Value) -> Self {
         // Serializing a Value cannot fail: its map keys are strings.
         let json = serde_json::to_vec(value).unwrap_or_default();
         CachedObject { json: json.into() }
     }
 
     /// The object's JSON, ready to send.
-    pub fn json(&self) -> &[u8] {
+    pub(crate) fn json(&self) -> &[u8] {
         &self.json
     }
 
@@ -65,7 +65,7 @@ impl CachedObject {
     }
 
     /// metadata.resourceVersion ("" if the server sent none).
-    pub fn resource_version(&self) -> String {
+    pub(crate) fn resource_version(&self) -> String {
         self.identity()
             .metadata
             .resource_version
@@ -75,7 +75,7 @@ impl CachedObject {
 
     /// `metadata.labels`, read without building the rest of the object (None when absent or
     /// not a map).
-    pub fn labels(&self) -> Option<serde_json::Map<String, Value>> {
+    pub(crate) fn labels(&self) -> Option<serde_json::Map<String, Value>> {
         serde_json::from_slice::<LabelsOnly>(&self.json)
             .ok()
             .and_then(|o| o.metadata.labels)
@@ -83,7 +83,7 @@ impl CachedObject {
 
     /// Parse the object. The bytes were written by [`CachedObject::from_value`], so they always
     /// parse; Null stands in should that ever not hold.
-    pub fn value(&self) -> Value {
+    pub(crate) fn value(&self) -> Value {
         serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 }

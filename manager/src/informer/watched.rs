@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 /// One object from a list or watch response.
 #[derive(Debug, Clone)]
-pub struct WatchedObject {
+pub(crate) struct WatchedObject {
     /// name, namespace, uid and resourceVersion, copied out of `tree` for kube's watcher.
     metadata: ObjectMeta,
     /// The object as the API server sent it.
@@ -49,7 +49,7 @@ impl WatchedObject {
     /// The tree the caches keep: managedFields removed (no consumer needs them and they can be
     /// larger than the rest of the object), apiVersion and kind first, filled in from the watched
     /// resource where the server left them out (list items of built-in kinds carry neither).
-    pub fn into_tree(self, api_version: &str, kind: &str) -> Value {
+    pub(crate) fn into_tree(self, api_version: &str, kind: &str) -> Value {
         let Value::Object(mut map) = self.tree else {
             return Value::Null;
         };

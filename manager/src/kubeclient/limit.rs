@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// A client's rate: `qps` requests a second after a burst of `burst`; 0 qps is no limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Qps {
+pub(crate) struct Qps {
     /// Sustained requests per second (fractions allowed, as client-go's float QPS).
     pub qps: f64,
     /// Requests that may go at once after a quiet period.
@@ -24,7 +24,7 @@ pub struct Qps {
 
 impl Qps {
     /// The token bucket, or None for no limit (qps 0, not finite, or no burst).
-    pub fn limiter(self) -> Option<Arc<DefaultDirectRateLimiter>> {
+    pub(crate) fn limiter(self) -> Option<Arc<DefaultDirectRateLimiter>> {
         if !(self.qps.is_finite() && self.qps > 0.0) {
             return None;
         }
@@ -37,14 +37,17 @@ impl Qps {
 /// Makes each request of a client take a token from a shared bucket before it is sent (none:
 /// requests pass at once).
 #[derive(Clone)]
-pub struct LimitLayer {
+pub(crate) struct LimitLayer {
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
     metrics: ApiClientMetrics,
 }
 
 impl LimitLayer {
     /// Requests take tokens from `limiter`; waits are observed in `metrics`.
-    pub fn new(limiter: Option<Arc<DefaultDirectRateLimiter>>, metrics: &ApiClientMetrics) -> Self {
+    pub(crate) fn new(
+        limiter: Option<Arc<DefaultDirectRateLimiter>>,
+        metrics: &ApiClientMetrics,
+    ) -> Self {
         LimitLayer {
             limiter,
             metrics: metrics.clone(),
@@ -68,7 +71,7 @@ impl<S> tower::Layer<S> for LimitLayer {
 }
 
 /// The service of [`LimitLayer`].
-pub struct Limit<S> {
+pub(crate) struct Limit<S> {
     inner: S,
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
     metrics: ApiClientMetrics,

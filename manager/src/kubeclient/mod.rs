@@ -15,8 +15,8 @@
 //!
 //! Owns: client construction. May call: `metrics`.
 
-pub mod limit;
-pub mod observe;
+pub(crate) mod limit;
+pub(crate) mod observe;
 
 use crate::metrics::api::ApiClientMetrics;
 use http::Request;
@@ -25,11 +25,11 @@ use kube::client::{Body, ClientBuilder};
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 
-pub use limit::Qps;
+pub(crate) use limit::Qps;
 
 /// Why a client could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     /// kube could not build its HTTP stack from the configuration (TLS, proxy, auth).
     #[error("building the Kubernetes client: {0}")]
     Kube(#[from] kube::Error),
@@ -45,7 +45,7 @@ const BUFFER: usize = 1024;
 /// → kube's own retry policy (429, 503 and 504 again with backoff). Every attempt is counted
 /// and takes a token, as client-go counts and throttles them: a Lease whose writes answer 503
 /// shows as 503s, not as nothing until the caller's timeout.
-pub fn build(
+pub(crate) fn build(
     mut config: kube::Config,
     metrics: &ApiClientMetrics,
     qps: Option<Qps>,

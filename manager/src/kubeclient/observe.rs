@@ -10,13 +10,13 @@ use std::time::Instant;
 /// Wraps a client's service so that each request is observed when its response headers
 /// arrive (a watch: when it starts) or it fails.
 #[derive(Clone)]
-pub struct ObserveLayer {
+pub(crate) struct ObserveLayer {
     metrics: ApiClientMetrics,
 }
 
 impl ObserveLayer {
     /// Observes into `metrics`.
-    pub fn new(metrics: &ApiClientMetrics) -> Self {
+    pub(crate) fn new(metrics: &ApiClientMetrics) -> Self {
         ObserveLayer {
             metrics: metrics.clone(),
         }
@@ -35,7 +35,7 @@ impl<S> tower::Layer<S> for ObserveLayer {
 }
 
 /// The service of [`ObserveLayer`].
-pub struct Observe<S> {
+pub(crate) struct Observe<S> {
     inner: S,
     metrics: ApiClientMetrics,
 }
@@ -104,7 +104,7 @@ impl Drop for Attempt {
 /// as GET (one object), LIST (a collection) or WATCH; the resource is the plural of the path
 /// (`/api/v1/namespaces/ns/configmaps/x` is `configmaps`), `discovery` for the group, version
 /// and OpenAPI documents, `other` for anything else. Never a name or a namespace.
-pub fn classify(method: &Method, uri: &Uri) -> (&'static str, String) {
+pub(crate) fn classify(method: &Method, uri: &Uri) -> (&'static str, String) {
     let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
     let Some(mut rest) = resource_path(&segments) else {
         let resource = match segments.first() {

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// How often the API server is asked for its version.
-pub const API_PROBE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const API_PROBE_EVERY: Duration = Duration::from_secs(5);
 /// How long one such request may take before the API server counts as unreachable.
-pub const API_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const API_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A probe result older than this means the probing task itself has not run (a stalled
 /// runtime): the last answer is no longer evidence of anything.
 const API_PROBE_STALE: Duration = Duration::from_secs(15);
@@ -75,21 +75,21 @@ impl Latest {
 /// read the Lease (and, once it expired, contended for it). A failure is what the API server
 /// answered (403 without the Lease RBAC, 503, a timeout), so `/readyz?verbose` says why.
 #[derive(Debug, Clone, Default)]
-pub struct LeaseHealth(Latest);
+pub(crate) struct LeaseHealth(Latest);
 
 impl LeaseHealth {
     /// The election's latest attempt got its answer.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         self.0.record(Ok(()), Instant::now());
     }
 
     /// The election's latest attempt failed with `why`.
-    pub fn failed(&self, why: &str) {
+    pub(crate) fn failed(&self, why: &str) {
         self.0.record(Err(why.to_string()), Instant::now());
     }
 
     /// Ok while the latest attempt succeeded.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         self.0
             .check(Instant::now(), "no Lease round trip has finished yet")
     }
@@ -99,11 +99,11 @@ impl LeaseHealth {
 /// by Kubernetes' `system:public-info-viewer`) every [`API_PROBE_EVERY`], bounded by
 /// [`API_PROBE_TIMEOUT`].
 #[derive(Debug, Clone, Default)]
-pub struct ApiReachability(Latest);
+pub(crate) struct ApiReachability(Latest);
 
 impl ApiReachability {
     /// Probes the API server through `client` on the current runtime until `stop` fires.
-    pub fn spawn(client: kube::Client, stop: CancellationToken) -> Self {
+    pub(crate) fn spawn(client: kube::Client, stop: CancellationToken) -> Self {
         let reach = ApiReachability::default();
         let latest = reach.0.clone();
         tokio::spawn(async move {
@@ -130,7 +130,7 @@ impl ApiReachability {
     }
 
     /// Ok while the latest request was answered, and it is recent.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         self.check_at(Instant::now())
     }
 

@@ -13,23 +13,23 @@ use std::time::{Duration, Instant};
 
 /// When the runtime last ran its heartbeat task. Cheap to clone; every clone is the same beat.
 #[derive(Debug, Clone)]
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     start: Instant,
     /// Milliseconds after `start` of the last beat.
     last: Arc<AtomicU64>,
 }
 
 /// How often the heartbeat task beats.
-pub const BEAT_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const BEAT_EVERY: Duration = Duration::from_millis(250);
 
 impl Heartbeat {
     /// A heartbeat that beat just now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::starting_at(Instant::now())
     }
 
     /// A heartbeat that beat at `now` (unit tests drive the clock).
-    pub fn starting_at(now: Instant) -> Self {
+    pub(crate) fn starting_at(now: Instant) -> Self {
         Heartbeat {
             start: now,
             last: Arc::new(AtomicU64::new(0)),
@@ -37,25 +37,25 @@ impl Heartbeat {
     }
 
     /// The runtime ran its heartbeat task now.
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.beat_at(Instant::now());
     }
 
     /// [`Heartbeat::beat`] with the clock given.
-    pub fn beat_at(&self, now: Instant) {
+    pub(crate) fn beat_at(&self, now: Instant) {
         let ms = now.saturating_duration_since(self.start).as_millis();
         self.last
             .fetch_max(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// [`Heartbeat::age`] with the clock given.
-    pub fn age_at(&self, now: Instant) -> Duration {
+    pub(crate) fn age_at(&self, now: Instant) -> Duration {
         let last = self.start + Duration::from_millis(self.last.load(Ordering::Relaxed));
         now.saturating_duration_since(last)
     }
 
     /// Beat every [`BEAT_EVERY`] on the current runtime until `stop` fires.
-    pub fn spawn(&self, stop: tokio_util::sync::CancellationToken) {
+    pub(crate) fn spawn(&self, stop: tokio_util::sync::CancellationToken) {
         let beat = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(BEAT_EVERY);
@@ -83,7 +83,7 @@ impl Default for Heartbeat {
     age.as_secs_f64(),
     limit.as_secs_f64()
 )]
-pub struct Stalled {
+pub(crate) struct Stalled {
     /// How long since the last beat.
     pub age: Duration,
     /// The limit.
@@ -92,7 +92,7 @@ pub struct Stalled {
 
 /// A heartbeat and the age past which its runtime counts as stalled.
 #[derive(Debug, Clone)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     /// The heartbeat.
     pub heartbeat: Heartbeat,
     /// The age past which the runtime counts as stalled.
@@ -101,7 +101,7 @@ pub struct Liveness {
 
 impl Liveness {
     /// Stalled, as of `now`?
-    pub fn check_at(&self, now: Instant) -> Result<(), Stalled> {
+    pub(crate) fn check_at(&self, now: Instant) -> Result<(), Stalled> {
         let age = self.heartbeat.age_at(now);
         if age > self.limit {
             return Err(Stalled {
@@ -113,7 +113,7 @@ impl Liveness {
     }
 
     /// Stalled, as of now?
-    pub fn check(&self) -> Result<(), Stalled> {
+    pub(crate) fn check(&self) -> Result<(), Stalled> {
         self.check_at(Instant::now())
     }
 }

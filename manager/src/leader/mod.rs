@@ -12,8 +12,8 @@
 //! May call: the Kubernetes client, and `metrics` (leader transitions). It runs on its own
 //! thread and shares no lock with dispatch.
 
-pub mod health;
-pub mod heartbeat;
+pub(crate) mod health;
+pub(crate) mod heartbeat;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Leader-election settings (reference: 15 s lease, 10 s renew deadline, 2 s retry).
 #[derive(Debug, Clone)]
-pub struct LeaderConfig {
+pub(crate) struct LeaderConfig {
     /// Namespace of the Lease.
     pub namespace: String,
     /// Name of the Lease.
@@ -41,7 +41,7 @@ pub struct LeaderConfig {
 
 /// What this manager knows about leadership.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LeaderState {
+pub(crate) struct LeaderState {
     /// Whether this manager holds the lease.
     pub leading: bool,
     /// The holder as last observed.
@@ -72,7 +72,7 @@ struct Observed {
 }
 
 /// The elector: run it, and read leadership from its channels.
-pub struct Elector {
+pub(crate) struct Elector {
     api: Api<Lease>,
     config: LeaderConfig,
     state: watch::Sender<LeaderState>,
@@ -87,7 +87,7 @@ pub struct Elector {
 
 impl Elector {
     /// An elector for the Lease in `config`.
-    pub fn new(client: kube::Client, config: LeaderConfig) -> Self {
+    pub(crate) fn new(client: kube::Client, config: LeaderConfig) -> Self {
         let api = Api::namespaced(client, &config.namespace);
         let (state, _) = watch::channel(LeaderState::default());
         let (leading, _) = watch::channel(false);
@@ -103,21 +103,21 @@ impl Elector {
     }
 
     /// Count each time this replica becomes leader in `ctrlhub_leader_transitions_total`.
-    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
         metrics.preinitialise_leader(&self.config.name);
         self.metrics = Some(metrics);
         self
     }
 
     /// Neither take nor renew the Lease while `liveness` says the dispatch runtime is stalled.
-    pub fn with_liveness(mut self, liveness: heartbeat::Liveness) -> Self {
+    pub(crate) fn with_liveness(mut self, liveness: heartbeat::Liveness) -> Self {
         self.liveness = Some(liveness);
         self
     }
 
     /// Record every attempt's outcome in `health`, so readiness says when this manager can
     /// neither hold nor contend for its Lease.
-    pub fn with_health(mut self, health: health::LeaseHealth) -> Self {
+    pub(crate) fn with_health(mut self, health: health::LeaseHealth) -> Self {
         self.health = Some(health);
         self
     }
@@ -174,12 +174,12 @@ impl Elector {
     }
 
     /// Leadership as a boolean, for dispatch loops.
-    pub fn leading(&self) -> watch::Receiver<bool> {
+    pub(crate) fn leading(&self) -> watch::Receiver<bool> {
         self.leading.subscribe()
     }
 
     /// Leadership with the observed holder, for status and UNAVAILABLE hints.
-    pub fn state(&self) -> watch::Receiver<LeaderState> {
+    pub(crate) fn state(&self) -> watch::Receiver<LeaderState> {
         self.state.subscribe()
     }
 
@@ -204,7 +204,7 @@ impl Elector {
     }
 
     /// Campaign, lead and release until `stop` fires.
-    pub async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(self, stop: CancellationToken) {
         let mut observed: Option<Observed> = None;
         let mut last_renew: Option<Instant> = None;
         loop {

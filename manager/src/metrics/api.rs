@@ -20,7 +20,7 @@ const LIMITER_BUCKETS: &[f64] = &[
 
 /// `rest_client_*` series of the manager's Kubernetes clients.
 #[derive(Clone)]
-pub struct ApiClientMetrics {
+pub(crate) struct ApiClientMetrics {
     requests: IntCounterVec,
     latency: HistogramVec,
     limiter_wait: Histogram,
@@ -59,7 +59,7 @@ impl ApiClientMetrics {
     }
 
     /// A request answered with `code` (or `<error>`) after `took`.
-    pub fn observe(&self, verb: &str, resource: &str, code: &str, took: Duration) {
+    pub(crate) fn observe(&self, verb: &str, resource: &str, code: &str, took: Duration) {
         self.requests
             .with_label_values(&[verb, resource, code])
             .inc();
@@ -69,7 +69,7 @@ impl ApiClientMetrics {
     }
 
     /// A request waited `waited` for the rate limiter (zero when a token was there).
-    pub fn limiter_waited(&self, waited: Duration) {
+    pub(crate) fn limiter_waited(&self, waited: Duration) {
         self.limiter_wait.observe(waited.as_secs_f64());
     }
 

@@ -14,7 +14,7 @@ const REVIEW_BUCKETS: &[f64] = &[
 
 /// `ctrlhub_auth_*` series.
 #[derive(Clone)]
-pub struct AuthMetrics {
+pub(crate) struct AuthMetrics {
     latency: HistogramVec,
     decisions: IntCounterVec,
 }
@@ -41,7 +41,7 @@ impl AuthMetrics {
 
     /// The handle a reviewer of `review` (token or access) on `port` records with; its series
     /// exist at 0 from now on.
-    pub fn reviewer(&self, review: &str, port: &str) -> ReviewMetrics {
+    pub(crate) fn reviewer(&self, review: &str, port: &str) -> ReviewMetrics {
         ReviewMetrics {
             latency: self.latency.with_label_values(&[review, port]),
             hits: self.decisions.with_label_values(&[review, port, "hit"]),
@@ -52,7 +52,7 @@ impl AuthMetrics {
 
 /// One reviewer's series, labels bound.
 #[derive(Clone)]
-pub struct ReviewMetrics {
+pub(crate) struct ReviewMetrics {
     latency: Histogram,
     hits: IntCounter,
     misses: IntCounter,
@@ -60,12 +60,12 @@ pub struct ReviewMetrics {
 
 impl ReviewMetrics {
     /// A decision answered from the cache.
-    pub fn hit(&self) {
+    pub(crate) fn hit(&self) {
         self.hits.inc();
     }
 
     /// A review sent to the API server, answered (or failed) after `took`.
-    pub fn reviewed(&self, took: Duration) {
+    pub(crate) fn reviewed(&self, took: Duration) {
         self.misses.inc();
         self.latency.observe(took.as_secs_f64());
     }

@@ -18,7 +18,7 @@ const HANDLING_BUCKETS: &[f64] = &[
 
 /// A method as its series name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GrpcMethod<'a> {
+pub(crate) struct GrpcMethod<'a> {
     /// `grpc_type`: unary, client_stream, server_stream or bidi_stream.
     pub kind: &'a str,
     /// `grpc_service`, e.g. `ctrlhub.v1.ControllerManager`.
@@ -35,7 +35,7 @@ impl GrpcMethod<'_> {
 
 /// `grpc_server_*` series.
 #[derive(Clone)]
-pub struct GrpcServerMetrics {
+pub(crate) struct GrpcServerMetrics {
     started: IntCounterVec,
     handled: IntCounterVec,
     handling: HistogramVec,
@@ -69,7 +69,7 @@ impl GrpcServerMetrics {
     }
 
     /// Series at 0 for a method the server serves, so "no calls" reads 0, not "No data".
-    pub fn preinitialise(&self, m: GrpcMethod<'_>) {
+    pub(crate) fn preinitialise(&self, m: GrpcMethod<'_>) {
         self.started.with_label_values(&m.labels());
         let [kind, service, method] = m.labels();
         self.handled
@@ -80,13 +80,13 @@ impl GrpcServerMetrics {
     }
 
     /// A call of `m` started.
-    pub fn started(&self, m: GrpcMethod<'_>) {
+    pub(crate) fn started(&self, m: GrpcMethod<'_>) {
         self.started.with_label_values(&m.labels()).inc();
     }
 
     /// A call of `m` ended with `code` (go-grpc-prometheus' names: OK, Canceled, ...) after
     /// `took`; the time is observed for unary calls only.
-    pub fn handled(&self, m: GrpcMethod<'_>, code: &str, took: Duration) {
+    pub(crate) fn handled(&self, m: GrpcMethod<'_>, code: &str, took: Duration) {
         let [kind, service, method] = m.labels();
         self.handled
             .with_label_values(&[kind, service, method, code])

@@ -8,10 +8,10 @@
 //! histogram a dashboard or an alert reads exists at 0 as soon as its controller registers, so
 //! an idle controller reads 0, not "No data".
 
-pub mod api;
-pub mod auth;
-pub mod grpc;
-pub mod process;
+pub(crate) mod api;
+pub(crate) mod auth;
+pub(crate) mod grpc;
+pub(crate) mod process;
 
 use prometheus::{
     Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -34,7 +34,7 @@ fn workqueue_buckets() -> Vec<f64> {
 
 /// The reconcile result label, as controller-runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResultLabel {
+pub(crate) enum ResultLabel {
     /// Done.
     Success,
     /// Error or terminal error.
@@ -64,7 +64,7 @@ impl ResultLabel {
 }
 
 /// Every metric the manager exports.
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// The registry `/metrics` renders.
     pub registry: Registry,
     reconcile_total: IntCounterVec,
@@ -132,7 +132,7 @@ pub struct Metrics {
 
 /// What `ctrlhub_build_info` reports: the release, the commit and the compiler it was built
 /// from (set by `build.rs`; `unknown` when the build had no git checkout).
-pub const BUILD: [(&str, &str); 3] = [
+pub(crate) const BUILD: [(&str, &str); 3] = [
     ("version", env!("CARGO_PKG_VERSION")),
     ("revision", env!("CTRLHUB_REVISION")),
     ("rustc", env!("CTRLHUB_RUSTC_VERSION")),
@@ -208,7 +208,7 @@ impl Metrics {
     ///
     /// A table of metric definitions (names, help and labels follow controller-runtime), so it is
     /// long by nature. Panics only on a programming error in those definitions.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let r = Registry::new();
         #[cfg(target_os = "linux")]
         if let Ok(process) = process::ProcessMetrics::for_self() {
@@ -448,7 +448,7 @@ impl Metrics {
 
     /// Every counter and histogram of a controller at 0, as soon as it registers: a dashboard
     /// shows an idle controller as 0 and an alert can compare it, instead of "No data".
-    pub fn preinitialise_controller(&self, controller: &str, tenant: &str) {
+    pub(crate) fn preinitialise_controller(&self, controller: &str, tenant: &str) {
         let labels = [controller, tenant];
         for result in ResultLabel::ALL {
             self.reconcile_total
@@ -475,17 +475,17 @@ impl Metrics {
     }
 
     /// The series of Lease `name` at 0, before any transition.
-    pub fn preinitialise_leader(&self, name: &str) {
+    pub(crate) fn preinitialise_leader(&self, name: &str) {
         self.leader_transitions.with_label_values(&[name]);
     }
 
     /// This replica became the holder of Lease `name`.
-    pub fn leader_transition(&self, name: &str) {
+    pub(crate) fn leader_transition(&self, name: &str) {
         self.leader_transitions.with_label_values(&[name]).inc();
     }
 
     /// A finished reconcile.
-    pub fn reconciled(
+    pub(crate) fn reconciled(
         &self,
         controller: &str,
         tenant: &str,
@@ -515,7 +515,7 @@ impl Metrics {
     }
 
     /// A request handed to a session after waiting `queued` in the queue.
-    pub fn dispatched(&self, controller: &str, tenant: &str, queued: Duration) {
+    pub(crate) fn dispatched(&self, controller: &str, tenant: &str, queued: Duration) {
         self.queue_duration
             .with_label_values(&[controller, tenant])
             .observe(queued.as_secs_f64());
@@ -525,14 +525,14 @@ impl Metrics {
     }
 
     /// A request missed its deadline.
-    pub fn deadline_missed(&self, controller: &str, tenant: &str) {
+    pub(crate) fn deadline_missed(&self, controller: &str, tenant: &str) {
         self.deadline_misses
             .with_label_values(&[controller, tenant])
             .inc();
     }
 
     /// A result or ack for an id not in flight was discarded.
-    pub fn discarded(&self, controller: &str, tenant: &str) {
+    pub(crate) fn discarded(&self, controller: &str, tenant: &str) {
         self.discarded_results
             .with_label_values(&[controller, tenant])
             .inc();
@@ -540,7 +540,7 @@ impl Metrics {
 
     /// Drop every series of a controller that went away, so tenants registering ever new
     /// controller names cannot grow `/metrics` (and the manager's memory) without bound.
-    pub fn forget_controller(&self, controller: &str, tenant: &str) {
+    pub(crate) fn forget_controller(&self, controller: &str, tenant: &str) {
         let labels = [controller, tenant];
         for result in ResultLabel::ALL {
             let _ =
@@ -568,51 +568,51 @@ impl Metrics {
     }
 
     /// A tenant reached `limit` (sessions, controllers, in_flight, queued_keys, message_bytes).
-    pub fn limit_hit(&self, tenant: &str, limit: &str) {
+    pub(crate) fn limit_hit(&self, tenant: &str, limit: &str) {
         self.limit_hits.with_label_values(&[tenant, limit]).inc();
     }
 
     /// A connection was admitted on `port`.
-    pub fn connection_opened(&self, port: &str) {
+    pub(crate) fn connection_opened(&self, port: &str) {
         self.connections_open.with_label_values(&[port]).inc();
     }
 
     /// A connection of `port` is gone.
-    pub fn connection_dropped(&self, port: &str) {
+    pub(crate) fn connection_dropped(&self, port: &str) {
         self.connections_open.with_label_values(&[port]).dec();
     }
 
     /// A connection was closed at once because `reason` (peer_cap, total_cap) was reached.
-    pub fn connection_refused(&self, port: &str, reason: &str) {
+    pub(crate) fn connection_refused(&self, port: &str, reason: &str) {
         self.connections_refused
             .with_label_values(&[port, reason])
             .inc();
     }
 
     /// The manager closed a connection of `port` at a deadline (`reason`).
-    pub fn connection_closed(&self, port: &str, reason: &str) {
+    pub(crate) fn connection_closed(&self, port: &str, reason: &str) {
         self.connections_closed
             .with_label_values(&[port, reason])
             .inc();
     }
 
     /// An accept failed on `port`.
-    pub fn accept_failed(&self, port: &str, kind: &str) {
+    pub(crate) fn accept_failed(&self, port: &str, kind: &str) {
         self.accept_failures.with_label_values(&[port, kind]).inc();
     }
 
     /// An authentication on `port` was refused before its review (`reason`).
-    pub fn auth_throttled(&self, port: &str, reason: &str) {
+    pub(crate) fn auth_throttled(&self, port: &str, reason: &str) {
         self.auth_throttled.with_label_values(&[port, reason]).inc();
     }
 
     /// A registration of `tenant` was refused with `code` (a gRPC status code name).
-    pub fn rejected(&self, tenant: &str, code: &str) {
+    pub(crate) fn rejected(&self, tenant: &str, code: &str) {
         self.rejected.with_label_values(&[tenant, code]).inc();
     }
 
     /// Raise a counter to a cumulative value read from elsewhere (queues keep their own totals).
-    pub fn advance(counter: &IntCounterVec, labels: &[&str], total: u64) {
+    pub(crate) fn advance(counter: &IntCounterVec, labels: &[&str], total: u64) {
         let c = counter.with_label_values(labels);
         let now = c.get();
         if total > now {
@@ -621,7 +621,7 @@ impl Metrics {
     }
 
     /// The text exposition of every metric.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_default()

@@ -13,14 +13,14 @@ use prometheus::{Counter, Opts};
 const CPU: &str = "process_cpu_seconds_total";
 
 /// `process_*` of this process, CPU time in ticks rather than whole seconds.
-pub struct ProcessMetrics {
+pub(crate) struct ProcessMetrics {
     inner: prometheus::process_collector::ProcessCollector,
     cpu: Counter,
 }
 
 impl ProcessMetrics {
     /// The collector of the calling process.
-    pub fn for_self() -> Result<Self, prometheus::Error> {
+    pub(crate) fn for_self() -> Result<Self, prometheus::Error> {
         Ok(ProcessMetrics {
             inner: prometheus::process_collector::ProcessCollector::for_self(),
             // The inner collector's help text, so the family reads the same as before.

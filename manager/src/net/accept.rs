@@ -16,7 +16,7 @@ const HANDOFF: usize = 16;
 
 /// Accepts on `listener` until `stop` fires or the receiver is dropped; admitted connections
 /// come out of the returned channel (tonic takes it as a stream; the HTTP port reads it).
-pub fn accept(
+pub(crate) fn accept(
     listener: TcpListener,
     caps: Arc<Slots<PeerKey>>,
     port: PortState,

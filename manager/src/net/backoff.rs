@@ -13,7 +13,7 @@ const LONGEST: Duration = Duration::from_secs(1);
 
 /// What a failed `accept` means for the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AcceptFailure {
+pub(crate) enum AcceptFailure {
     /// One connection failed on its way in (reset, aborted, interrupted): accept the next at once.
     Connection,
     /// The process or system is out of something (EMFILE, ENFILE, ENOBUFS, ENOMEM, or an error
@@ -23,7 +23,7 @@ pub enum AcceptFailure {
 
 impl AcceptFailure {
     /// Classifies an `accept` error.
-    pub fn of(e: &io::Error) -> Self {
+    pub(crate) fn of(e: &io::Error) -> Self {
         match e.kind() {
             io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
@@ -35,7 +35,7 @@ impl AcceptFailure {
     }
 
     /// The metrics label (bounded).
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             AcceptFailure::Connection => "connection",
             AcceptFailure::Exhausted => "exhausted",
@@ -45,13 +45,13 @@ impl AcceptFailure {
 
 /// Exponential pause after consecutive exhausted accepts, reset by a successful one.
 #[derive(Debug, Default)]
-pub struct AcceptBackoff {
+pub(crate) struct AcceptBackoff {
     next: Option<Duration>,
 }
 
 impl AcceptBackoff {
     /// How long to pause after `failure`.
-    pub fn failed(&mut self, failure: AcceptFailure) -> Duration {
+    pub(crate) fn failed(&mut self, failure: AcceptFailure) -> Duration {
         match failure {
             AcceptFailure::Connection => Duration::ZERO,
             AcceptFailure::Exhausted => {
@@ -63,7 +63,7 @@ impl AcceptBackoff {
     }
 
     /// A connection was accepted: the next failure starts from the shortest pause.
-    pub fn succeeded(&mut self) {
+    pub(crate) fn succeeded(&mut self) {
         self.next = None;
     }
 }

@@ -21,7 +21,7 @@ use tokio::time::{Instant, Sleep};
 
 /// Calls in progress on one connection and when that last changed.
 #[derive(Debug)]
-pub struct Activity {
+pub(crate) struct Activity {
     state: Mutex<ActivityState>,
 }
 
@@ -44,7 +44,7 @@ impl Activity {
     }
 
     /// A call starts; it ends when the returned guard is dropped.
-    pub fn begin(self: &Arc<Self>) -> CallGuard {
+    pub(crate) fn begin(self: &Arc<Self>) -> CallGuard {
         let mut s = self.state.lock();
         s.open += 1;
         s.ever = true;
@@ -67,7 +67,7 @@ impl Activity {
 
 /// One call in progress (see [`Activity::begin`]); a guard of no connection counts nothing.
 #[derive(Debug)]
-pub struct CallGuard(Option<Arc<Activity>>);
+pub(crate) struct CallGuard(Option<Arc<Activity>>);
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
@@ -82,13 +82,13 @@ impl Drop for CallGuard {
 /// The open connections of a port by peer address (ip and port: one entry per connection), so
 /// a request that knows only its peer address finds its connection's [`Activity`].
 #[derive(Debug, Default)]
-pub struct CallRegistry {
+pub(crate) struct CallRegistry {
     by_peer: Mutex<HashMap<SocketAddr, Weak<Activity>>>,
 }
 
 impl CallRegistry {
     /// A call from `peer` starts (counting nothing if the connection is unknown).
-    pub fn begin(&self, peer: Option<SocketAddr>) -> CallGuard {
+    pub(crate) fn begin(&self, peer: Option<SocketAddr>) -> CallGuard {
         let found = peer.and_then(|p| self.by_peer.lock().get(&p).and_then(Weak::upgrade));
         match found {
             Some(a) => a.begin(),
@@ -99,7 +99,7 @@ impl CallRegistry {
 
 /// Everything a [`Guarded`] connection needs from its port.
 #[derive(Clone)]
-pub struct PortState {
+pub(crate) struct PortState {
     /// The port's rules.
     pub rules: Arc<PortRules>,
     /// Where its connections are found by peer address.
@@ -111,7 +111,7 @@ pub struct PortState {
 /// An accepted connection under its port's deadlines. Reads end (EOF) once a deadline passes,
 /// which makes the server above it close the connection; the cap slot is given back when it is
 /// dropped.
-pub struct Guarded<IO> {
+pub(crate) struct Guarded<IO> {
     io: IO,
     peer: SocketAddr,
     local: Option<SocketAddr>,
@@ -125,7 +125,7 @@ pub struct Guarded<IO> {
 
 impl<IO> Guarded<IO> {
     /// Guards `io` from `peer` with the cap slot it was admitted with.
-    pub fn new(
+    pub(crate) fn new(
         io: IO,
         peer: SocketAddr,
         local: Option<SocketAddr>,
@@ -154,12 +154,12 @@ impl<IO> Guarded<IO> {
     }
 
     /// The peer's address.
-    pub fn peer(&self) -> SocketAddr {
+    pub(crate) fn peer(&self) -> SocketAddr {
         self.peer
     }
 
     /// The connection's call counter (the HTTP port counts its requests here directly).
-    pub fn activity(&self) -> Arc<Activity> {
+    pub(crate) fn activity(&self) -> Arc<Activity> {
         self.activity.clone()
     }
 
@@ -303,7 +303,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> tonic::transport::serv
 /// A tower layer for the gRPC server that counts each request as a call on its connection from
 /// the request's start until its response body ends (a Connect stream counts while it lives).
 #[derive(Debug, Clone)]
-pub struct CountCallsLayer(pub Arc<CallRegistry>);
+pub(crate) struct CountCallsLayer(pub Arc<CallRegistry>);
 
 impl<S> tower::Layer<S> for CountCallsLayer {
     type Service = CountCalls<S>;
@@ -318,7 +318,7 @@ impl<S> tower::Layer<S> for CountCallsLayer {
 
 /// The service of [`CountCallsLayer`].
 #[derive(Debug, Clone)]
-pub struct CountCalls<S> {
+pub(crate) struct CountCalls<S> {
     inner: S,
     registry: Arc<CallRegistry>,
 }
@@ -360,14 +360,14 @@ where
 }
 
 /// A response body that keeps its call counted until it ends or is dropped.
-pub struct Counted<B> {
+pub(crate) struct Counted<B> {
     inner: Pin<Box<B>>,
     _guard: CallGuard,
 }
 
 impl<B> Counted<B> {
     /// `body`, counted by `guard`.
-    pub fn new(body: B, guard: CallGuard) -> Self {
+    pub(crate) fn new(body: B, guard: CallGuard) -> Self {
         Counted {
             inner: Box::pin(body),
             _guard: guard,

@@ -5,7 +5,7 @@
 
 /// The open-file limit before and after raising it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FdLimit {
+pub(crate) struct FdLimit {
     /// The soft limit the process started with.
     pub started: u64,
     /// The soft limit now.
@@ -16,7 +16,7 @@ pub struct FdLimit {
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit; on failure, says why (the manager then
 /// runs with the limit it has).
-pub fn raise() -> std::io::Result<FdLimit> {
+pub(crate) fn raise() -> std::io::Result<FdLimit> {
     let (started, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE)?;
     let soft = rlimit::increase_nofile_limit(hard)?;
     Ok(FdLimit {
@@ -33,7 +33,7 @@ const RESERVED: u64 = 128;
 /// How many connections the two ports may hold together under a soft limit of `soft`, at most
 /// `wanted` (the `--max-connections` flag): the limit less [`RESERVED`] and an eighth more for
 /// what grows with tenants (informers' watches), never less than 16.
-pub fn connection_budget(soft: u64, wanted: usize) -> usize {
+pub(crate) fn connection_budget(soft: u64, wanted: usize) -> usize {
     let usable = soft.saturating_sub(RESERVED + soft / 8);
     usize::try_from(usable)
         .unwrap_or(usize::MAX)
@@ -44,14 +44,14 @@ pub fn connection_budget(soft: u64, wanted: usize) -> usize {
 /// How the budget is split: the HTTP port (probes, metrics, people) gets its own quarter, at
 /// most 256, so a flood of the gRPC port can never take the kubelet's probes with it; the gRPC
 /// port gets the rest.
-pub fn split(budget: usize) -> (usize, usize) {
+pub(crate) fn split(budget: usize) -> (usize, usize) {
     let http = (budget / 4).clamp(4, 256);
     (budget.saturating_sub(http).max(4), http)
 }
 
 /// The per-peer cap actually applied under a port total of `total`: the flag, but never more
 /// than a quarter of the port, so one address can never fill it.
-pub fn per_peer(total: usize, wanted: usize) -> usize {
+pub(crate) fn per_peer(total: usize, wanted: usize) -> usize {
     wanted.min((total / 4).max(1))
 }
 

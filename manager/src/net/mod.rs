@@ -14,16 +14,16 @@
 //! connection, and the process' open-file limit. May call: `throttle` and `metrics` only; it knows
 //! nothing of gRPC services or HTTP routes (both edges call into it).
 
-pub mod accept;
-pub mod backoff;
-pub mod conn;
-pub mod fd;
+pub(crate) mod accept;
+pub(crate) mod backoff;
+pub(crate) mod conn;
+pub(crate) mod fd;
 
 use std::time::Duration;
 
 /// What one port allows a connection. Built from the flags in `run/mod.rs`.
 #[derive(Debug, Clone)]
-pub struct PortRules {
+pub(crate) struct PortRules {
     /// The port's name in metrics and logs (`grpc` or `http`): a bounded label.
     pub port: &'static str,
     /// How long a new connection may stay silent before its first byte arrives (an HTTP/2
@@ -38,10 +38,10 @@ pub struct PortRules {
 }
 
 /// HTTP/2 keepalive: a ping after this long without frames...
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// ...and the connection is closed when the ping is not answered within this long: a peer
 /// that vanished (no FIN, no RST) holds its connection and its streams no longer than 40 s.
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The largest header block a peer may send on either port, HTTP/2 or HTTP/1.1: ample for a
 /// bearer token (a few KiB) and gRPC metadata, a bounded cost per stream.
-pub const MAX_HEADER_BYTES: u32 = 16 * 1024;
+pub(crate) const MAX_HEADER_BYTES: u32 = 16 * 1024;

@@ -25,7 +25,7 @@
 //! ([`watch`]). May call: tenancy (limits, grouping), dispatch (the controller table and the
 //! seat pool, to apply them), the Kubernetes client.
 
-pub mod watch;
+pub(crate) mod watch;
 
 use crate::dispatch::seats::Weights;
 use crate::tenancy::{Limits, TenantGrouping, TenantLimits, set_limit};
@@ -33,17 +33,17 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
 /// The API group of `TenantPolicy`.
-pub const GROUP: &str = "ctrlhub.io";
+pub(crate) const GROUP: &str = "ctrlhub.io";
 /// The served version of `TenantPolicy`.
-pub const VERSION: &str = "v1alpha1";
+pub(crate) const VERSION: &str = "v1alpha1";
 /// The kind.
-pub const KIND: &str = "TenantPolicy";
+pub(crate) const KIND: &str = "TenantPolicy";
 /// The resource (plural).
-pub const PLURAL: &str = "tenantpolicies";
+pub(crate) const PLURAL: &str = "tenantpolicies";
 
 /// One `TenantPolicy` as the API server holds it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// `metadata.name`.
     pub name: String,
     /// `metadata.generation`: which spec a verdict is about.
@@ -54,7 +54,7 @@ pub struct Policy {
 
 /// What became of one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Taken: its tenant's limits and weight are the policy's.
     Accepted {
         /// The tenant it governs.
@@ -74,7 +74,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The `Accepted` condition's status, reason and message.
-    pub fn condition(&self) -> (&'static str, &'static str, String) {
+    pub(crate) fn condition(&self) -> (&'static str, &'static str, String) {
         match self {
             Verdict::Accepted { tenant } => (
                 "True",
@@ -89,7 +89,7 @@ impl Verdict {
 
 /// What policies are applied over: the flags' limits and weights, and how tenants are named.
 #[derive(Debug, Clone)]
-pub struct Base {
+pub(crate) struct Base {
     /// Defaults and `--tenant-limit` overrides.
     pub limits: TenantLimits,
     /// Default and `--tenant-weight` overrides.
@@ -100,7 +100,7 @@ pub struct Base {
 
 /// Policies read into what the manager applies.
 #[derive(Debug, Clone)]
-pub struct Compiled {
+pub(crate) struct Compiled {
     /// Every tenant's limits.
     pub limits: TenantLimits,
     /// Every tenant's weight.
@@ -121,7 +121,11 @@ struct Read {
 
 /// Reads `policies` over `base`. `in_force` is what [`Compiled::in_force`] said last time: a
 /// policy that cannot be read now falls back on it. Pure; O(policies).
-pub fn compile(policies: &[Policy], in_force: &BTreeMap<String, Policy>, base: &Base) -> Compiled {
+pub(crate) fn compile(
+    policies: &[Policy],
+    in_force: &BTreeMap<String, Policy>,
+    base: &Base,
+) -> Compiled {
     let mut sorted: Vec<&Policy> = policies.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = Compiled {

@@ -17,7 +17,7 @@ use tokio::sync::watch as signal;
 use tokio_util::sync::CancellationToken;
 
 /// Where policies are applied, and what they are applied over.
-pub struct Applier {
+pub(crate) struct Applier {
     /// The manager's client (it reads policies and writes their status).
     pub client: kube::Client,
     /// Takes every tenant's limits.
@@ -31,7 +31,7 @@ pub struct Applier {
 }
 
 /// The `TenantPolicy` resource.
-pub fn resource() -> ApiResource {
+pub(crate) fn resource() -> ApiResource {
     ApiResource {
         group: GROUP.into(),
         version: VERSION.into(),
@@ -42,7 +42,7 @@ pub fn resource() -> ApiResource {
 }
 
 /// Watches policies until `stop`.
-pub fn spawn(applier: Applier, stop: CancellationToken) {
+pub(crate) fn spawn(applier: Applier, stop: CancellationToken) {
     tokio::spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}

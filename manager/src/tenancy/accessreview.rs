@@ -25,7 +25,7 @@ const CACHE_ENTRIES: usize = 50_000;
 
 /// How long decisions are trusted.
 #[derive(Debug, Clone, Copy)]
-pub struct DecisionTtl {
+pub(crate) struct DecisionTtl {
     /// An allow (also the re-check interval of live registrations).
     pub allow: Duration,
     /// A deny (also how often a namespace kept out of a label-selector scope is asked about
@@ -94,7 +94,7 @@ impl Attributes {
 type DecisionKey = (String, String, Attributes);
 
 /// Authorizes through SubjectAccessReview.
-pub struct AccessReviewAuthorizer {
+pub(crate) struct AccessReviewAuthorizer {
     api: Api<SubjectAccessReview>,
     ttl: DecisionTtl,
     secrets_tenants: HashSet<String>,
@@ -106,7 +106,7 @@ pub struct AccessReviewAuthorizer {
 impl AccessReviewAuthorizer {
     /// Check through `client`; `secrets_tenants` are the tenants (full usernames) that may have
     /// Secrets cached for them at all.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         ttl: DecisionTtl,
         secrets_tenants: impl IntoIterator<Item = String>,
@@ -121,7 +121,7 @@ impl AccessReviewAuthorizer {
     }
 
     /// Records each decision as a cache hit or a timed review in `metrics`.
-    pub fn with_metrics(mut self, metrics: ReviewMetrics) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: ReviewMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 /// An expiring, bounded map.
 #[derive(Debug)]
-pub struct TtlCache<K, V> {
+pub(crate) struct TtlCache<K, V> {
     entries: HashMap<K, (V, Instant)>,
     capacity: usize,
 }
 
 impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     /// An empty cache holding at most `capacity` entries.
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         TtlCache {
             entries: HashMap::new(),
             capacity: capacity.max(1),
@@ -25,7 +25,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     /// The value for `key` if it has not expired at `now`.
-    pub fn get(&self, key: &K, now: Instant) -> Option<V> {
+    pub(crate) fn get(&self, key: &K, now: Instant) -> Option<V> {
         self.entries
             .get(key)
             .filter(|(_, expires)| *expires > now)
@@ -34,7 +34,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 
     /// Store `value` for `ttl` from `now`. When full, expired entries go first, then the entry
     /// closest to expiry: the cache only saves API calls, so evicting early is always safe.
-    pub fn insert(&mut self, key: K, value: V, ttl: Duration, now: Instant) {
+    pub(crate) fn insert(&mut self, key: K, value: V, ttl: Duration, now: Instant) {
         if self.entries.len() >= self.capacity && !self.entries.contains_key(&key) {
             self.entries.retain(|_, (_, expires)| *expires > now);
             if self.entries.len() >= self.capacity {
@@ -53,7 +53,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 
     #[cfg(test)]
     /// Entries held, expired or not.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 }

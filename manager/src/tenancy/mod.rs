@@ -6,9 +6,9 @@
 //! Owns: identities, authenticators, authorizers, the decision cache and per-tenant limits. May
 //! call: the Kubernetes client, and `metrics` (review latency and cache hits).
 
-pub mod accessreview;
-pub mod decision_cache;
-pub mod tokenreview;
+pub(crate) mod accessreview;
+pub(crate) mod decision_cache;
+pub(crate) mod tokenreview;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,11 +17,11 @@ use std::pin::Pin;
 use std::time::Duration;
 
 /// A boxed future, so the seams stay object-safe (`Arc<dyn Authenticator>`).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// Tenant name used for controller names, limits and metrics: the full username, so two
     /// ServiceAccounts with the same name in different namespaces are different tenants.
     pub tenant: String,
@@ -35,7 +35,7 @@ pub struct Identity {
 
 /// Why authentication failed. Messages never contain the token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
+pub(crate) enum AuthError {
     /// No bearer token in the request metadata.
     #[error("missing bearer token: send gRPC metadata `authorization: Bearer <token>`")]
     Missing,
@@ -62,7 +62,7 @@ pub enum AuthError {
 
 /// When a JWT bearer token says it expires (its `exp` claim), read without verifying anything:
 /// only ever used to end a session sooner, never to accept a token.
-pub fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
+pub(crate) fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
     use base64::Engine as _;
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -74,7 +74,7 @@ pub fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
 }
 
 /// Turns a bearer token into an identity.
-pub trait Authenticator: Send + Sync {
+pub(crate) trait Authenticator: Send + Sync {
     /// Authenticate a token.
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>>;
 
@@ -88,13 +88,13 @@ pub trait Authenticator: Send + Sync {
 }
 
 /// Static tokens (for `ctrlhub dev` and tests): token → tenant.
-pub struct StaticTokens {
+pub(crate) struct StaticTokens {
     tokens: HashMap<String, String>,
 }
 
 impl StaticTokens {
     /// Accept exactly these tokens, each for its tenant.
-    pub fn new(tokens: impl IntoIterator<Item = (String, String)>) -> Self {
+    pub(crate) fn new(tokens: impl IntoIterator<Item = (String, String)>) -> Self {
         StaticTokens {
             tokens: tokens.into_iter().collect(),
         }
@@ -128,7 +128,7 @@ impl Authenticator for StaticTokens {
 
 /// What a tenant wants to do with a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Access {
+pub(crate) enum Access {
     /// list + watch (registrations).
     Watch,
     /// get + list (cached reads).
@@ -137,7 +137,7 @@ pub enum Access {
 
 impl Access {
     /// The Kubernetes verbs this access needs, all of them.
-    pub fn verbs(self) -> [&'static str; 2] {
+    pub(crate) fn verbs(self) -> [&'static str; 2] {
         match self {
             Access::Watch => ["list", "watch"],
             Access::Read => ["get", "list"],
@@ -147,14 +147,14 @@ impl Access {
 
 /// Why an authorization decision could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthzError {
+pub(crate) enum AuthzError {
     /// The policy could not be consulted (API server unreachable); retry.
     #[error("cannot check permissions right now: {0}")]
     Unavailable(String),
 }
 
 /// Decides whether an identity may watch or read a resource in a namespace ("" = all).
-pub trait Authorizer: Send + Sync {
+pub(crate) trait Authorizer: Send + Sync {
     /// Whether `who` may `access` `group/plural` in `namespace`.
     fn allowed<'a>(
         &'a self,
@@ -181,7 +181,7 @@ pub trait Authorizer: Send + Sync {
 
 /// Decides whether an identity may use a non-resource URL of the manager's own HTTP port (e.g.
 /// `get /metrics`), as the API server's authorizer decides for its own non-resource URLs.
-pub trait PathAuthorizer: Send + Sync {
+pub(crate) trait PathAuthorizer: Send + Sync {
     /// Whether `who` may `verb` the URL path `path`.
     fn path_allowed<'a>(
         &'a self,
@@ -193,7 +193,7 @@ pub trait PathAuthorizer: Send + Sync {
 
 /// Decides whether one namespace may enter a namespace-label-selector scope. Under RBAC: whether
 /// the registering identity may list and watch everything the registration watches there.
-pub trait NamespaceGate: Send + Sync {
+pub(crate) trait NamespaceGate: Send + Sync {
     /// Whether `namespace` may enter the scope now.
     fn admit<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<bool, AuthzError>>;
 
@@ -203,7 +203,7 @@ pub trait NamespaceGate: Send + Sync {
 }
 
 /// Allows everything (dev mode).
-pub struct AllowAll;
+pub(crate) struct AllowAll;
 
 impl Authorizer for AllowAll {
     fn allowed<'a>(
@@ -260,7 +260,7 @@ fn service_account_namespace(username: &str) -> Option<&str> {
 
 /// One tenant's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Concurrent sessions (controller replicas) across the tenant's controllers.
     pub sessions: usize,
     /// Distinct controllers (registrations) the tenant may have at once.
@@ -315,7 +315,7 @@ impl Default for Limits {
 
 impl Limits {
     /// Whether a resync period (None: no resync) is at least this tenant's floor.
-    pub fn check_resync(&self, resync: Option<Duration>) -> Result<(), ResyncTooShort> {
+    pub(crate) fn check_resync(&self, resync: Option<Duration>) -> Result<(), ResyncTooShort> {
         match resync {
             Some(period) if period < self.min_resync => Err(ResyncTooShort {
                 given: period,
@@ -326,7 +326,7 @@ impl Limits {
     }
 
     /// Whether `deadline` is within this tenant's bounds; the error says which and how to fix.
-    pub fn check_deadline(&self, deadline: Duration) -> Result<(), DeadlineOutOfBounds> {
+    pub(crate) fn check_deadline(&self, deadline: Duration) -> Result<(), DeadlineOutOfBounds> {
         if deadline < self.min_deadline || deadline > self.max_deadline {
             return Err(DeadlineOutOfBounds {
                 given: deadline,
@@ -340,7 +340,7 @@ impl Limits {
 
 /// A request deadline outside the tenant's bounds.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct DeadlineOutOfBounds {
+pub(crate) struct DeadlineOutOfBounds {
     given: Duration,
     min: Duration,
     max: Duration,
@@ -360,7 +360,7 @@ impl fmt::Display for DeadlineOutOfBounds {
 
 /// A resync period below the tenant's floor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ResyncTooShort {
+pub(crate) struct ResyncTooShort {
     given: Duration,
     min: Duration,
 }
@@ -382,14 +382,14 @@ impl fmt::Display for ResyncTooShort {
 #[error(
     "--tenant-limit {given:?}: {why}; expected TENANT/LIMIT=N with LIMIT one of sessions, controllers, queued-keys, in-flight, informers, cached-bytes, queued-bytes, registrations-per-second, or TENANT/LIMIT=DURATION with LIMIT min-deadline, max-deadline or min-resync (e.g. system:serviceaccount:team-a:ctl/queued-keys=50000, system:serviceaccount:team-a:ctl/max-deadline=1h)"
 )]
-pub struct LimitSpecError {
+pub(crate) struct LimitSpecError {
     given: String,
     why: &'static str,
 }
 
 /// Set the limit called `name` (as `--tenant-limit` and tenant policies spell it) to `value`;
 /// the error says what is wrong with it.
-pub fn set_limit(limits: &mut Limits, name: &str, value: &str) -> Result<(), &'static str> {
+pub(crate) fn set_limit(limits: &mut Limits, name: &str, value: &str) -> Result<(), &'static str> {
     let duration = || {
         humantime::parse_duration(value)
             .map_err(|_| "the value is not a duration such as 500ms, 30s or 1h")
@@ -421,14 +421,14 @@ pub fn set_limit(limits: &mut Limits, name: &str, value: &str) -> Result<(), &'s
 
 /// Limits for every tenant: defaults plus per-tenant overrides from the configuration.
 #[derive(Debug, Clone, Default)]
-pub struct TenantLimits {
+pub(crate) struct TenantLimits {
     defaults: Limits,
     overrides: HashMap<String, Limits>,
 }
 
 impl TenantLimits {
     /// Everyone gets `defaults`.
-    pub fn new(defaults: Limits) -> Self {
+    pub(crate) fn new(defaults: Limits) -> Self {
         TenantLimits {
             defaults,
             overrides: HashMap::new(),
@@ -436,7 +436,7 @@ impl TenantLimits {
     }
 
     /// Apply overrides written `TENANT/LIMIT=N` (tenants are usernames, which never hold `/`).
-    pub fn with_overrides<'a>(
+    pub(crate) fn with_overrides<'a>(
         mut self,
         specs: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, LimitSpecError> {
@@ -460,18 +460,18 @@ impl TenantLimits {
     }
 
     /// The same limits with `tenant`'s replaced (a tenant policy).
-    pub fn with_tenant(mut self, tenant: &str, limits: Limits) -> Self {
+    pub(crate) fn with_tenant(mut self, tenant: &str, limits: Limits) -> Self {
         self.overrides.insert(tenant.to_string(), limits);
         self
     }
 
     /// Every tenant named by an override.
-    pub fn named(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn named(&self) -> impl Iterator<Item = &str> {
         self.overrides.keys().map(String::as_str)
     }
 
     /// The limits that apply to `tenant`.
-    pub fn for_tenant(&self, tenant: &str) -> Limits {
+    pub(crate) fn for_tenant(&self, tenant: &str) -> Limits {
         self.overrides.get(tenant).copied().unwrap_or(self.defaults)
     }
 }

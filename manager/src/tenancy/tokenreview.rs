@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 const CACHE_ENTRIES: usize = 10_000;
 
 /// Authenticates bearer tokens with TokenReview.
-pub struct TokenReviewAuthenticator {
+pub(crate) struct TokenReviewAuthenticator {
     api: Api<TokenReview>,
     /// The audience tokens must carry; `None`: the API server's own.
     audience: Option<String>,
@@ -35,7 +35,7 @@ pub struct TokenReviewAuthenticator {
 impl TokenReviewAuthenticator {
     /// Review tokens through `client`, accepting only tokens for `audience`; decisions are
     /// cached for `ttl`.
-    pub fn new(client: kube::Client, audience: impl Into<String>, ttl: Duration) -> Self {
+    pub(crate) fn new(client: kube::Client, audience: impl Into<String>, ttl: Duration) -> Self {
         TokenReviewAuthenticator {
             api: Api::all(client),
             audience: Some(audience.into()),
@@ -47,7 +47,7 @@ impl TokenReviewAuthenticator {
 
     /// Review tokens for the API server's own audience (what a ServiceAccount's mounted token
     /// and `kubectl create token` carry); decisions are cached for `ttl`.
-    pub fn for_api_audience(client: kube::Client, ttl: Duration) -> Self {
+    pub(crate) fn for_api_audience(client: kube::Client, ttl: Duration) -> Self {
         TokenReviewAuthenticator {
             api: Api::all(client),
             audience: None,
@@ -58,7 +58,7 @@ impl TokenReviewAuthenticator {
     }
 
     /// Records each decision as a cache hit or a timed review in `metrics`.
-    pub fn with_metrics(mut self, metrics: ReviewMetrics) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: ReviewMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }

@@ -37,12 +37,12 @@ use tokio::process::Child;
 use tokio::sync::watch;
 
 /// Parsing and checking the controller's reconcile log; pure functions, unit-tested below.
-pub mod reconcile_log {
+pub(crate) mod reconcile_log {
     use std::collections::{BTreeMap, HashMap};
 
     /// Start or end of one reconcile.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Kind {
+    pub(crate) enum Kind {
         /// The reconcile function was entered.
         Start,
         /// It returned, or its future was dropped (session ended / deadline).
@@ -51,7 +51,7 @@ pub mod reconcile_log {
 
     /// One line of a replica's log.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct Entry {
+    pub(crate) struct Entry {
         /// Unix time in microseconds.
         pub ts: u64,
         /// The replica process (unique per process incarnation).
@@ -68,7 +68,7 @@ pub mod reconcile_log {
 
     /// Parse a log (the format documented in `tests/src/bin/fault-controller.rs`). A last line
     /// without its newline is dropped: a SIGKILL can cut the final write short.
-    pub fn parse(text: &str) -> Result<Vec<Entry>, String> {
+    pub(crate) fn parse(text: &str) -> Result<Vec<Entry>, String> {
         let complete = match text.rfind('\n') {
             Some(i) => &text[..=i],
             None => "",
@@ -98,7 +98,7 @@ pub mod reconcile_log {
 
     /// One reconcile: from its start to its end, or to when its replica was killed, or open.
     #[derive(Debug, Clone)]
-    pub struct Interval {
+    pub(crate) struct Interval {
         /// Replica.
         pub replica: String,
         /// Request id.
@@ -115,7 +115,7 @@ pub mod reconcile_log {
     /// before it was SIGKILLed: a reconcile it never finished ended no later than its death, and
     /// is taken to end at the later of that time and the replica's last log line (both precede
     /// the death, and the manager cannot re-dispatch before it notices the death).
-    pub fn intervals(
+    pub(crate) fn intervals(
         entries: &[Entry],
         killed: &HashMap<String, u64>,
     ) -> Result<BTreeMap<String, Vec<Interval>>, Vec<String>> {
@@ -179,7 +179,7 @@ pub mod reconcile_log {
 
     /// Rule "exclusive": no key has two reconciles whose intervals overlap (an end at the same
     /// microsecond as the next start is fine: the first answered before the second began).
-    pub fn overlaps(by_key: &BTreeMap<String, Vec<Interval>>) -> Vec<String> {
+    pub(crate) fn overlaps(by_key: &BTreeMap<String, Vec<Interval>>) -> Vec<String> {
         let mut out = Vec::new();
         for (key, list) in by_key {
             let mut list: Vec<&Interval> = list.iter().collect();
@@ -217,7 +217,7 @@ pub mod reconcile_log {
     /// Rule "no lost keys": for every object, its final state was seen by some reconcile start
     /// (`Some(rv)`: a start with that resourceVersion; `None`, deleted: the key's last start
     /// carried no object, or the key was never reconciled at all).
-    pub fn lost_keys(
+    pub(crate) fn lost_keys(
         by_key: &BTreeMap<String, Vec<Interval>>,
         final_state: &BTreeMap<String, Option<String>>,
     ) -> Vec<String> {
@@ -258,7 +258,7 @@ pub mod reconcile_log {
     }
 
     /// Both rules over a whole run; empty when the run is clean.
-    pub fn check(
+    pub(crate) fn check(
         entries: &[Entry],
         killed: &HashMap<String, u64>,
         final_state: &BTreeMap<String, Option<String>>,

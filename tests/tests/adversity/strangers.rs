@@ -32,21 +32,21 @@ const TEST_LIMIT: Duration = Duration::from_secs(150);
 mod defaults {
     use std::time::Duration;
     /// `--handshake-timeout`: first bytes, TLS handshake, the HTTP port's first request.
-    pub const HANDSHAKE: Duration = Duration::from_secs(10);
+    pub(super) const HANDSHAKE: Duration = Duration::from_secs(10);
     /// `--max-connections-per-peer` (the open-file limit here leaves it as it is).
-    pub const PER_PEER: usize = 128;
+    pub(super) const PER_PEER: usize = 128;
     /// The HTTP port's per-peer cap: a quarter of its 256 connections.
-    pub const HTTP_PER_PEER: usize = 64;
+    pub(super) const HTTP_PER_PEER: usize = 64;
     /// Failed authentications a peer may make at once (gRPC), then one a second.
-    pub const AUTH_BURST: u64 = 20;
+    pub(super) const AUTH_BURST: u64 = 20;
     /// TokenReviews in flight from the gRPC port.
-    pub const REVIEWS_IN_FLIGHT: usize = 16;
+    pub(super) const REVIEWS_IN_FLIGHT: usize = 16;
     /// Connect streams of one tenant waiting for their Register.
-    pub const PENDING_PER_TENANT: usize = 64;
+    pub(super) const PENDING_PER_TENANT: usize = 64;
     /// Discovery lookups a tenant may cost at once, then one a second; kinds not served are
     /// remembered this long.
-    pub const DISCOVERY_BURST: u64 = 80;
-    pub const UNSERVED_TTL: Duration = Duration::from_secs(10);
+    pub(super) const DISCOVERY_BURST: u64 = 80;
+    pub(super) const UNSERVED_TTL: Duration = Duration::from_secs(10);
 }
 
 /// One test at a time.

@@ -19,20 +19,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// How long any condition may take before a test fails: generous, for a loaded machine.
-pub const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The static token of every manager started here.
-pub const TOKEN: &str = "dev";
+pub(crate) const TOKEN: &str = "dev";
 
 /// The workspace's target directory (`CARGO_TARGET_DIR` moves it).
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
 }
 
 /// A binary of this workspace in `target/debug`.
-pub fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     let path = target_dir().join("debug").join(name);
     assert!(
         path.exists(),
@@ -44,7 +44,7 @@ pub fn bin(name: &str) -> PathBuf {
 }
 
 /// A free loopback port (bound and released).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -53,7 +53,7 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `probe` every 20 ms until it returns `Some`, for at most `within`.
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -72,14 +72,14 @@ where
 }
 
 /// A child process, killed (SIGKILL) when dropped.
-pub struct Process {
+pub(crate) struct Process {
     pub child: Child,
     pub log: PathBuf,
 }
 
 impl Process {
     /// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`).
-    pub fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .arg(format!("-{signal}"))
             .arg(self.child.id().to_string())
@@ -89,7 +89,7 @@ impl Process {
     }
 
     /// Waits (without blocking the runtime) until the process exits.
-    pub async fn exited(&mut self, within: Duration) -> ExitStatus {
+    pub(crate) async fn exited(&mut self, within: Duration) -> ExitStatus {
         eventually("the process to exit", within, || {
             let status = self.child.try_wait().unwrap();
             async move { status }
@@ -98,7 +98,7 @@ impl Process {
     }
 
     /// The last `n` lines of its log.
-    pub fn tail(&self, n: usize) -> String {
+    pub(crate) fn tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
@@ -113,7 +113,7 @@ impl Drop for Process {
 }
 
 /// A temporary directory of one test (logs, kubeconfig).
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = target_dir()
         .join("sdk-tests")
         .join(format!("{name}-{}", std::process::id()));
@@ -122,7 +122,7 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 /// A devcluster process and a client for it.
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub process: Process,
     pub kubeconfig: PathBuf,
     pub client: kube::Client,
@@ -131,7 +131,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts devcluster on a free port; its kubeconfig and logs go to a scratch directory.
-    pub async fn start(name: &str) -> Cluster {
+    pub(crate) async fn start(name: &str) -> Cluster {
         let dir = scratch(name);
         let kubeconfig = dir.join("kubeconfig");
         let log = dir.join("devcluster.log");
@@ -171,7 +171,7 @@ impl Cluster {
     }
 
     /// Creates namespace `name`.
-    pub async fn namespace(&self, name: &str) {
+    pub(crate) async fn namespace(&self, name: &str) {
         use k8s_openapi::api::core::v1::Namespace;
         let api: kube::Api<Namespace> = kube::Api::all(self.client.clone());
         let ns: Namespace = serde_json::from_value(serde_json::json!({
@@ -184,7 +184,7 @@ impl Cluster {
 
 /// How a manager runs.
 #[derive(Clone, Debug)]
-pub struct ManagerOptions {
+pub(crate) struct ManagerOptions {
     /// `--identity`.
     pub identity: String,
     /// The gRPC port (a free one unless set).
@@ -215,7 +215,7 @@ impl Default for ManagerOptions {
 }
 
 /// A `ctrlhub run` process.
-pub struct Manager {
+pub(crate) struct Manager {
     pub process: Process,
     pub grpc_port: u16,
     pub http_port: u16,
@@ -223,14 +223,14 @@ pub struct Manager {
 
 impl Manager {
     /// Starts a manager against `cluster` and waits until it leads.
-    pub async fn start(cluster: &Cluster, opts: ManagerOptions) -> Manager {
+    pub(crate) async fn start(cluster: &Cluster, opts: ManagerOptions) -> Manager {
         let m = Self::spawn(cluster, opts);
         m.leading().await;
         m
     }
 
     /// Starts a manager without waiting for it to lead.
-    pub fn spawn(cluster: &Cluster, opts: ManagerOptions) -> Manager {
+    pub(crate) fn spawn(cluster: &Cluster, opts: ManagerOptions) -> Manager {
         let grpc_port = opts.grpc_port.unwrap_or_else(free_port);
         let http_port = free_port();
         let log = cluster.dir.join(format!(
@@ -273,22 +273,22 @@ impl Manager {
     }
 
     /// The gRPC endpoint.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("http://127.0.0.1:{}", self.grpc_port)
     }
 
     /// SDK settings for this manager, with a quick reconnect.
-    pub fn config(&self) -> Config {
+    pub(crate) fn config(&self) -> Config {
         config_for(self.addr())
     }
 
     /// `/status`, or `None` while it does not answer.
-    pub async fn status(&self) -> Option<Value> {
+    pub(crate) async fn status(&self) -> Option<Value> {
         http_get_json(self.http_port, "/status").await
     }
 
     /// The `/status` entry of controller `name`.
-    pub async fn controller(&self, name: &str) -> Option<Value> {
+    pub(crate) async fn controller(&self, name: &str) -> Option<Value> {
         let status = self.status().await?;
         status["controllers"]
             .as_array()?
@@ -298,7 +298,7 @@ impl Manager {
     }
 
     /// How many sessions the manager holds for controller `name`.
-    pub async fn sessions(&self, name: &str) -> usize {
+    pub(crate) async fn sessions(&self, name: &str) -> usize {
         let Some(c) = self.controller(name).await else {
             return 0;
         };
@@ -306,7 +306,7 @@ impl Manager {
     }
 
     /// Waits until this manager leads.
-    pub async fn leading(&self) {
+    pub(crate) async fn leading(&self) {
         eventually("the manager to lead", PATIENCE, || async {
             let status = self.status().await?;
             (status["leading"] == true).then_some(())
@@ -316,7 +316,7 @@ impl Manager {
 }
 
 /// SDK settings for `addr`: static token, reconnect from 50 ms to 1 s.
-pub fn config_for(addr: String) -> Config {
+pub(crate) fn config_for(addr: String) -> Config {
     let mut config = Config::new(addr, TOKEN);
     config.reconnect = ctrlhub_sdk::Backoff::new(
         Duration::from_millis(50),
@@ -345,7 +345,7 @@ async fn http_get_json(port: u16, path: &str) -> Option<Value> {
 /// A TCP proxy in front of a manager: every new connection is forwarded; [`Proxy::freeze`]
 /// stops forwarding bytes on the connections open at that moment (none is closed), as a
 /// network partition would; connections opened later flow normally.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub port: u16,
     accepted: Arc<AtomicU64>,
     frozen_up_to: watch::Sender<u64>,
@@ -354,7 +354,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts forwarding 127.0.0.1:`port` to 127.0.0.1:`upstream`.
-    pub async fn start(upstream: u16) -> Proxy {
+    pub(crate) async fn start(upstream: u16) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (frozen_up_to, _) = watch::channel(0u64);
@@ -379,12 +379,12 @@ impl Proxy {
     }
 
     /// The proxied gRPC endpoint.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// Freezes every connection open now.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         let mark = self.accepted.load(Ordering::SeqCst);
         self.frozen_up_to.send_replace(mark);
     }
@@ -420,14 +420,14 @@ async fn pipe(
 }
 
 /// A path relative to the repository root.
-pub fn repo(path: &str) -> PathBuf {
+pub(crate) fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(path)
 }
 
 /// A GET on a loopback port: the status code and the body (`None` while nothing answers).
-pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+pub(crate) async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
@@ -445,7 +445,7 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// The SDK's log lines in this test process, as JSON objects: [`captured_logs`] installs a
 /// global JSON subscriber (the SDK's shape) once per test binary, at DEBUG for the SDK.
 #[derive(Clone, Default)]
-pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+pub(crate) struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Logs {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -460,7 +460,7 @@ impl std::io::Write for Logs {
 
 impl Logs {
     /// Every line logged so far.
-    pub fn lines(&self) -> Vec<Value> {
+    pub(crate) fn lines(&self) -> Vec<Value> {
         let bytes = self.0.lock().unwrap().clone();
         String::from_utf8_lossy(&bytes)
             .lines()
@@ -469,7 +469,7 @@ impl Logs {
     }
 
     /// The lines about controller `name` (its `controller` field, or that of its span).
-    pub fn of(&self, name: &str) -> Vec<Value> {
+    pub(crate) fn of(&self, name: &str) -> Vec<Value> {
         self.lines()
             .into_iter()
             .filter(|l| l["fields"]["controller"] == name || l["span"]["controller"] == name)
@@ -478,7 +478,7 @@ impl Logs {
 }
 
 /// The process's captured logs (see [`Logs`]).
-pub fn captured_logs() -> Logs {
+pub(crate) fn captured_logs() -> Logs {
     static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
     LOGS.get_or_init(|| {
         let logs = Logs::default();
@@ -498,7 +498,7 @@ pub fn captured_logs() -> Logs {
 /// A TCP proxy playing the Service in front of the leader: new connections go to the current
 /// upstream; [`SwitchProxy::switch`] points it at another manager and cuts every open
 /// connection, as a leader change does.
-pub struct SwitchProxy {
+pub(crate) struct SwitchProxy {
     pub port: u16,
     upstream: Arc<std::sync::atomic::AtomicU16>,
     cuts: watch::Sender<u64>,
@@ -506,7 +506,7 @@ pub struct SwitchProxy {
 
 impl SwitchProxy {
     /// Starts forwarding 127.0.0.1:`port` to 127.0.0.1:`upstream`.
-    pub async fn start(upstream: u16) -> SwitchProxy {
+    pub(crate) async fn start(upstream: u16) -> SwitchProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let target = Arc::new(std::sync::atomic::AtomicU16::new(upstream));
@@ -539,12 +539,12 @@ impl SwitchProxy {
     }
 
     /// The proxied gRPC endpoint.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// New connections go to `upstream`; the open ones are closed.
-    pub fn switch(&self, upstream: u16) {
+    pub(crate) fn switch(&self, upstream: u16) {
         self.upstream.store(upstream, Ordering::SeqCst);
         self.cuts.send_modify(|n| *n += 1);
     }

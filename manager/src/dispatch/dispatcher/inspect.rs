@@ -9,7 +9,7 @@ use std::time::Instant;
 
 /// A controller's queue as `/metrics` reports it.
 #[derive(Debug, Clone, Copy)]
-pub struct QueueStats {
+pub(crate) struct QueueStats {
     /// Keys ready or waiting on a timer.
     pub depth: usize,
     /// Requests in flight.
@@ -32,7 +32,7 @@ pub struct QueueStats {
 
 /// Where a controller's keys are, for the status page.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KeyCounts {
+pub(crate) struct KeyCounts {
     /// Ready to be handed out (and EVENTS-mode events waiting).
     pub ready: usize,
     /// Waiting on a requeue-after the controller asked for: scheduled, not failing.
@@ -45,69 +45,69 @@ pub struct KeyCounts {
 
 /// A controller's sessions, in-flight requests and queue, read under its lock
 /// (see [`Controller::inspect`]).
-pub struct Inspection<'a> {
+pub(crate) struct Inspection<'a> {
     st: &'a State,
 }
 
 impl Inspection<'_> {
     /// Requests in flight, in no particular order.
-    pub fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
+    pub(crate) fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
         self.st.in_flight.values()
     }
 
     /// Attached sessions by number, in the order they attached.
-    pub fn sessions(&self) -> impl Iterator<Item = (u64, &SessionSlot)> {
+    pub(crate) fn sessions(&self) -> impl Iterator<Item = (u64, &SessionSlot)> {
         self.st.sessions.iter().map(|(n, slot)| (*n, slot))
     }
 
     /// At most `limit` queued keys in dispatch order, then keys waiting on a timer.
-    pub fn queued(&self, limit: usize) -> Vec<(ObjectKey, QueuedAs)> {
+    pub(crate) fn queued(&self, limit: usize) -> Vec<(ObjectKey, QueuedAs)> {
         self.st.queue.peek(limit)
     }
 }
 
 impl InFlight {
     /// The key.
-    pub fn key(&self) -> &ObjectKey {
+    pub(crate) fn key(&self) -> &ObjectKey {
         &self.key
     }
 
     /// The session it went to.
-    pub fn session(&self) -> u64 {
+    pub(crate) fn session(&self) -> u64 {
         self.session
     }
 
     /// 1-based attempt.
-    pub fn attempt(&self) -> u32 {
+    pub(crate) fn attempt(&self) -> u32 {
         self.attempt
     }
 
     /// When it was handed out.
-    pub fn started(&self) -> Instant {
+    pub(crate) fn started(&self) -> Instant {
         self.started
     }
 }
 
 impl SessionSlot {
     /// Requests it accepts at once.
-    pub fn credits(&self) -> u32 {
+    pub(crate) fn credits(&self) -> u32 {
         self.credits
     }
 
     /// Requests it holds now.
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight
     }
 
     /// Whether it asked to drain.
-    pub fn draining(&self) -> bool {
+    pub(crate) fn draining(&self) -> bool {
         self.draining
     }
 }
 
 impl Controller {
     /// Queue figures for `/metrics`.
-    pub fn queue_stats(&self) -> QueueStats {
+    pub(crate) fn queue_stats(&self) -> QueueStats {
         let now = Instant::now();
         let st = self.lock();
         QueueStats {
@@ -134,7 +134,7 @@ impl Controller {
 
     #[cfg(test)]
     /// Queue depth, in-flight count and number of sessions.
-    pub fn snapshot(&self) -> (usize, usize, usize) {
+    pub(crate) fn snapshot(&self) -> (usize, usize, usize) {
         let st = self.lock();
         (
             st.queue.len() + st.queue.waiting_len(),
@@ -144,7 +144,7 @@ impl Controller {
     }
 
     /// Its keys counted by where they are: ready, scheduled, failing, in flight.
-    pub fn key_counts(&self) -> KeyCounts {
+    pub(crate) fn key_counts(&self) -> KeyCounts {
         let st = self.lock();
         let failing = st.queue.retrying_len();
         KeyCounts {
@@ -157,13 +157,13 @@ impl Controller {
 
     /// Read sessions, in-flight requests and queued keys together, under the controller's lock:
     /// keep `read` short, it holds up dispatch.
-    pub fn inspect<R>(&self, read: impl FnOnce(&Inspection<'_>) -> R) -> R {
+    pub(crate) fn inspect<R>(&self, read: impl FnOnce(&Inspection<'_>) -> R) -> R {
         let st = self.lock();
         read(&Inspection { st: &st })
     }
 
     /// The latest failures, newest first, at most `limit`.
-    pub fn recent_errors(&self, limit: usize) -> Vec<RecentError> {
+    pub(crate) fn recent_errors(&self, limit: usize) -> Vec<RecentError> {
         self.recent_errors
             .lock()
             .iter()

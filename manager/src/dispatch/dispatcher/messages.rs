@@ -15,7 +15,7 @@ use tokio::sync::{Notify, mpsc};
 /// Requests and events a session's stream may have waiting to be written, beyond what the
 /// controller holds in flight. A session that does not read fills it and then receives nothing
 /// more (its keys go to other sessions or wait), so what a stalled reader pins is bounded.
-pub const OUTBOX_CAPACITY: usize = 16;
+pub(super) const OUTBOX_CAPACITY: usize = 16;
 
 /// The dispatcher's end of a session's outbound channels (kept in its session slot).
 pub(super) struct Mailbox {
@@ -56,7 +56,7 @@ impl Mailbox {
 }
 
 /// The gRPC edge's end of a session's outbound channels.
-pub struct Outbox {
+pub(crate) struct Outbox {
     /// Revoke and Drained.
     pub control: mpsc::UnboundedReceiver<Outbound>,
     /// Requests and events.
@@ -64,7 +64,7 @@ pub struct Outbox {
 }
 
 /// Requests and events for a session, at most [`OUTBOX_CAPACITY`] waiting.
-pub struct WorkOutbox {
+pub(crate) struct WorkOutbox {
     rx: mpsc::Receiver<Outbound>,
     starved: Arc<AtomicBool>,
     wake: Arc<Notify>,
@@ -73,12 +73,12 @@ pub struct WorkOutbox {
 impl WorkOutbox {
     #[cfg(test)]
     /// The next request or event if one is waiting (unit tests drive dispatch by hand).
-    pub fn try_next(&mut self) -> Option<Outbound> {
+    pub(crate) fn try_next(&mut self) -> Option<Outbound> {
         self.rx.try_recv().ok()
     }
 
     /// The next request or event; wakes the dispatcher if it was waiting for room.
-    pub async fn next(&mut self) -> Option<Outbound> {
+    pub(crate) async fn next(&mut self) -> Option<Outbound> {
         let next = self.rx.recv().await;
         if self.starved.swap(false, Ordering::AcqRel) {
             self.wake.notify_one();
@@ -111,7 +111,7 @@ pub(super) fn mailbox(wake: Arc<Notify>) -> (Mailbox, Outbox) {
 
 /// The object a request carries.
 #[derive(Debug, Clone)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// The object was not requested.
     None,
     /// The current object, as the cache holds it (its JSON is sent as is).
@@ -122,7 +122,7 @@ pub enum Payload {
 
 /// A reconcile request on its way to a session (translated to protobuf at the gRPC edge).
 #[derive(Debug, Clone)]
-pub struct Request {
+pub(crate) struct Request {
     /// Unique request id.
     pub id: String,
     /// The key.
@@ -142,7 +142,7 @@ pub struct Request {
 /// W3C `traceparent` and `tracestate` of a dispatch span, as sent on the wire; both empty when
 /// tracing is off.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TraceContext {
+pub(crate) struct TraceContext {
     /// `traceparent`.
     pub traceparent: String,
     /// `tracestate`.
@@ -165,7 +165,7 @@ impl TraceContext {
 
 /// What the manager tells a session.
 #[derive(Debug, Clone)]
-pub enum Outbound {
+pub(crate) enum Outbound {
     /// A reconcile request.
     Reconcile(Request),
     /// An EVENTS-mode delivery.
@@ -192,7 +192,7 @@ pub enum Outbound {
 
 /// Why a session was ended by the manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RevokeReason {
+pub(crate) enum RevokeReason {
     /// This manager lost the Lease.
     LeadershipLost,
     /// A different registration under the same name replaced this one.
@@ -209,7 +209,7 @@ pub enum RevokeReason {
 
 /// What a result did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
+pub(crate) enum Completion {
     /// Accepted.
     Accepted,
     /// Unknown id, another session's request, or past its deadline: discarded.

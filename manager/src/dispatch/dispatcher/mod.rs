@@ -21,9 +21,11 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use messages::{Completion, Outbound, Outbox, Payload, Request, RevokeReason, TraceContext};
-pub use results::{RECENT_ERRORS, RecentError};
-pub use state::Tombstone;
+pub(crate) use messages::{
+    Completion, Outbound, Outbox, Payload, Request, RevokeReason, TraceContext,
+};
+pub(crate) use results::{RECENT_ERRORS, RecentError};
+pub(crate) use state::Tombstone;
 
 use crate::dispatch::event_queue::EventType;
 use crate::dispatch::queue::{Priority, Reason, WorkQueue};
@@ -43,11 +45,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tokio::sync::Notify;
 
-pub use crate::key::ControllerId;
+pub(crate) use crate::key::ControllerId;
 
 /// Counters for status and metrics.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Requests dispatched.
     pub dispatched: AtomicU64,
     /// Reconciles that finished well, and EVENTS-mode acks.
@@ -69,10 +71,10 @@ pub struct Counters {
 
 /// The namespaces a namespace-label-selector scope admits now, shared with the controllers, which
 /// keeps it current as namespaces match, pass their checks, or leave.
-pub type NamespaceSet = Arc<parking_lot::RwLock<std::collections::HashSet<String>>>;
+pub(crate) type NamespaceSet = Arc<parking_lot::RwLock<std::collections::HashSet<String>>>;
 
 /// A registered controller.
-pub struct Controller {
+pub(crate) struct Controller {
     /// Tenant and name.
     pub id: ControllerId,
     /// The tenant its limits and dispatch seats count against: `id.tenant`, or the group it
@@ -155,7 +157,11 @@ impl Controller {
     #[cfg(test)]
     /// A controller with an empty queue and no sessions, no limit on dispatch seats, and
     /// nothing to wait for before dispatching.
-    pub fn new(id: ControllerId, registration: Registration, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(
+        id: ControllerId,
+        registration: Registration,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         let group = id.tenant.clone();
         let c = Self::with_seat_pool(
             id,
@@ -171,7 +177,7 @@ impl Controller {
 
     /// A controller whose requests take seats from `seat_pool`, shared with other tenants, and
     /// whose events and tombstones count in `queued`, its tenant's queued bytes.
-    pub fn with_seat_pool(
+    pub(crate) fn with_seat_pool(
         id: ControllerId,
         group: &str,
         registration: Registration,
@@ -217,7 +223,7 @@ impl Controller {
     }
 
     /// What every informer this controller holds watches.
-    pub fn informer_keys(&self) -> Vec<InformerKey> {
+    pub(crate) fn informer_keys(&self) -> Vec<InformerKey> {
         self.subscriptions
             .lock()
             .iter()
@@ -226,7 +232,7 @@ impl Controller {
     }
 
     /// Every informer this controller subscribed to.
-    pub fn informers(&self) -> Vec<Arc<Informer>> {
+    pub(crate) fn informers(&self) -> Vec<Arc<Informer>> {
         self.subscriptions
             .lock()
             .iter()
@@ -235,7 +241,7 @@ impl Controller {
     }
 
     /// Keep the informer subscriptions alive as long as the controller.
-    pub fn hold(&self, subscription: Subscription, primary: bool) {
+    pub(crate) fn hold(&self, subscription: Subscription, primary: bool) {
         if primary {
             self.primaries.lock().push(subscription.informer().clone());
         }
@@ -243,20 +249,20 @@ impl Controller {
     }
 
     /// Drop every informer subscription (the controller is going away).
-    pub fn release_informers(&self) {
+    pub(crate) fn release_informers(&self) {
         self.subscriptions.lock().clear();
         self.primaries.lock().clear();
     }
 
     /// The controller is going away: drop its subscriptions and end its dispatch task, so
     /// nothing it spawned outlives it.
-    pub fn retire(&self) {
+    pub(crate) fn retire(&self) {
         self.release_informers();
         self.retired.cancel();
     }
 
     /// Confine every key this controller delivers to `namespaces` (set once, when wired).
-    pub fn confine_to(&self, namespaces: &[String]) {
+    pub(crate) fn confine_to(&self, namespaces: &[String]) {
         let _ = self
             .fixed_namespaces
             .set(namespaces.iter().cloned().collect());
@@ -266,7 +272,7 @@ impl Controller {
     /// selector scope, admitted now), or no namespace for a cluster-scoped primary. Every key
     /// is checked here whatever produced it, so no mapping (a field naming another tenant's
     /// namespace, an owner reference) can deliver a key from outside the scope.
-    pub fn admits(&self, key: &ObjectKey) -> bool {
+    pub(crate) fn admits(&self, key: &ObjectKey) -> bool {
         if !self.registration.primary.namespaced {
             return key.namespace.is_empty();
         }
@@ -283,7 +289,7 @@ impl Controller {
 
     /// Enqueue keys because of `reason` (initial lists and resyncs are background work). Keys
     /// outside the scope are dropped.
-    pub fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, reason: Reason) {
+    pub(crate) fn enqueue(&self, keys: impl IntoIterator<Item = ObjectKey>, reason: Reason) {
         if self.overflowed.load(Ordering::Relaxed) {
             // Revoked for exceeding its queue limit: hold nothing more until it is gone.
             return;
@@ -317,7 +323,7 @@ impl Controller {
 
     /// EVENTS mode: append a change of a primary (compacted into its pending change when the
     /// queue allows), counted against the tenant's queued bytes and the queued-keys limit.
-    pub fn push_event(&self, kind: EventType, object: &Value) {
+    pub(crate) fn push_event(&self, kind: EventType, object: &Value) {
         if self.overflowed.load(Ordering::Relaxed) {
             return;
         }
@@ -363,13 +369,13 @@ impl Controller {
 
     /// Caps the keys this controller may hold queued (`0` = unlimited); set from the tenant's
     /// limits when the controller is created.
-    pub fn set_queue_limit(&self, limit: usize) {
+    pub(crate) fn set_queue_limit(&self, limit: usize) {
         self.queue_limit.store(limit, Ordering::Relaxed);
     }
 
     /// Take its tenant's limits as they are now (set at start, and again when tenant policies
     /// change): the ones counted while it runs; the others apply when a registration comes.
-    pub fn apply_limits(&self, limits: &crate::tenancy::Limits) {
+    pub(crate) fn apply_limits(&self, limits: &crate::tenancy::Limits) {
         self.set_queue_limit(limits.queued_keys);
         self.queued.set_limit(limits.queued_bytes);
     }
@@ -393,12 +399,12 @@ impl Controller {
     }
 
     /// Whether the controller exceeded its queued-keys limit (it is being removed).
-    pub fn is_overflowed(&self) -> bool {
+    pub(crate) fn is_overflowed(&self) -> bool {
         self.overflowed.load(Ordering::Relaxed)
     }
 
     /// Credits of all attached sessions (what the tenant's in-flight limit counts).
-    pub fn total_credits(&self) -> u64 {
+    pub(crate) fn total_credits(&self) -> u64 {
         self.lock()
             .sessions
             .values()
@@ -407,7 +413,7 @@ impl Controller {
     }
 
     /// Credits of every attached session but `session`.
-    pub fn credits_except(&self, session: u64) -> u64 {
+    pub(crate) fn credits_except(&self, session: u64) -> u64 {
         self.lock()
             .sessions
             .iter()
@@ -420,7 +426,7 @@ impl Controller {
     /// recreated one's. Called only for events that enqueue the key (in scope, past the
     /// predicate): a tombstone is kept only while its key is queued or in flight, never for
     /// deletions nobody will hear of (another tenant's objects in a shared informer).
-    pub fn settle_tombstone(&self, event: &CacheEvent) {
+    pub(crate) fn settle_tombstone(&self, event: &CacheEvent) {
         match event {
             CacheEvent::Deleted {
                 object,
@@ -463,7 +469,7 @@ impl Controller {
     }
 
     /// Why a primary's change enqueues its key, as the proto names it.
-    pub fn primary_reason(&self, event: &CacheEvent) -> Reason {
+    pub(crate) fn primary_reason(&self, event: &CacheEvent) -> Reason {
         match event {
             CacheEvent::Added { initial: true, .. } => Reason::InitialList,
             CacheEvent::Added { .. } => Reason::Created,
@@ -485,7 +491,7 @@ impl Controller {
 
     /// The primary keys cached in `namespace`: a range of each primary informer, not a scan
     /// of every key (a namespace entering a selector scope costs what it holds).
-    pub fn primary_keys_in(&self, namespace: &str) -> Vec<ObjectKey> {
+    pub(crate) fn primary_keys_in(&self, namespace: &str) -> Vec<ObjectKey> {
         let informers = self.primaries.lock().clone();
         informers
             .iter()
@@ -495,13 +501,13 @@ impl Controller {
     }
 
     /// Every primary key currently cached (for resync).
-    pub fn primary_keys(&self) -> Vec<ObjectKey> {
+    pub(crate) fn primary_keys(&self) -> Vec<ObjectKey> {
         let informers = self.primaries.lock().clone();
         informers.iter().flat_map(|i| i.keys()).collect()
     }
 
     /// Keep this controller's own re-reads of its primaries (resync) to `namespaces`.
-    pub fn limit_to_namespaces(&self, namespaces: NamespaceSet) {
+    pub(crate) fn limit_to_namespaces(&self, namespaces: NamespaceSet) {
         // Set once, when the controllers wires the scope; a second call would be a wiring bug and
         // keeps the first set, which the controllers keeps current.
         let _ = self.scope.set(namespaces);
@@ -509,7 +515,7 @@ impl Controller {
 
     /// The primary keys within this controller's scope: every cached one, less those of
     /// namespaces a selector scope has not admitted.
-    pub fn scoped_primary_keys(&self) -> Vec<ObjectKey> {
+    pub(crate) fn scoped_primary_keys(&self) -> Vec<ObjectKey> {
         let mut keys = self.primary_keys();
         keys.retain(|k| self.admits(k));
         keys
@@ -524,7 +530,7 @@ impl Controller {
 
     /// Attach a replica's session; returns what it receives. An `exclusive` session's
     /// attempts stay in flight until it confirms they ended (see [`Phase`]).
-    pub fn add_session(&self, session: u64, credits: u32, exclusive: bool) -> Outbox {
+    pub(crate) fn add_session(&self, session: u64, credits: u32, exclusive: bool) -> Outbox {
         let (tx, outbox) = messages::mailbox(self.wake.clone());
         // A replica attaching means the controller runs again, whatever an earlier one said.
         self.retiring.store(false, Ordering::Relaxed);
@@ -548,67 +554,67 @@ impl Controller {
     }
 
     /// Its last session ended at `at`: it waits for a replica for the grace period.
-    pub fn mark_sessionless(&self, at: Instant) {
+    pub(crate) fn mark_sessionless(&self, at: Instant) {
         *self.sessionless.lock() = Some(at);
     }
 
     /// Since when it has had no session, if it has none.
-    pub fn sessionless_since(&self) -> Option<Instant> {
+    pub(crate) fn sessionless_since(&self) -> Option<Instant> {
         *self.sessionless.lock()
     }
 
     /// The manager answered `session`'s heartbeat now.
-    pub fn heartbeat_answered(&self, session: u64) {
+    pub(crate) fn heartbeat_answered(&self, session: u64) {
         if let Some(slot) = self.lock().sessions.get_mut(&session) {
             slot.last_echo = Instant::now();
         }
     }
 
     /// The revision of its definition (the highest its sessions registered with).
-    pub fn revision(&self) -> u64 {
+    pub(crate) fn revision(&self) -> u64 {
         self.revision.load(Ordering::Relaxed)
     }
 
     /// A session registered this definition with `revision`.
-    pub fn raise_revision(&self, revision: u64) {
+    pub(crate) fn raise_revision(&self, revision: u64) {
         self.revision.fetch_max(revision, Ordering::Relaxed);
     }
 
     /// Every informer has its first list: dispatch may begin.
-    pub fn mark_synced(&self) {
+    pub(crate) fn mark_synced(&self) {
         if !self.synced.swap(true, Ordering::Relaxed) {
             self.wake.notify_one();
         }
     }
 
     /// Whether dispatch may begin (every informer has its first list).
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
     }
 
     /// Hand out nothing more (the manager is shutting down); attempts already out may finish.
-    pub fn quiesce(&self) {
+    pub(crate) fn quiesce(&self) {
         self.quiesced.store(true, Ordering::Relaxed);
     }
 
     /// A replica said the controller is retired on purpose (Drain with `retire`).
-    pub fn mark_retiring(&self) {
+    pub(crate) fn mark_retiring(&self) {
         self.retiring.store(true, Ordering::Relaxed);
     }
 
     /// Whether it goes at once when its last session ends.
-    pub fn is_retiring(&self) -> bool {
+    pub(crate) fn is_retiring(&self) -> bool {
         self.retiring.load(Ordering::Relaxed)
     }
 
     /// Whether the manager stopped handing out this controller's work.
-    pub fn is_quiesced(&self) -> bool {
+    pub(crate) fn is_quiesced(&self) -> bool {
         self.quiesced.load(Ordering::Relaxed)
     }
 
     /// Attempts out on a live session whose results have not come back (expired and orphaned
     /// ones are not waited for: their sessions may never answer).
-    pub fn live_attempts(&self) -> usize {
+    pub(crate) fn live_attempts(&self) -> usize {
         self.lock()
             .in_flight
             .values()
@@ -618,7 +624,7 @@ impl Controller {
 
     /// Sets how long an exclusive session's unfinished keys stay fenced after its last
     /// heartbeat answer once it is gone.
-    pub fn set_hold(&self, hold: std::time::Duration) {
+    pub(crate) fn set_hold(&self, hold: std::time::Duration) {
         self.hold.store(
             u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -631,7 +637,7 @@ impl Controller {
 
     /// The latest release of a key fenced after its exclusive session ended, if any waits:
     /// a manager handing over must not let another take the key earlier.
-    pub fn fenced_until(&self) -> Option<Instant> {
+    pub(crate) fn fenced_until(&self) -> Option<Instant> {
         self.lock()
             .in_flight
             .values()
@@ -643,7 +649,7 @@ impl Controller {
     }
 
     /// Change a session's credits (absolute).
-    pub fn set_credits(&self, session: u64, credits: u32) {
+    pub(crate) fn set_credits(&self, session: u64, credits: u32) {
         let mut st = self.lock();
         if let Some(s) = st.sessions.get_mut(&session) {
             s.credits = credits;
@@ -670,7 +676,7 @@ impl Controller {
     }
 
     /// Stop sending new work to a session; it gets `Drained` once its in-flight results are in.
-    pub fn drain(&self, session: u64) {
+    pub(crate) fn drain(&self, session: u64) {
         let mut st = self.lock();
         if let Some(s) = st.sessions.get_mut(&session) {
             s.draining = true;
@@ -684,7 +690,7 @@ impl Controller {
     /// Detach a session; everything it held is re-queued (at-least-once): at once for an
     /// ordinary session, and for an exclusive one once the hold after its last heartbeat
     /// answer is over, when the replica has stopped whatever still ran there.
-    pub fn remove_session(&self, session: u64) -> usize {
+    pub(crate) fn remove_session(&self, session: u64) -> usize {
         let now = Instant::now();
         let hold = self.hold_period();
         let mut st = self.lock();
@@ -737,7 +743,7 @@ impl Controller {
     }
 
     /// End every session with a reason.
-    pub fn revoke_all(&self, reason: RevokeReason, message: &str) {
+    pub(crate) fn revoke_all(&self, reason: RevokeReason, message: &str) {
         let st = self.lock();
         for s in st.sessions.values() {
             s.tx.control(Outbound::Revoke {
@@ -748,7 +754,7 @@ impl Controller {
     }
 
     /// End one session with a reason (its own credentials, not the controller's, are at fault).
-    pub fn revoke_session(&self, session: u64, reason: RevokeReason, message: &str) {
+    pub(crate) fn revoke_session(&self, session: u64, reason: RevokeReason, message: &str) {
         if let Some(s) = self.lock().sessions.get(&session) {
             s.tx.control(Outbound::Revoke {
                 reason,
@@ -758,7 +764,7 @@ impl Controller {
     }
 
     /// Number of attached sessions.
-    pub fn session_count(&self) -> usize {
+    pub(crate) fn session_count(&self) -> usize {
         self.lock().sessions.len()
     }
 }

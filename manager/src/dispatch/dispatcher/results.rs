@@ -13,11 +13,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 /// How many failed reconciles each controller keeps for the status page.
-pub const RECENT_ERRORS: usize = 20;
+pub(crate) const RECENT_ERRORS: usize = 20;
 
 /// A failed reconcile kept for the status page: bounded per controller, newest last.
 #[derive(Debug, Clone)]
-pub struct RecentError {
+pub(crate) struct RecentError {
     /// When the manager saw it.
     pub at: SystemTime,
     /// The key.
@@ -53,7 +53,7 @@ impl Controller {
 
     /// EVENTS mode: `session` acknowledged delivery `id`. On an exclusive session an ack after
     /// the deadline still counts: the event was processed, and its handler has ended.
-    pub fn ack(&self, session: u64, id: &str) -> Completion {
+    pub(crate) fn ack(&self, session: u64, id: &str) -> Completion {
         let now = Instant::now();
         let mut st = self.lock();
         let valid = st.in_flight.get(id).is_some_and(|f| {
@@ -85,7 +85,13 @@ impl Controller {
     }
 
     /// A result from `session` for request `id`; `message` is the controller's error text.
-    pub fn complete(&self, session: u64, id: &str, outcome: Outcome, message: &str) -> Completion {
+    pub(crate) fn complete(
+        &self,
+        session: u64,
+        id: &str,
+        outcome: Outcome,
+        message: &str,
+    ) -> Completion {
         let now = Instant::now();
         let mut st = self.lock();
         let Some(f) = st

@@ -49,7 +49,7 @@ pub(super) enum Stop {
 
 impl Controller {
     /// The dispatch loop: runs until `stop` fires. Only dispatches while `leading` is true.
-    pub async fn run(
+    pub(crate) async fn run(
         self: Arc<Self>,
         mut leading: watch::Receiver<bool>,
         stop: tokio_util::sync::CancellationToken,

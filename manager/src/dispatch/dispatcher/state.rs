@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// An attached session: its credits, what it holds, and its outbound channels (read through
 /// [`super::inspect::Inspection`]).
-pub struct SessionSlot {
+pub(crate) struct SessionSlot {
     pub(super) credits: u32,
     pub(super) in_flight: u32,
     pub(super) draining: bool,
@@ -29,7 +29,7 @@ pub struct SessionSlot {
 /// Where an attempt stands: dispatched and before its deadline, or (on an exclusive session)
 /// past it and not yet confirmed ended, or its session gone and fenced until a release time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(super) enum Phase {
     /// Before its deadline; a result counts.
     Live,
     /// Past its deadline on a live exclusive session: the key stays with the session until a
@@ -45,7 +45,7 @@ pub enum Phase {
 
 /// A request (or EVENTS-mode delivery) handed to a session and not yet answered (read through
 /// [`super::inspect::Inspection`]).
-pub struct InFlight {
+pub(crate) struct InFlight {
     pub(super) key: ObjectKey,
     pub(super) session: u64,
     /// The queue's handout id (0 for an EVENTS-mode delivery).
@@ -82,7 +82,7 @@ impl InFlight {
 /// The last known state of a primary that is gone, or left the registration's scope. Kept only
 /// while its key is queued or in flight, and counted against the tenant's queued bytes.
 #[derive(Debug, Clone)]
-pub struct Tombstone {
+pub(crate) struct Tombstone {
     /// Its last state as JSON; only its identity (apiVersion, kind, name, namespace, uid,
     /// resourceVersion) when the tenant's queued bytes could not hold the whole object.
     pub last: CachedObject,
