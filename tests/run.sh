@@ -68,6 +68,9 @@ echo "installed: $(.venv/bin/python -c 'import pytest, kubernetes, grpc; print("
 echo "installing the Python SDK into .venv (quiet)..."
 .venv/bin/python -m pip install --quiet --disable-pip-version-check './controllers/python-sdk[otel,test]'
 
+banner "ruff check (every Python file; ruff.toml)"
+.venv/bin/ruff check .
+
 banner "buf lint (proto/ctrlhub/v1)"
 bash proto/lint.sh
 

@@ -8,11 +8,12 @@ import json
 import logging
 import os
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import ctrlhub
-from kubernetes import client as k8s, config as k8s_config
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 CONTROLLER_NAME, HASH_ANNOTATION, ROLLOUT_LABEL = "config-rollout", "ctrlhub.io/config-hash", "ctrlhub.io/rollout"
@@ -73,7 +74,7 @@ def reconcile(key: ctrlhub.Key, obj: dict[str, Any] | None, reader: ctrlhub.Sync
         return
     if cancelled.is_set():
         raise ctrlhub.TemporaryError("cancelled before the patch; not acting")
-    timeout = (deadline - datetime.now(timezone.utc)).total_seconds() if deadline else None
+    timeout = (deadline - datetime.now(UTC)).total_seconds() if deadline else None
     try:
         k8s.AppsV1Api(api).patch_namespaced_deployment(key.name, key.namespace, hash_patch(want), _request_timeout=timeout,
                                                        _content_type="application/merge-patch+json")

@@ -73,7 +73,7 @@ def test_examples_and_components_pass_strict_schema_validation(tmp_path):
 
 def test_static_scrape_config_passes_promtool_as_shipped():
     path = REPO / "deploy" / "monitoring" / "prometheus-scrape-static.yml"
-    out = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)], capture_output=True, text=True)
+    out = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     [job] = yaml.safe_load(path.read_text())["scrape_configs"]
     # Static targets carry no Kubernetes metadata: the labels the dashboards filter on are set.
@@ -92,7 +92,7 @@ def test_scrape_config_without_the_operator_passes_promtool(tmp_path):
     checked = dict(job, static_configs=[{"targets": ["127.0.0.1:8080"]}])
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({"scrape_configs": [checked]}))
-    out = subprocess.run(["promtool", "check", "config", "--syntax-only", str(config)], capture_output=True, text=True)
+    out = subprocess.run(["promtool", "check", "config", "--syntax-only", str(config)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     keep = job["relabel_configs"][0]
     assert keep["action"] == "keep" and keep["regex"] == "ctrlhub-metrics;http"

@@ -47,7 +47,7 @@ def wait_until(what: str, check, timeout: float = PATIENCE):
             result = check()
             if result:
                 return result
-        except Exception as e:  # noqa: BLE001 - report the last failure on timeout
+        except Exception as e:  # report the last failure on timeout
             last = e
         time.sleep(0.1)
     pytest.fail(f"timed out waiting for {what} (last error: {last!r})")

@@ -36,7 +36,7 @@ def test_the_documented_session_replays(devcluster, tmp_path):
         run = subprocess.run(
             [sys.executable, str(REPO / "docs" / "session_transcript.py"),
              "--addr", address, "--token", "dev", "--kubeconfig", str(devcluster.kubeconfig)],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=120, check=False,
         )
     assert run.returncode == 0, run.stderr
     recorded = shape(run.stdout)

@@ -85,7 +85,7 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One devcluster for the whole suite; each test uses namespaces of its own."""
     tmp = tmp_path_factory.mktemp("devcluster")
     kubeconfig = tmp / "kubeconfig"
-    log = open(tmp / "devcluster.log", "w")  # noqa: SIM115
+    log = open(tmp / "devcluster.log", "w")
     proc = subprocess.Popen([str(binary("devcluster")), "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig)],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -123,7 +123,7 @@ class Manager:
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         child_env.update(env or {})
         child_env.setdefault("RUST_LOG", "info")
-        self._log = open(self.log_path, "w")  # noqa: SIM115
+        self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env)
 
     def status(self) -> dict[str, Any] | None:
@@ -223,7 +223,7 @@ async def serve() -> AsyncIterator[Callable[..., Running]]:
             r.stop_event.set()
             try:
                 await asyncio.wait_for(r.task, 15)
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - already reported by the test
+            except (Exception, asyncio.CancelledError):  # already reported by the test
                 r.task.cancel()
 
 

@@ -10,11 +10,10 @@ import re
 import subprocess
 from pathlib import Path
 
-import yaml
-
 import ctrlhub
-from ctrlhub._request import EVENT_KWARGS, RECONCILE_KWARGS
+import yaml
 from conftest import REPO, binary
+from ctrlhub._request import EVENT_KWARGS, RECONCILE_KWARGS
 
 SDK = REPO / "controllers" / "python-sdk"
 README = (SDK / "README.md").read_text()
@@ -51,7 +50,7 @@ def test_every_environment_variable_named_exists() -> None:
     sdk_reads |= {f"CTRLHUB_TLS_{v}" for v in ("CA_FILE", "CERT_FILE", "KEY_FILE", "SERVER_NAME")}  # built from a prefix
     assert {"CTRLHUB_ADDR", "CTRLHUB_TOKEN", "CTRLHUB_TOKEN_FILE", "CTRLHUB_REVISION", "CTRLHUB_LOG", "CTRLHUB_LOG_FORMAT",
             "CTRLHUB_HEALTH_ADDR"} <= sdk_reads
-    help_text = subprocess.run([str(binary("ctrlhub")), "run", "--help"], capture_output=True, text=True, timeout=60).stdout
+    help_text = subprocess.run([str(binary("ctrlhub")), "run", "--help"], capture_output=True, text=True, timeout=60, check=False).stdout
     manager = set(re.findall(r"env: (CTRLHUB_[A-Z_]+)", help_text))
     tests_read = {m for f in REPO.joinpath("controllers", "python", "tests").glob("*.py") for m in re.findall(r'"(CTRLHUB_[A-Z_]+)"', f.read_text())}
     assert "CTRLHUB_WATCH_NAMESPACE" in manager
@@ -62,7 +61,7 @@ def test_every_environment_variable_named_exists() -> None:
         stale = re.findall(r"(?<![A-Z_])(?:WATCH_NAMESPACES?|LOG_FORMAT|LOG_LEVEL)\b", text)
         assert not stale, f"{f.relative_to(REPO)} names {stale}: the variables are CTRLHUB_WATCH_NAMESPACE (the manager's), CTRLHUB_LOG, CTRLHUB_LOG_FORMAT"
     for var in sdk_reads:
-        assert var in README or var.startswith("CTRLHUB_TLS_") and "CTRLHUB_TLS_*" in README, f"the README does not document {var}"
+        assert var in README or (var.startswith("CTRLHUB_TLS_") and "CTRLHUB_TLS_*" in README), f"the README does not document {var}"
 
 
 def test_the_website_line_count_in_the_readme_is_the_files() -> None:

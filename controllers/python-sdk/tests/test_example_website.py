@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import REPO, binary, eventually, free_port
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-
-from conftest import REPO, binary, eventually, free_port
 
 EXAMPLE = REPO / "controllers" / "python-sdk" / "examples" / "website" / "website.py"
 CRD = REPO / "deploy" / "examples" / "website" / "crd.yaml"
@@ -34,7 +33,7 @@ class Dev:
     def __init__(self, tmp: Path) -> None:
         self.grpc = f"127.0.0.1:{free_port()}"
         self.log_path = tmp / "ctrlhub-dev.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115
+        self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [str(binary("ctrlhub")), "dev", "--grpc-addr", self.grpc, "--http-addr", f"127.0.0.1:{free_port()}",
              "--state-dir", str(tmp / "state")],
@@ -57,7 +56,7 @@ class Operator:
 
     def __init__(self, dev: Dev, tmp: Path, n: int) -> None:
         self.log_path = tmp / f"website-{n}.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115
+        self._log = open(self.log_path, "w")
         env = {**os.environ, "KUBECONFIG": str(dev.kubeconfig), "CTRLHUB_ADDR": dev.grpc, "CTRLHUB_TOKEN": "dev"}
         self.proc = subprocess.Popen([sys.executable, str(EXAMPLE)], env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -156,7 +155,7 @@ async def test_website_operator(dev: Dev, tmp_path: Path) -> None:
         await eventually("the Waiting and Ready Events", lambda: {e.reason for e in events("blog")} >= {"Waiting", "Ready"})
         assert {(e.type, e.reporting_component) for e in events("blog")} == {("Normal", "ctrlhub.io/website")}
         described = subprocess.run(["kubectl", "--kubeconfig", str(dev.kubeconfig), "describe", "website", "blog", "-n", NS],
-                                   capture_output=True, text=True, timeout=60)
+                                   capture_output=True, text=True, timeout=60, check=False)
         assert "ctrlhub.io/website" in described.stdout and "2/2 replicas ready" in described.stdout, described
 
         # A Website whose Deployment the API server refuses: every failure is a Warning Event, the

@@ -13,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-import pytest
-from kubernetes import client
+from typing import Any
 
 import ctrlhub
+import pytest
 from conftest import Cluster, Manager, Proxy, Running, eventually
+from kubernetes import client
 
 
 def cfg(addr: str, **kw: Any) -> ctrlhub.Config:
@@ -49,7 +49,7 @@ async def test_a_silent_manager_ends_the_session_before_the_key_moves(
     frozen_at = time.monotonic()
     proxy.freeze()  # the manager hears nothing more from this session, and answers nothing
     await eventually("attempt 2 done", lambda: ("end", 2) in {(e[0], e[1]) for e in events})
-    (start1, cancelled1, start2, end2) = events
+    (start1, cancelled1, start2, _end2) = events
     assert (cancelled1[0], cancelled1[1]) == ("cancelled", 1), events
     assert cancelled1[2] - frozen_at >= 0.4, "not before half the hold"
     assert start2[:2] == ("start", 2) and start2[2] > cancelled1[2], "the next attempt starts after the first stopped"
@@ -76,7 +76,7 @@ def controller_process(tmp_path: Path, name: str, addr: str, block: float, grace
     script.write_text(SCRIPT)
     out = tmp_path / "stuck.log"
     env = {**os.environ, "NAME": name, "ADDR": addr, "BLOCK": str(block), "GRACE": "" if grace is None else str(grace)}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True)  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True)
     return proc, out
 
 

@@ -7,13 +7,13 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
-
-import pytest
+from collections.abc import Callable
+from typing import Any
 
 import ctrlhub
-from ctrlhub._health import HealthServer
+import pytest
 from conftest import Cluster, Manager, Running, eventually
+from ctrlhub._health import HealthServer
 
 
 def get(port: int, path: str) -> tuple[int, str]:

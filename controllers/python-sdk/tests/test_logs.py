@@ -13,13 +13,13 @@ import logging
 import re
 import signal
 import time
-from typing import Any, Callable
-
-import pytest
+from collections.abc import Callable
+from typing import Any
 
 import ctrlhub
-from ctrlhub._logs import ContextFilter, Span, TracebackBudget, current, format_from_env, level_from_env
+import pytest
 from conftest import Cluster, Manager, Running, eventually
+from ctrlhub._logs import ContextFilter, Span, TracebackBudget, current, format_from_env, level_from_env
 
 
 def cfg(m: Manager, **kw: Any) -> ctrlhub.Config:
@@ -48,7 +48,7 @@ def test_run_refuses_an_unknown_level_in_one_line(tmp_path: Any) -> None:
     script = tmp_path / "c.py"
     script.write_text("import ctrlhub\n@ctrlhub.reconcile('v1/ConfigMap')\nasync def c(key): pass\nctrlhub.run()\n")
     proc = subprocess.run([sys.executable, str(script)], env={**os.environ, "CTRLHUB_LOG": "loud"}, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=False)
     assert proc.returncode == 1 and "CTRLHUB_LOG='loud': the log level is one of error, warn, info, debug, trace" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -98,7 +98,6 @@ async def test_failures_are_one_warn_line_each_with_one_traceback_a_minute(
 ) -> None:
     op = ctrlhub.Operator()
     attempts: list[int] = []
-    lines: list[str] = []
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(ctrlhub.JsonFormatter())

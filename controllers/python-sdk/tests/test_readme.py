@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, Cluster, Manager, eventually, free_port
 
 STAMP = "example.com/stamped-at"
@@ -50,7 +49,7 @@ def test_quickstart_stamps_labelled_configmaps(devcluster: Cluster, manager: Man
     health = f"127.0.0.1:{free_port()}"
     if logs == "trace-json":
         env.update(CTRLHUB_LOG="trace", CTRLHUB_LOG_FORMAT="json", CTRLHUB_HEALTH_ADDR=health)
-    log = open(tmp_path / "stamp.log", "w")  # noqa: SIM115
+    log = open(tmp_path / "stamp.log", "w")
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         devcluster.configmap(ns, "labelled", {"a": "b"}, labels={"example.com/stamp": "yes"})
@@ -77,7 +76,7 @@ def test_quickstart_stamps_labelled_configmaps(devcluster: Cluster, manager: Man
     if logs == "trace-json":
         lines = [json.loads(line) for line in out.splitlines()]  # every line is one JSON object
         assert any(j["level"] == "TRACE" and j["fields"]["message"].startswith("received reconcile") for j in lines)
-        start = [j for j in lines if j["fields"]["message"].startswith(f"reconcile start key={ns}/labelled")][0]
+        start = next(j for j in lines if j["fields"]["message"].startswith(f"reconcile start key={ns}/labelled"))
         assert start["fields"]["key"] == f"{ns}/labelled" and start["span"]["key"] == f"{ns}/labelled" and start["span"]["request_id"]
         (mine,) = [j for j in lines if j["fields"]["message"] == f"stamped {ns}/labelled"]
         assert mine["target"] == "ctrlhub.stamp" and mine["span"]["request_id"] == start["span"]["request_id"]

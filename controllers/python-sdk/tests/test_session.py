@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-import pytest
+from typing import Any
 
 import ctrlhub
+import pytest
 from conftest import Cluster, Manager, Running, eventually
 
 QUIET = 1.5  # a window that proves something does not happen (retries here come after ~10 ms)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-import trustme
+from typing import Any
 
 import ctrlhub
+import trustme
 from conftest import Cluster, Manager, Running, eventually
 from test_session import QUIET
 

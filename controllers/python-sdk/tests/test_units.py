@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import ctrlhub
-from ctrlhub import conditions, finalizers
+import pytest
+from ctrlhub import conditions
+from ctrlhub._attempt import time_left
+from ctrlhub._backoff import Backoff
 from ctrlhub._config import parse_addr
 from ctrlhub._fence import Fence, Verdict, Watchdog
 from ctrlhub._request import RECONCILE_KWARGS, injection
-from ctrlhub._attempt import time_left
-from ctrlhub._backoff import Backoff
 from ctrlhub._types import outcome
 from ctrlhub.v1 import controller_pb2 as pb
 
@@ -118,7 +117,7 @@ def test_run_exits_with_a_clear_error_on_a_bad_address(tmp_path: Path) -> None:
     script = tmp_path / "c.py"
     script.write_text("import ctrlhub\n@ctrlhub.reconcile('v1/ConfigMap')\nasync def c(key): pass\nctrlhub.run()\n")
     env = {**os.environ, "CTRLHUB_ADDR": "localhost"}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert "invalid manager address 'localhost': no port" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -293,7 +292,7 @@ def test_the_package_is_typed(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
     shutil.copytree(Path(ctrlhub.__file__).parent, tmp_path / "ctrlhub", ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
-                           str(tmp_path / "ctrlhub")], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                           str(tmp_path / "ctrlhub")], capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

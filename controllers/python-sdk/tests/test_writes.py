@@ -8,15 +8,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Callable
-
-import pytest
-import yaml
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from collections.abc import Callable
+from typing import Any
 
 import ctrlhub
+import pytest
+import yaml
 from conftest import REPO, Cluster, Manager, Running, eventually
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 WEBSITE = ctrlhub.Kind("example.ctrlhub.io", "v1", "Website")
 FINALIZER = "example.ctrlhub.io/test"

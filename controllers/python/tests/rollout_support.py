@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client, config
@@ -58,11 +58,11 @@ def wait_until(what: str, probe: Callable[[], tuple[bool, T]], timeout: float = 
 class Proc:
     """A child process whose stderr is collected into a file for failure messages."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: Optional[dict[str, str]] = None,
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
                  stdout: Any = subprocess.DEVNULL) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.stderr"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "w")  # closed in stop()
         self.popen = subprocess.Popen(argv, stdout=stdout, stderr=self._log, env=env, text=True)
 
     def stderr(self) -> str:
@@ -75,9 +75,9 @@ class Proc:
     def running(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, timeout: float = 20.0) -> Optional[int]:
+    def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, wait, SIGKILL if needed; returns the exit code (None if killed)."""
-        code: Optional[int] = self.popen.poll()
+        code: int | None = self.popen.poll()
         if code is None:
             self.popen.send_signal(signal.SIGTERM)
             try:
@@ -119,7 +119,7 @@ def devcluster(tmp_path: Path) -> Iterator[Cluster]:
     kubeconfig = tmp_path / "kubeconfig"
     proc = Proc("devcluster", [str(binary), "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig)],
                 tmp_path, stdout=subprocess.PIPE)
-    lines: "queue.Queue[Optional[str]]" = queue.Queue()
+    lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
         assert proc.popen.stdout is not None
@@ -141,7 +141,7 @@ def devcluster(tmp_path: Path) -> Iterator[Cluster]:
         proc.stop()
 
 
-def configmap(name: str, data: dict[str, str], rollout: Optional[str] = None) -> client.V1ConfigMap:
+def configmap(name: str, data: dict[str, str], rollout: str | None = None) -> client.V1ConfigMap:
     labels = {"ctrlhub.io/rollout": rollout} if rollout else {}
     return client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=labels), data=data)
 
@@ -172,7 +172,7 @@ def deployment_mounting(name: str, configmap_name: str) -> client.V1Deployment:
     )
 
 
-def template_annotation(cluster: Cluster, namespace: str, name: str, key: str) -> Optional[str]:
+def template_annotation(cluster: Cluster, namespace: str, name: str, key: str) -> str | None:
     dep = cluster.apps.read_namespaced_deployment(name, namespace)
     annotations = (dep.spec.template.metadata.annotations or {}) if dep.spec.template.metadata else {}
     return annotations.get(key)

@@ -5,15 +5,15 @@ without waiting for the Rust manager."""
 from __future__ import annotations
 
 import json
-import re
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import grpc
 import pytest
@@ -42,8 +42,8 @@ class Stream:
     """One Connect stream as seen by the fake manager."""
 
     metadata: dict[str, str]
-    inbox: "queue.Queue[Any]" = field(default_factory=queue.Queue)  # from the controller
-    outbox: "queue.Queue[Any]" = field(default_factory=queue.Queue)  # to the controller
+    inbox: queue.Queue[Any] = field(default_factory=queue.Queue)  # from the controller
+    outbox: queue.Queue[Any] = field(default_factory=queue.Queue)  # to the controller
 
     def recv(self, timeout: float = TIMEOUT_S) -> pb.ControllerMessage:
         try:
@@ -56,16 +56,16 @@ class Stream:
     def send(self, **kwargs: Any) -> None:
         self.outbox.put(pb.ManagerMessage(**kwargs))
 
-    def end(self, code: Optional[grpc.StatusCode] = None, details: str = "") -> None:
+    def end(self, code: grpc.StatusCode | None = None, details: str = "") -> None:
         self.outbox.put((_END, code, details))
 
 
 class FakeManager(pb_grpc.ControllerManagerServicer):
     """A scripted manager: the test drives each stream; Get reads devcluster directly."""
 
-    def __init__(self, cluster: Optional[Cluster]) -> None:
+    def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster
-        self.streams: "queue.Queue[Stream]" = queue.Queue()
+        self.streams: queue.Queue[Stream] = queue.Queue()
         self.gets: list[tuple[str, str, str]] = []
 
     def next_stream(self, timeout: float = TIMEOUT_S) -> Stream:
@@ -74,7 +74,7 @@ class FakeManager(pb_grpc.ControllerManagerServicer):
         except queue.Empty:
             raise AssertionError(f"controller did not connect within {timeout}s") from None
 
-    def Connect(self, request_iterator: Iterator[pb.ControllerMessage], context: grpc.ServicerContext) -> Iterator[pb.ManagerMessage]:  # noqa: N802
+    def Connect(self, request_iterator: Iterator[pb.ControllerMessage], context: grpc.ServicerContext) -> Iterator[pb.ManagerMessage]:
         stream = Stream(metadata=dict(context.invocation_metadata()))
 
         def pump() -> None:
@@ -95,7 +95,7 @@ class FakeManager(pb_grpc.ControllerManagerServicer):
                 return
             yield item
 
-    def Get(self, request: read_pb2.GetRequest, context: grpc.ServicerContext) -> read_pb2.GetResponse:  # noqa: N802
+    def Get(self, request: read_pb2.GetRequest, context: grpc.ServicerContext) -> read_pb2.GetResponse:
         self.gets.append((request.session_id, request.namespace, request.name))
         assert self.cluster is not None
         try:
@@ -122,8 +122,8 @@ def fake_manager(request: pytest.FixtureRequest) -> Iterator[tuple[FakeManager, 
         server.stop(grace=None)
 
 
-def reconcile_request(req_id: str, name: str, obj: Optional[dict[str, Any]] = None,
-                      tombstone: Optional[dict[str, Any]] = None, deadline_s: float = 30.0) -> pb.ReconcileRequest:
+def reconcile_request(req_id: str, name: str, obj: dict[str, Any] | None = None,
+                      tombstone: dict[str, Any] | None = None, deadline_s: float = 30.0) -> pb.ReconcileRequest:
     req = pb.ReconcileRequest(id=req_id, attempt=1)
     req.key.namespace, req.key.name = NS, name
     if obj is not None:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import copy
-
-import pytest
 from typing import Any
 
+import pytest
 import rollout_controller as rc
 
 

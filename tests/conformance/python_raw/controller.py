@@ -27,17 +27,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "controllers" / "python" / "ctrlhub_v1"))
 
 import grpc  # noqa: E402
-from google.protobuf import duration_pb2  # noqa: E402
-
 from ctrlhub.v1 import controller_pb2 as pb  # noqa: E402
 from ctrlhub.v1 import controller_pb2_grpc as pb_grpc  # noqa: E402
 from ctrlhub.v1 import read_pb2, registration_pb2, resource_pb2  # noqa: E402
+from google.protobuf import duration_pb2  # noqa: E402
 
 log = logging.getLogger("conformance-python-raw")
 
@@ -94,7 +93,7 @@ class Settings:
     revision: int
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         env = os.environ
         addr = env["CTRLHUB_ADDR"]
         owns = env.get("CONFORMANCE_OWNS", "")
@@ -190,7 +189,7 @@ class Directives:
 
     data: dict[str, str]
 
-    def entry(self, key: str, attempt: int) -> Optional[str]:
+    def entry(self, key: str, attempt: int) -> str | None:
         if key not in self.data:
             return None
         items = [v.strip() for v in str(self.data[key]).split(",")]
@@ -274,7 +273,7 @@ class Fence:
         self.hold = hold
         self.interval = interval
         self.since = time.monotonic()  # Registered; no handler starts before the first echo
-        self.anchor: Optional[float] = None  # when we sent the last heartbeat the manager echoed
+        self.anchor: float | None = None  # when we sent the last heartbeat the manager echoed
         self.sent: dict[int, float] = {}
         self.nonce = 0
         self.running = 0  # handlers of the session that have not stopped
@@ -314,7 +313,7 @@ class Session:
             ],
         )
         self.stub = pb_grpc.ControllerManagerStub(self.channel)
-        self.outbox: asyncio.Queue[Optional[pb.ControllerMessage]] = asyncio.Queue()
+        self.outbox: asyncio.Queue[pb.ControllerMessage | None] = asyncio.Queue()
         self.requests: set[asyncio.Task[None]] = set()  # one per request: answers it (B2)
         self.handlers: set[asyncio.Task[Any]] = set()  # the handlers those run (B3, B4)
         self.session_id = ""
@@ -325,8 +324,8 @@ class Session:
         self.expired = False
         self.ended = asyncio.Event()
         self.echoed = asyncio.Event()  # the first heartbeat was answered: handlers may start
-        self.fence: Optional[Fence] = None
-        self.call: Optional[Any] = None
+        self.fence: Fence | None = None
+        self.call: Any | None = None
 
     async def messages(self) -> AsyncIterator[pb.ControllerMessage]:
         while (msg := await self.outbox.get()) is not None:
@@ -368,7 +367,7 @@ class Controller:
         self.s = settings
         self.report = Report(settings.report, settings.replica)
         self.stopping = asyncio.Event()
-        self.session: Optional[Session] = None
+        self.session: Session | None = None
         self.failures = 0
         # B2: at most max_in_flight handlers at once in the process, of any session.
         self.slots = asyncio.Semaphore(settings.max_in_flight)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _logs, traces
 from ._reader import Reader, SyncReader
-from ._request import Event, Helpers, Request, SyncEvent, SyncRequest, _EventData, _RequestData
+from ._request import Event, Helpers, Request, SyncEvent, SyncRequest, _RequestData
 from ._types import Done, Key, PermanentError, RequeueAfter, TemporaryError, names, outcome
 from ._write import is_not_found
 from .v1 import controller_pb2 as pb
@@ -54,7 +54,7 @@ Delivery = Request | SyncRequest | Event | SyncEvent
 class _Attempt:
     """One request (or event) from its arrival until its handler has really stopped."""
 
-    __slots__ = ("session", "request", "key", "inner", "in_thread", "why", "done", "running", "span", "started")
+    __slots__ = ("done", "in_thread", "inner", "key", "request", "running", "session", "span", "started", "why")
 
     def __init__(self, session: _Session, request: Delivery, span: _logs.Span) -> None:
         self.session = session
@@ -244,7 +244,7 @@ class Attempts:
             return await self.handler(**self._kwargs_for(request))
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # noqa: BLE001 - every failure becomes a result
+        except Exception as err:  # every failure becomes a result
             return err
 
     def _start_thread(self, attempt: _Attempt) -> asyncio.Future[Any]:
@@ -265,7 +265,7 @@ class Attempts:
         def body() -> None:
             try:
                 value = ctx.run(call)
-            except BaseException as err:  # noqa: BLE001 - every failure becomes a result
+            except BaseException as err:  # every failure becomes a result
                 value = err
             try:
                 loop.call_soon_threadsafe(finish, value)
@@ -347,7 +347,7 @@ class Attempts:
             return
         try:
             obj = request.object
-        except Exception:  # noqa: BLE001 - undecodable: nothing to post about
+        except Exception:  # undecodable: nothing to post about
             return
         if obj:
             self._helpers.recorder.warning(obj, "ReconcileFailed", error)

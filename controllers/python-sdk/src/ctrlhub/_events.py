@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ._write import Kube, WriteError
@@ -40,7 +40,7 @@ NOTE_MAX = 1024
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 
@@ -106,7 +106,7 @@ class EventRecorder:
         """Records an Event of ``type`` about ``obj``; see ``info``. Never raises."""
         try:
             self._record(obj, type, reason, message, action or reason)
-        except Exception as err:  # noqa: BLE001 - recording must never fail a reconcile
+        except Exception as err:  # recording must never fail a reconcile
             self._failed(f"cannot record the Event {reason}: {err}")
 
     def _record(self, obj: Mapping[str, Any], type: Severity, reason: str, message: str, action: str) -> None:
@@ -213,7 +213,7 @@ class EventRecorder:
             job = self._queue.get()
             try:
                 job()
-            except Exception as err:  # noqa: BLE001 - logged, never raised
+            except Exception as err:  # logged, never raised
                 self._failed(f"posting an Event failed: {err}")
             finally:
                 with self._lock:

@@ -113,7 +113,7 @@ def exit_stuck(what: str) -> None:
     for handler in logging.getLogger().handlers + log.handlers:
         try:
             handler.flush()
-        except Exception:  # noqa: BLE001, S110 - exiting anyway
+        except Exception:  # exiting anyway
             pass
     try:
         sys.stderr.flush()

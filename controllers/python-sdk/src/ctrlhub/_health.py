@@ -40,7 +40,7 @@ class HealthServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 path = self.path.split("?", 1)[0]
                 if path in ("/healthz", "/livez"):
                     code, text = server.health()
@@ -90,7 +90,7 @@ class HealthServer:
         """``/readyz``'s answer."""
         try:
             reason = self._ready()
-        except Exception as err:  # noqa: BLE001 - a probe answers, whatever happens
+        except Exception as err:  # a probe answers, whatever happens
             reason = f"readiness unknown: {err}"
         return (200, "ready") if not reason else (503, reason)
 

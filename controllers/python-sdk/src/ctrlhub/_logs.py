@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ._config import ConfigError
@@ -108,7 +108,7 @@ def _span_of(record: logging.LogRecord) -> Span | None:
 class _Formatter(logging.Formatter):
     @staticmethod
     def timestamp(record: logging.LogRecord) -> str:
-        return datetime.fromtimestamp(record.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
     @staticmethod
     def level(record: logging.LogRecord) -> str:

@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
-from typing import Any, TypeVar, Union
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from . import traces
 from ._events import EventRecorder
@@ -251,7 +251,7 @@ class _RequestData(_Delivery):
     def deadline(self) -> datetime | None:
         """The manager's deadline for the result; the handler is cancelled a little before."""
         ts = _timestamp(self._pb.deadline)
-        return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+        return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
     @property
     def traceparent(self) -> str:
@@ -326,7 +326,7 @@ class _EventData(_Delivery):
     def deadline(self) -> datetime | None:
         """Acknowledge before this (the handler returning acknowledges)."""
         ts = _timestamp(self._pb.deadline)
-        return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+        return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
     @property
     def traceparent(self) -> str:
@@ -358,8 +358,8 @@ class SyncEvent(_EventData, _SyncWrites):
     blocking writes as ``SyncRequest``."""
 
 
-AnyRequest = Union[Request, SyncRequest]
-AnyEvent = Union[Event, SyncEvent]
+AnyRequest = Request | SyncRequest
+AnyEvent = Event | SyncEvent
 
 
 def _body(r: Any) -> dict[str, Any]:

@@ -388,7 +388,7 @@ class SessionLoop:
         for callback in self._on_registered:
             try:
                 callback(registration)
-            except Exception:  # noqa: BLE001 - a callback must not end the session
+            except Exception:  # a callback must not end the session
                 self.log.exception("an on_registered callback raised")
 
     async def _heartbeats(self, session: _Session, fence: Fence) -> None:

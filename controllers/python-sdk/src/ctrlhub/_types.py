@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple
 
 from google.protobuf import duration_pb2
 
@@ -71,7 +71,7 @@ class Kind:
         return f"{self.group}/{self.version}/{self.kind}" if self.group else f"{self.version}/{self.kind}"
 
 
-KindLike = Union[Kind, str]
+KindLike = Kind | str
 
 
 class Key(NamedTuple):
@@ -85,6 +85,15 @@ class Key(NamedTuple):
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
+# A selector requirement's operator by the name Kubernetes gives it.
+_OPERATORS = {
+    "In": resource_pb2.LabelSelectorRequirement.OPERATOR_IN,
+    "NotIn": resource_pb2.LabelSelectorRequirement.OPERATOR_NOT_IN,
+    "Exists": resource_pb2.LabelSelectorRequirement.OPERATOR_EXISTS,
+    "DoesNotExist": resource_pb2.LabelSelectorRequirement.OPERATOR_DOES_NOT_EXIST,
+}
+
+
 @dataclass(frozen=True)
 class Requirement:
     """One ``matchExpressions`` entry: ``operator`` is ``In``, ``NotIn``, ``Exists`` or
@@ -94,19 +103,12 @@ class Requirement:
     operator: str
     values: Sequence[str] = ()
 
-    _OPERATORS = {
-        "In": resource_pb2.LabelSelectorRequirement.OPERATOR_IN,
-        "NotIn": resource_pb2.LabelSelectorRequirement.OPERATOR_NOT_IN,
-        "Exists": resource_pb2.LabelSelectorRequirement.OPERATOR_EXISTS,
-        "DoesNotExist": resource_pb2.LabelSelectorRequirement.OPERATOR_DOES_NOT_EXIST,
-    }
-
     def __post_init__(self) -> None:
-        if self.operator not in self._OPERATORS:
-            raise ValueError(f"invalid label selector operator {self.operator!r}: one of {', '.join(self._OPERATORS)}")
+        if self.operator not in _OPERATORS:
+            raise ValueError(f"invalid label selector operator {self.operator!r}: one of {', '.join(_OPERATORS)}")
 
     def to_proto(self) -> resource_pb2.LabelSelectorRequirement:
-        return resource_pb2.LabelSelectorRequirement(key=self.key, operator=self._OPERATORS[self.operator], values=list(self.values))
+        return resource_pb2.LabelSelectorRequirement(key=self.key, operator=_OPERATORS[self.operator], values=list(self.values))
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class Selector:
         )
 
 
-SelectorLike = Union[Selector, Mapping[str, str]]
+SelectorLike = Selector | Mapping[str, str]
 
 
 class Predicate:
@@ -308,7 +310,7 @@ class RequeueAfter:
     delay: float | timedelta = 0.0
 
 
-Result = Union[Done, RequeueAfter, None]
+Result = Done | RequeueAfter | None
 """What a reconcile handler returns."""
 
 

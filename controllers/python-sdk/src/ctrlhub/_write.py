@@ -234,7 +234,7 @@ class Kube:
         ``kubernetes`` package and reading the credentials on the event loop); without
         credentials nothing happens until a write needs them."""
         try:
-            self.api_client
+            _ = self.api_client
         except WriteError as err:
             logging.getLogger("ctrlhub").debug("no Kubernetes client yet: %s", err)
 
@@ -260,7 +260,7 @@ class Kube:
             data = resp.read()
         except ApiException as err:
             raise _api_error(method, path, err.status, err.reason, err.body) from err
-        except Exception as err:  # noqa: BLE001 - urllib3's connection errors and the like
+        except Exception as err:  # urllib3's connection errors and the like
             raise WriteError(f"{method} {path}: {type(err).__name__}: {err}") from err
         if not 200 <= resp.status <= 299:
             text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)

@@ -8,7 +8,7 @@ rules: ``lastTransitionTime`` changes only when ``status`` changes.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = ["Condition", "find_condition", "is_condition_true", "remove_condition", "set_condition"]
@@ -27,7 +27,7 @@ def _status(value: bool | str) -> str:
 def _now() -> str:
     # Whole seconds, as Kubernetes serializes metav1.Time, so a written and re-read condition
     # compares equal.
-    return datetime.now(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_condition(
