@@ -45,19 +45,9 @@ export {
   type TlsOptions,
   parseAddress,
 } from "./config.js";
-export {
-  Controller,
-  ControllerBuilder,
-  type EventHandler,
-  type OwnsOptions,
-  type ReadableKind,
-  type ReconcileHandler,
-  type RegisteredInfo,
-  type RunOptions,
-  type SessionEndInfo,
-  type WatchesOptions,
-  controller,
-} from "./controller.js";
+export { Controller } from "./controller.js";
+export { ControllerBuilder, type OwnsOptions, type WatchesOptions, controller } from "./definition.js";
+export type { EventHandler, ReadableKind, ReconcileHandler, RegisteredInfo, RunOptions, SessionEndInfo } from "./options.js";
 export {
   ConfigError,
   DeadlineExceededError,
@@ -75,8 +65,8 @@ export {
   hasFinalizer,
   isDeleting,
   removeFinalizerPatch,
-} from "./finalizer.js";
-export { type LogLevel, type Logger, consoleLogger } from "./log.js";
+} from "./finalizers.js";
+export { type LogLevel, type Logger, consoleLogger } from "./logs.js";
 export { CachedReader, type CachedObject, type GetOptions, type ListOptions, ReadError } from "./reader.js";
 export type {
   EventType,

@@ -8,7 +8,7 @@
 import { ApiException, type KubernetesObjectApi, PatchStrategy } from "@kubernetes/client-node";
 
 import type { Action } from "./action.js";
-import { addFinalizerPatch, finalizerStep, removeFinalizerPatch } from "./finalizer.js";
+import { addFinalizerPatch, finalizerStep, removeFinalizerPatch } from "./finalizers.js";
 import type { KubernetesObject } from "./resources.js";
 
 /** The object's identity, as `KubernetesObjectApi` needs it in a patch body. */

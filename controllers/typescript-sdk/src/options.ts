@@ -1,7 +1,7 @@
 import type { Action } from "./action.js";
 import type { ConnectionOptions } from "./config.js";
 import type { Register } from "./gen/ctrlhub/v1/registration_pb.js";
-import type { Logger } from "./log.js";
+import type { Logger } from "./logs.js";
 import type { ObjectEvent, ReconcileRequest } from "./request.js";
 
 /**

@@ -1,4 +1,4 @@
-import type { Logger } from "./log.js";
+import type { Logger } from "./logs.js";
 import type { CachedReader } from "./reader.js";
 
 /** A primary object's namespace and name. The namespace is `""` for cluster-scoped types. */

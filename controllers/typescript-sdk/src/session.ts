@@ -21,7 +21,7 @@ import {
 } from "./gen/ctrlhub/v1/controller_pb.js";
 import { type Registered, RegisterSchema, type Rejected, type Revoked, Revoked_Reason } from "./gen/ctrlhub/v1/registration_pb.js";
 import { ManagerClient } from "./grpc.js";
-import type { Logger } from "./log.js";
+import type { Logger } from "./logs.js";
 import type { EventHandler, ReadableKind, ReconcileHandler, RunOptions } from "./options.js";
 import { CachedReader, decode } from "./reader.js";
 import type { EventType, ObjectEvent, Reason, ReconcileRequest, Tombstone, WorkContext } from "./request.js";
