@@ -6,13 +6,28 @@
  */
 import { Attempts } from "./attempts.js";
 import { Backoff, Limiter } from "./backoff.js";
+import { Kube } from "./client.js";
 import { resolveConnection } from "./config.js";
-import { ConfigError } from "./errors.js";
+import { ConfigError, StopTimeoutError } from "./errors.js";
+import { EventRecorder } from "./events.js";
 import type { Register } from "./gen/ctrlhub/v1/registration_pb.js";
-import { consoleLogger } from "./logs.js";
+import { HEALTH_ENV, Health, type HealthOptions } from "./health.js";
+import { type Logger, StackLimiter, consoleLogger } from "./logs.js";
 import type { RunOptions } from "./options.js";
 import { type Handlers, Session, type SessionEnd } from "./session.js";
 import { loadOpenTelemetry } from "./traces.js";
+
+/** @internal What a request's helpers and logs use, shared by the controller's sessions. */
+export interface Kit {
+  readonly kube: Kube;
+  readonly events: EventRecorder;
+  /** The handlers' logger (target: the controller's name). */
+  readonly handlerLog: Logger;
+  readonly stacks: StackLimiter;
+}
+
+/** How long a stop waits for queued Events to be posted. */
+const EVENTS_FLUSH_MS = 2_000;
 
 
 /** How long an outdated or superseded replica waits before it registers again. */
@@ -45,6 +60,8 @@ export class Controller<T> {
   private waiting = false;
   private session: Session<T> | undefined;
   private wake: (() => void) | undefined;
+  private kit: Kit | undefined;
+  private health: Health | undefined;
 
   /** @internal */
   constructor(register: Register, handlers: Handlers<T>) {
@@ -106,6 +123,7 @@ export class Controller<T> {
     this.retire = options.retire ?? false;
     this.stopping = true;
     this.stoppedAt = Date.now();
+    this.notReady("draining: the controller is stopping");
     this.armGrace();
     this.session?.drain();
     this.wake?.();
@@ -128,7 +146,8 @@ export class Controller<T> {
    * @throws {@link ConfigError} for invalid settings (before connecting).
    * @throws {@link RegistrationRejectedError} when the manager refuses the registration in a
    *   way that needs a human (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED).
-   * @throws Error when handlers still run {@link RunOptions.stopGraceMs} after the stop.
+   * @throws {@link StopTimeoutError} when handlers still run {@link RunOptions.stopGraceMs} after
+   *   the stop.
    */
   async run(options: RunOptions = {}): Promise<void> {
     if (this.running) {
@@ -136,6 +155,7 @@ export class Controller<T> {
     }
     const connection = resolveConnection(options);
     const log = options.logger ?? consoleLogger(this.name);
+    const handlerLog = options.logger ?? consoleLogger(this.name, { target: this.name });
     const reconnect = new Backoff(options.reconnect?.initialMs ?? 100, options.reconnect?.maxMs ?? 10_000);
     const drainGraceMs = options.drainGraceMs ?? 10_000;
     const stopGraceMs = options.stopGraceMs ?? STOP_GRACE_MS;
@@ -145,10 +165,19 @@ export class Controller<T> {
         throw new ConfigError(`${name} must be zero or positive, not ${v}`);
       }
     }
+    const healthOptions = healthOf(options);
     const tracing = (await loadOpenTelemetry(options.tracing ?? true)) !== undefined;
+    const kube = new Kube(options.kubeConfig);
+    const kit: Kit = { kube, events: new EventRecorder(this.name, kube, log), handlerLog, stacks: new StackLimiter() };
+    this.health = healthOptions === undefined ? undefined : await Health.start(healthOptions);
+    if (this.health !== undefined) {
+      log.info("health endpoint listening", { port: this.health.port, paths: "/healthz /readyz" });
+    }
+    this.kit = kit;
     this.running = true;
     this.stopping = false;
     this.stopGraceMs = stopGraceMs;
+    this.notReady("connecting to the manager");
 
     let hard = false;
     let signals = 0;
@@ -198,25 +227,27 @@ export class Controller<T> {
           break;
         }
         if (end.kind === "fatal") {
-          log.error(`giving up: ${end.error.message}`);
+          // Reported once: by the rejection (Node prints an unhandled one), not also logged.
           throw end.error;
         }
         if (this.stopping) {
           break;
         }
         if (end.kind === "wait") {
-          log.warn(
+          const why =
             `${end.reason}; this replica takes no work and reports not ready, and registers again in ` +
-              `${Math.round(outdatedRetryMs / 1000)} s (a rollout replaces it meanwhile)`,
-          );
+            `${Math.round(outdatedRetryMs / 1000)} s (a rollout replaces it meanwhile)`;
+          log.warn(why);
           this.waiting = true;
+          this.notReady(`waiting: ${end.reason}`);
           await pause(outdatedRetryMs);
           this.waiting = false;
           reconnect.next(true); // a fresh start after the wait
           continue;
         }
         const delay = reconnect.next(end.registered);
-        log.warn(`session ended: ${end.reason}; reconnecting in ${Math.round(delay)} ms`, {
+        this.notReady(`reconnecting: ${end.reason}`);
+        (end.expected ? log.info : log.warn).call(log, `session ended: ${end.reason}; reconnecting in ${Math.round(delay)} ms`, {
           failures: reconnect.attempts,
         });
         await pause(delay);
@@ -226,24 +257,41 @@ export class Controller<T> {
         const left = Math.max(0, this.stoppedAt + stopGraceMs - Date.now());
         log.info(`waiting up to ${left} ms for ${this.attempts.active} running handler(s) to end`);
         if (!(await this.attempts.idle(left))) {
-          const message =
-            `${this.attempts.active} handler(s) still run ${stopGraceMs} ms after the stop (RunOptions.stopGraceMs): ` +
-            "they ignore their AbortSignal; stopping without them";
-          log.error(message);
-          throw new Error(message);
+          throw new StopTimeoutError(this.attempts.active, stopGraceMs);
         }
       }
+      await kit.events.close(hard ? 0 : EVENTS_FLUSH_MS);
       log.info(drained ? "session drained; controller stopped" : "controller stopped");
     } finally {
       clearTimeout(this.graceTimer);
       this.graceTimer = undefined;
       this.running = false;
       this.waiting = false;
+      void kit.events.close(0);
+      const health = this.health;
+      this.health = undefined;
+      await health?.close();
       options.signal?.removeEventListener("abort", onAbort);
       if (handleSignals) {
         process.off("SIGTERM", onSignal);
         process.off("SIGINT", onSignal);
       }
+    }
+  }
+
+  /** Tells the health endpoint (when there is one) that this replica takes no work now, and why. */
+  private notReady(why: string): void {
+    this.health?.notReady(why);
+  }
+
+  /** @internal A session's state changed: ready while it is live and nothing stops. */
+  refreshReadiness(liveReason: string | undefined): void {
+    if (this.stopping) {
+      this.notReady("draining: the controller is stopping");
+    } else if (liveReason === undefined) {
+      this.health?.ready();
+    } else {
+      this.notReady(liveReason);
     }
   }
 
@@ -256,6 +304,7 @@ export class Controller<T> {
     readonly attempts: Attempts;
     readonly stopping: boolean;
     readonly retire: boolean;
+    readonly kit: Kit;
   } {
     const self = this;
     return {
@@ -268,7 +317,24 @@ export class Controller<T> {
       attempts: this.attempts,
       stopping: this.stopping,
       retire: this.retire,
+      kit: this.kit as Kit,
     };
   }
 }
 
+
+/** The health endpoint's settings: the option, else `CTRLHUB_HEALTH_ADDR`, else none. */
+function healthOf(options: RunOptions): HealthOptions | undefined {
+  const h = options.health;
+  if (h === false) {
+    return undefined;
+  }
+  if (typeof h === "string") {
+    return { address: h };
+  }
+  if (h !== undefined) {
+    return h;
+  }
+  const env = process.env[HEALTH_ENV]?.trim() ?? "";
+  return env === "" ? undefined : { address: env };
+}

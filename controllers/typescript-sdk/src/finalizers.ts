@@ -1,10 +1,13 @@
 /**
- * Finalizers without a Kubernetes client: what to patch, and the steps of the finalizer
- * flow. `finalize` in `@ctrlhub/sdk/kubernetes` applies them with `@kubernetes/client-node`.
+ * Finalizers: {@link Finalizers} (a request's `req.finalizers`) adds one and runs the cleanup
+ * it guards, with the controller's Kubernetes client; the functions say what to patch without
+ * a client.
  *
  * @module
  */
+import type { ObjectApi } from "./client.js";
 import type { KubernetesObject } from "./resources.js";
+import { identity, isNotFound } from "./write.js";
 
 /** Whether `obj` carries finalizer `name`. */
 export function hasFinalizer(obj: KubernetesObject, name: string): boolean {
@@ -50,7 +53,7 @@ export function removeFinalizerPatch(obj: KubernetesObject, name: string): Retur
 }
 
 /**
- * What the finalizer flow (`finalize` of `@ctrlhub/sdk/kubernetes`) does with an object:
+ * What the finalizer flow does with an object:
  * - `add`: live, without the finalizer: add it, then apply;
  * - `apply`: live, with it: reconcile;
  * - `cleanup`: being deleted, with it: clean up, then remove it;
@@ -65,4 +68,72 @@ export function finalizerStep(obj: KubernetesObject, name: string): FinalizerSte
     return has ? "cleanup" : "none";
   }
   return has ? "apply" : "add";
+}
+
+/**
+ * A finalizer's two steps on the controller's Kubernetes client, for `req.finalizers`:
+ *
+ * ```ts
+ * if (await req.finalizers.finalize(site, "example.com/cleanup", () => dropExternalState(site))) {
+ *   return Action.done(); // cleaned up; the finalizer is gone, and with it the object
+ * }
+ * await req.finalizers.ensure(site, "example.com/cleanup"); // before creating external state
+ * ```
+ *
+ * Both patch `metadata.finalizers` with a JSON merge patch guarded by the object's
+ * `resourceVersion`: if the object changed meanwhile the API server answers 409 Conflict (a
+ * concurrent writer's finalizer is never dropped), the call throws, and the reconcile is
+ * retried with the new state.
+ */
+export class Finalizers {
+  /** @internal */
+  constructor(
+    private readonly objects: () => ObjectApi,
+    private readonly signal: AbortSignal | undefined,
+  ) {}
+
+  /**
+   * Adds finalizer `name` to `obj` unless it is there, and reports whether it patched. An
+   * object being deleted gets none (the API server refuses new finalizers then): `false`.
+   * Updates `obj.metadata.finalizers` and `resourceVersion` in place to the stored ones.
+   */
+  async ensure(obj: KubernetesObject, name: string): Promise<boolean> {
+    const patch = isDeleting(obj) ? undefined : addFinalizerPatch(obj, name);
+    if (patch === undefined) {
+      return false;
+    }
+    identity(obj);
+    const stored = await this.objects().mergePatchObject(obj, patch, "", this.signal);
+    const meta = (obj.metadata ??= {});
+    meta.finalizers = stored.metadata?.finalizers ?? patch.metadata.finalizers;
+    if (stored.metadata?.resourceVersion !== undefined) {
+      meta.resourceVersion = stored.metadata.resourceVersion;
+    }
+    return true;
+  }
+
+  /**
+   * When `obj` is being deleted and holds finalizer `name`: runs `cleanup(obj)` (it must be
+   * idempotent: a failure after it retries it), then removes the finalizer, and reports `true`.
+   * Otherwise does nothing and reports `false`. An object already gone when the finalizer is
+   * removed counts as removed.
+   */
+  async finalize<T extends KubernetesObject>(obj: T, name: string, cleanup: (obj: T) => Promise<unknown> | unknown): Promise<boolean> {
+    if (finalizerStep(obj, name) !== "cleanup") {
+      return false;
+    }
+    identity(obj);
+    await cleanup(obj);
+    const patch = removeFinalizerPatch(obj, name);
+    if (patch !== undefined) {
+      try {
+        await this.objects().mergePatchObject(obj, patch, "", this.signal);
+      } catch (err) {
+        if (!isNotFound(err)) {
+          throw err;
+        }
+      }
+    }
+    return true;
+  }
 }

@@ -1,7 +1,7 @@
 /**
  * # @ctrlhub/sdk
  *
- * Write a [ctrlhub](https://github.com/) controller in TypeScript. The manager owns the
+ * Write a ctrlhub controller in TypeScript. The manager owns the
  * caches, leader election, namespace scoping, predicates and the work queue; this package
  * registers your controller over gRPC, runs your Promise-based handler for each request (up
  * to its concurrency, one attempt of a key at a time), aborts it with an `AbortSignal` at its
@@ -54,11 +54,14 @@ export {
   RegistrationRejectedError,
   RetryError,
   SessionEndedError,
+  StopTimeoutError,
   SupersededError,
   TerminalError,
 } from "./errors.js";
+export { EVENT_BURST, EVENT_REFILL_MS, EventRecorder, SERIES_WINDOW_MS } from "./events.js";
 export {
   type FinalizerStep,
+  Finalizers,
   addFinalizerPatch,
   finalizerStep,
   finalizersPatch,
@@ -66,7 +69,17 @@ export {
   isDeleting,
   removeFinalizerPatch,
 } from "./finalizers.js";
-export { type LogLevel, type Logger, consoleLogger } from "./logs.js";
+export { HEALTH_ENV, type HealthOptions } from "./health.js";
+export {
+  FORMAT_ENV,
+  LEVEL_ENV,
+  type LogFormat,
+  type LogLevel,
+  type LogOptions,
+  type Logger,
+  consoleLogger,
+  logSettingsFromEnv,
+} from "./logs.js";
 export { CachedReader, type CachedObject, type GetOptions, type ListOptions, ReadError } from "./reader.js";
 export type {
   EventType,
@@ -74,6 +87,7 @@ export type {
   ObjectKey,
   Reason,
   ReconcileRequest,
+  StatusPatch,
   Tombstone,
   WorkContext,
 } from "./request.js";
@@ -91,3 +105,13 @@ export {
   kinds,
 } from "./resources.js";
 export { type TraceParent, childTraceparent, parseTraceparent } from "./traces.js";
+export {
+  type ApplyOptions,
+  WriteError,
+  type WriteErrorReason,
+  adopt,
+  apiStatus,
+  isConflict,
+  isNotFound,
+  withSignal,
+} from "./write.js";
