@@ -213,3 +213,16 @@ test("Events: a handler failure is posted as ReconcileFailed; repeats are aggreg
     await r.stop();
   }
 });
+
+test("withSignal cancels a client-node 1.x call when its signal aborts", async () => {
+  const core = cluster.kc.makeApiClient(k8s.CoreV1Api);
+  const live = new AbortController();
+  const listed = await core.listNamespace({}, withSignal(live.signal));
+  assert.ok(listed.items.length > 0, "a live signal changes nothing");
+  const aborted = new AbortController();
+  aborted.abort(new Error("stop now"));
+  await assert.rejects(core.listNamespace({}, withSignal(aborted.signal)), (err: unknown) => {
+    const e = err as { name?: string; message?: string };
+    return e.name === "AbortError" || /abort|stop now/i.test(String(e.message));
+  });
+});
