@@ -68,3 +68,23 @@ test("the stamper stamps labelled ConfigMaps only, and drains on SIGTERM", async
     await stamper.stop();
   }
 });
+
+test("a fatal run() error (a wrong token) ends the process, reported once", async () => {
+  const log = join(tempDir("stamper-fatal"), "stamper.log");
+  const stamper = start(
+    process.execPath,
+    [join(REPO, "controllers/typescript-sdk/dist/examples/stamper.js")],
+    { ...process.env, KUBECONFIG: cluster.kubeconfig, CTRLHUB_ADDR: manager.grpc, CTRLHUB_TOKEN: "not-the-token" },
+    log,
+  );
+  const timer = setTimeout(() => stamper.signal("SIGKILL"), 60_000);
+  try {
+    assert.notEqual(await stamper.exited, 0, "a nonzero exit status");
+  } finally {
+    clearTimeout(timer);
+  }
+  const text = readFileSync(log, "utf8");
+  const reports = text.split("\n").filter((l) => l.includes("RegistrationRejectedError"));
+  assert.ok(reports.length >= 1, text);
+  assert.equal(text.match(/UNAUTHENTICATED/g)?.length, 1, `the error is printed once:\n${text}`);
+});
