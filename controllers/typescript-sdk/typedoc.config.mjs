@@ -4,7 +4,7 @@ import { OptionDefaults } from "typedoc";
 
 /** @type {Partial<import("typedoc").TypeDocOptions>} */
 export default {
-  entryPoints: ["src/index.ts", "src/kubernetes.ts", "src/proto.ts"],
+  entryPoints: ["src/index.ts", "src/proto.ts"],
   tsconfig: "tsconfig.json",
   out: "dist/docs",
   name: "@ctrlhub/sdk",

@@ -6,6 +6,7 @@ import {
   ReconcileResultSchema,
 } from "./gen/ctrlhub/v1/controller_pb.js";
 import { RetryError, TerminalError } from "./errors.js";
+import { apiStatus } from "./write.js";
 
 /**
  * What a successful reconcile asks for next: nothing until the object changes
@@ -71,7 +72,7 @@ export function failureOf(id: string, err: unknown): [ReconcileResult, OutcomeLa
   if (err instanceof RetryError) {
     return [retry(id, message, err.retryAfterMs), "error"];
   }
-  const http = httpStatus(err);
+  const http = apiStatus(err);
   if (http === 400 || http === 422) {
     return [terminal(id, `kubernetes API: ${message}`), "terminal"];
   }
@@ -104,14 +105,6 @@ export function describe(err: unknown): string {
     return err.message || err.name;
   }
   return String(err);
-}
-
-function httpStatus(err: unknown): number | undefined {
-  if (typeof err !== "object" || err === null) {
-    return undefined;
-  }
-  const code = (err as { code?: unknown }).code;
-  return typeof code === "number" && code >= 100 && code < 600 ? code : undefined;
 }
 
 function retryAfterHeader(err: unknown): number | undefined {

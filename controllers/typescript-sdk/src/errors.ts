@@ -96,3 +96,23 @@ export class DeadlineExceededError extends Error {
 export class SessionEndedError extends Error {
   override readonly name = "SessionEndedError";
 }
+
+/**
+ * {@link Controller.run} rejects with it when handlers still run {@link RunOptions.stopGraceMs}
+ * after a stop: they ignore their `AbortSignal`. The process should exit; their keys are handed
+ * out again once the manager's hold is over.
+ */
+export class StopTimeoutError extends Error {
+  override readonly name = "StopTimeoutError";
+  /** Handlers still running. */
+  readonly running: number;
+
+  /** @internal */
+  constructor(running: number, graceMs: number) {
+    super(
+      `${running} handler(s) still run ${graceMs} ms after the stop (RunOptions.stopGraceMs): ` +
+        "they ignore their AbortSignal; stopping without them",
+    );
+    this.running = running;
+  }
+}

@@ -1,7 +1,7 @@
 /**
  * # @ctrlhub/sdk
  *
- * Write a [ctrlhub](https://github.com/) controller in TypeScript. The manager owns the
+ * Write a ctrlhub controller in TypeScript. The manager owns the
  * caches, leader election, namespace scoping, predicates and the work queue; this package
  * registers your controller over gRPC, runs your Promise-based handler for each request (up
  * to its concurrency, one attempt of a key at a time), aborts it with an `AbortSignal` at its
@@ -45,38 +45,41 @@ export {
   type TlsOptions,
   parseAddress,
 } from "./config.js";
-export {
-  Controller,
-  ControllerBuilder,
-  type EventHandler,
-  type OwnsOptions,
-  type ReadableKind,
-  type ReconcileHandler,
-  type RegisteredInfo,
-  type RunOptions,
-  type SessionEndInfo,
-  type WatchesOptions,
-  controller,
-} from "./controller.js";
+export { Controller } from "./controller.js";
+export { ControllerBuilder, type OwnsOptions, type WatchesOptions, controller } from "./definition.js";
+export type { EventHandler, ReadableKind, ReconcileHandler, RegisteredInfo, RunOptions, SessionEndInfo } from "./options.js";
 export {
   ConfigError,
   DeadlineExceededError,
   RegistrationRejectedError,
   RetryError,
   SessionEndedError,
+  StopTimeoutError,
   SupersededError,
   TerminalError,
 } from "./errors.js";
+export { EVENT_BURST, EVENT_REFILL_MS, EventRecorder, SERIES_WINDOW_MS } from "./events.js";
 export {
   type FinalizerStep,
+  Finalizers,
   addFinalizerPatch,
   finalizerStep,
   finalizersPatch,
   hasFinalizer,
   isDeleting,
   removeFinalizerPatch,
-} from "./finalizer.js";
-export { type LogLevel, type Logger, consoleLogger } from "./log.js";
+} from "./finalizers.js";
+export { HEALTH_ENV, type HealthOptions } from "./health.js";
+export {
+  FORMAT_ENV,
+  LEVEL_ENV,
+  type LogFormat,
+  type LogLevel,
+  type LogOptions,
+  type Logger,
+  consoleLogger,
+  logSettingsFromEnv,
+} from "./logs.js";
 export { CachedReader, type CachedObject, type GetOptions, type ListOptions, ReadError } from "./reader.js";
 export type {
   EventType,
@@ -84,6 +87,7 @@ export type {
   ObjectKey,
   Reason,
   ReconcileRequest,
+  StatusPatch,
   Tombstone,
   WorkContext,
 } from "./request.js";
@@ -101,3 +105,13 @@ export {
   kinds,
 } from "./resources.js";
 export { type TraceParent, childTraceparent, parseTraceparent } from "./traces.js";
+export {
+  type ApplyOptions,
+  WriteError,
+  type WriteErrorReason,
+  adopt,
+  apiStatus,
+  isConflict,
+  isNotFound,
+  withSignal,
+} from "./write.js";

@@ -1,7 +1,10 @@
+import type { KubeConfig } from "@kubernetes/client-node";
+
 import type { Action } from "./action.js";
 import type { ConnectionOptions } from "./config.js";
 import type { Register } from "./gen/ctrlhub/v1/registration_pb.js";
-import type { Logger } from "./log.js";
+import type { HealthOptions } from "./health.js";
+import type { Logger } from "./logs.js";
 import type { ObjectEvent, ReconcileRequest } from "./request.js";
 
 /**
@@ -71,8 +74,23 @@ export interface RunOptions extends ConnectionOptions {
    * other replicas). Default `true`.
    */
   readonly handleSignals?: boolean;
-  /** Where to log. Default {@link consoleLogger}. */
+  /**
+   * Where to log. Default {@link consoleLogger} with `CTRLHUB_LOG` (level) and
+   * `CTRLHUB_LOG_FORMAT` (`text` or `json`).
+   */
   readonly logger?: Logger;
+  /**
+   * The Kubernetes client configuration the write helpers (`req.apply`, `req.patchStatus`,
+   * `req.finalizers`), the Events recorder and `req.kubeConfig` use: the controller's own
+   * identity. Default: client-node's `loadFromDefault()` (KUBECONFIG, ~/.kube/config, or the
+   * pod's ServiceAccount), loaded on first use.
+   */
+  readonly kubeConfig?: KubeConfig;
+  /**
+   * The HTTP health endpoint (`/healthz`, `/readyz`) for kubelet probes: an address, or
+   * {@link HealthOptions}; `false` turns it off. Default: env `CTRLHUB_HEALTH_ADDR`, else off.
+   */
+  readonly health?: string | HealthOptions | false;
   /** Reconnect backoff: first delay (before jitter) and cap. Default 100 ms doubling to 10 s. */
   readonly reconnect?: { readonly initialMs?: number; readonly maxMs?: number };
   /**

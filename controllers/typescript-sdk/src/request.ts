@@ -1,5 +1,11 @@
-import type { Logger } from "./log.js";
+import type { KubeConfig } from "@kubernetes/client-node";
+
+import type { EventRecorder } from "./events.js";
+import type { Finalizers } from "./finalizers.js";
+import type { Logger } from "./logs.js";
 import type { CachedReader } from "./reader.js";
+import type { KubernetesObject } from "./resources.js";
+import type { ApplyOptions } from "./write.js";
 
 /** A primary object's namespace and name. The namespace is `""` for cluster-scoped types. */
 export interface ObjectKey {
@@ -56,7 +62,9 @@ export interface WorkContext {
   /**
    * Aborts when the work must stop: near its deadline ({@link DeadlineExceededError}), or when
    * the session that delivered it ended or lost the manager ({@link SessionEndedError}). Pass
-   * it to everything that takes one (`fetch`, timers, `@kubernetes/client-node` calls). After
+   * it to everything that takes one: `fetch`, timers, and `@kubernetes/client-node` calls through
+   * {@link withSignal} (the SDK's own helpers, `apply`, `patchStatus` and `finalizers`, pass it
+   * themselves). After
    * it aborts, what the handler returns is not its outcome: at its deadline the SDK reports an
    * error once the handler's promise has settled (the manager keeps the key until then); when
    * the session ended, nothing. A handler still running at 80 % of `Registered.hold` after
@@ -76,9 +84,51 @@ export interface WorkContext {
   readonly tracestate: string;
   /** The manager's `traceparent`, exactly as received. */
   readonly parentTraceparent: string;
-  /** The controller's logger. */
+  /**
+   * The controller's logger for this work: every line carries its `key` and `request_id`
+   * (and, in JSON, its `attempt`, `controller`, `session_id`, `trace_id` and `span_id`).
+   */
   readonly log: Logger;
+  /**
+   * The controller's Kubernetes client configuration (`RunOptions.kubeConfig`, else
+   * client-node's `loadFromDefault()`), for client-node APIs of your own:
+   * `req.kubeConfig.makeApiClient(k8s.CoreV1Api)`.
+   */
+  readonly kubeConfig: KubeConfig;
+  /** Kubernetes Events about objects, aggregated and rate-limited: see {@link EventRecorder}. */
+  readonly events: EventRecorder;
+  /** Finalizer steps on the controller's client: see {@link Finalizers}. */
+  readonly finalizers: Finalizers;
+  /**
+   * Makes `owner` the controller of `child` (an owner reference with `controller: true`),
+   * giving it the owner's namespace when it has none, and returns `child`: see {@link adopt}.
+   *
+   * @throws {@link WriteError} for an owner in another namespace or a namespaced owner of a
+   *   cluster-scoped child.
+   */
+  adopt<C extends KubernetesObject>(child: C, owner: KubernetesObject): C;
+  /**
+   * Server-side applies the full object `obj` (`apiVersion`, `kind`, `metadata.name` and what
+   * you want set) with the controller's name as field manager and `force`, and returns the
+   * object as the API server stored it: creates it, or puts back fields someone else changed,
+   * and removes fields an earlier apply set but this one leaves out. Built-in kinds and custom
+   * resources alike.
+   */
+  apply<C extends KubernetesObject>(obj: C, options?: ApplyOptions): Promise<C>;
+  /**
+   * Merge-patches the `status` subresource of the object `obj` names with `status` (a `null`
+   * removes a field) and returns the updated object. Custom resources (with a status
+   * subresource) and built-ins alike.
+   */
+  patchStatus<C extends KubernetesObject>(obj: C, status: StatusPatch<C>): Promise<C>;
 }
+
+/** The `status` of a merge patch of `C`'s status: any of its fields, `null` to remove one. */
+export type StatusPatch<C> = C extends { status?: infer S }
+  ? NonNullable<S> extends object
+    ? { [K in keyof NonNullable<S>]?: NonNullable<S>[K] | null }
+    : Record<string, unknown>
+  : Record<string, unknown>;
 
 /**
  * One reconcile request (MODE_RECONCILE): make the world match the current state of the

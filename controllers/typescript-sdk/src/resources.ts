@@ -1,4 +1,34 @@
 import { type MessageInitShape, create } from "@bufbuild/protobuf";
+import type {
+  EventsV1Event,
+  V1ClusterRole,
+  V1ClusterRoleBinding,
+  V1ConfigMap,
+  V1CronJob,
+  V1CustomResourceDefinition,
+  V1DaemonSet,
+  V1Deployment,
+  V1EndpointSlice,
+  V1Ingress,
+  V1Job,
+  V1Lease,
+  V1Namespace,
+  V1NetworkPolicy,
+  V1Node,
+  V1PersistentVolume,
+  V1PersistentVolumeClaim,
+  V1Pod,
+  V1PodDisruptionBudget,
+  V1ReplicaSet,
+  V1Role,
+  V1RoleBinding,
+  V1Secret,
+  V1Service,
+  V1ServiceAccount,
+  V1StatefulSet,
+  V1StorageClass,
+  V2HorizontalPodAutoscaler,
+} from "@kubernetes/client-node";
 
 import {
   type LabelSelector,
@@ -97,20 +127,40 @@ export function kind<T = KubernetesObject>(apiVersion: string, kindName: string,
 }
 
 /**
- * Common built-in kinds. Narrow their object type where they are used, e.g.
- * `.for<V1ConfigMap>(kinds.ConfigMap)` with `@kubernetes/client-node`'s types.
+ * The built-in kinds, typed with `@kubernetes/client-node`'s models: `kinds.Deployment` is a
+ * `ResourceKind<V1Deployment>`, so `.for(kinds.ConfigMap)` makes `req.object` a
+ * `V1ConfigMap` and `req.reader.get(kinds.Deployment, ...)` returns a `V1Deployment`. Objects
+ * of built-in kinds arrive as client-node returns them (timestamps as `Date`).
  */
 export const kinds = {
-  ConfigMap: kind("v1", "ConfigMap", "configmaps"),
-  Secret: kind("v1", "Secret", "secrets"),
-  Pod: kind("v1", "Pod", "pods"),
-  Service: kind("v1", "Service", "services"),
-  ServiceAccount: kind("v1", "ServiceAccount", "serviceaccounts"),
-  Namespace: kind("v1", "Namespace", "namespaces"),
-  Deployment: kind("apps/v1", "Deployment", "deployments"),
-  StatefulSet: kind("apps/v1", "StatefulSet", "statefulsets"),
-  DaemonSet: kind("apps/v1", "DaemonSet", "daemonsets"),
-  ReplicaSet: kind("apps/v1", "ReplicaSet", "replicasets"),
+  ConfigMap: kind<V1ConfigMap>("v1", "ConfigMap", "configmaps"),
+  Secret: kind<V1Secret>("v1", "Secret", "secrets"),
+  Pod: kind<V1Pod>("v1", "Pod", "pods"),
+  Service: kind<V1Service>("v1", "Service", "services"),
+  ServiceAccount: kind<V1ServiceAccount>("v1", "ServiceAccount", "serviceaccounts"),
+  Namespace: kind<V1Namespace>("v1", "Namespace", "namespaces"),
+  Node: kind<V1Node>("v1", "Node", "nodes"),
+  PersistentVolumeClaim: kind<V1PersistentVolumeClaim>("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+  PersistentVolume: kind<V1PersistentVolume>("v1", "PersistentVolume", "persistentvolumes"),
+  Deployment: kind<V1Deployment>("apps/v1", "Deployment", "deployments"),
+  StatefulSet: kind<V1StatefulSet>("apps/v1", "StatefulSet", "statefulsets"),
+  DaemonSet: kind<V1DaemonSet>("apps/v1", "DaemonSet", "daemonsets"),
+  ReplicaSet: kind<V1ReplicaSet>("apps/v1", "ReplicaSet", "replicasets"),
+  Job: kind<V1Job>("batch/v1", "Job", "jobs"),
+  CronJob: kind<V1CronJob>("batch/v1", "CronJob", "cronjobs"),
+  Ingress: kind<V1Ingress>("networking.k8s.io/v1", "Ingress", "ingresses"),
+  NetworkPolicy: kind<V1NetworkPolicy>("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+  EndpointSlice: kind<V1EndpointSlice>("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+  Role: kind<V1Role>("rbac.authorization.k8s.io/v1", "Role", "roles"),
+  RoleBinding: kind<V1RoleBinding>("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+  ClusterRole: kind<V1ClusterRole>("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles"),
+  ClusterRoleBinding: kind<V1ClusterRoleBinding>("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings"),
+  Lease: kind<V1Lease>("coordination.k8s.io/v1", "Lease", "leases"),
+  PodDisruptionBudget: kind<V1PodDisruptionBudget>("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+  HorizontalPodAutoscaler: kind<V2HorizontalPodAutoscaler>("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+  StorageClass: kind<V1StorageClass>("storage.k8s.io/v1", "StorageClass", "storageclasses"),
+  CustomResourceDefinition: kind<V1CustomResourceDefinition>("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions"),
+  Event: kind<EventsV1Event>("events.k8s.io/v1", "Event", "events"),
 } as const;
 
 /** @internal */

@@ -6,7 +6,8 @@ import { type Action, type OutcomeLabel, describe, failureOf, resultOf } from ".
 import { settlesBefore } from "./attempts.js";
 import { type Connection, authMetadata, channelSettings } from "./config.js";
 import type { Controller } from "./controller.js";
-import { DeadlineExceededError, RegistrationRejectedError, SessionEndedError, TerminalError } from "./errors.js";
+import { typed } from "./client.js";
+import { DeadlineExceededError, RegistrationRejectedError, RetryError, SessionEndedError, TerminalError } from "./errors.js";
 import { Fence } from "./fence.js";
 import {
   type ControllerMessage,
@@ -21,11 +22,14 @@ import {
 } from "./gen/ctrlhub/v1/controller_pb.js";
 import { type Registered, RegisterSchema, type Rejected, type Revoked, Revoked_Reason } from "./gen/ctrlhub/v1/registration_pb.js";
 import { ManagerClient } from "./grpc.js";
-import type { Logger } from "./log.js";
+import { Finalizers } from "./finalizers.js";
+import { type Logger, withFields } from "./logs.js";
 import type { EventHandler, ReadableKind, ReconcileHandler, RunOptions } from "./options.js";
 import { CachedReader, decode } from "./reader.js";
 import type { EventType, ObjectEvent, Reason, ReconcileRequest, Tombstone, WorkContext } from "./request.js";
-import { type WorkSpan, startSpan } from "./traces.js";
+import type { KubernetesObject } from "./resources.js";
+import { type WorkSpan, parseTraceparent, startSpan } from "./traces.js";
+import { adopt, identity } from "./write.js";
 
 /** @internal The handler a controller was finished with. */
 export type Handlers<T> = { mode: "reconcile"; handler: ReconcileHandler<T> } | { mode: "events"; handler: EventHandler<T> };
@@ -36,7 +40,8 @@ export type SessionEnd =
   | { kind: "fatal"; error: Error }
   /** A newer definition runs, or another identity holds the name: wait, then register again. */
   | { kind: "wait"; reason: string }
-  | { kind: "retry"; registered: boolean; reason: string };
+  /** `expected`: an orderly handover (a manager shutting down, a standby): logged at INFO. */
+  | { kind: "retry"; registered: boolean; reason: string; expected?: boolean };
 
 const FATAL_BEFORE_REGISTERED = new Set<number>([Status.INVALID_ARGUMENT, Status.PERMISSION_DENIED, Status.UNAUTHENTICATED]);
 
@@ -186,6 +191,7 @@ export class Session<T> {
     if (this.closed || this.call === undefined) {
       return false;
     }
+    this.log.trace?.(`sending ${message.case ?? "nothing"}`, message.case === "result" ? { id: message.value.id, outcome: message.value.outcome.case } : {});
     this.call.write(create(ControllerMessageSchema, { message }));
     return true;
   }
@@ -194,31 +200,52 @@ export class Session<T> {
     const m = msg.message;
     switch (m.case) {
       case "registered":
+        this.log.trace?.("received Registered", { session: m.value.sessionId });
         this.onRegistered(m.value);
         return;
       case "heartbeat":
+        this.log.trace?.("received a heartbeat answer", { nonce: m.value.nonce });
         this.fence?.answered(m.value.nonce);
         return;
       case "reconcile":
+        this.log.trace?.("received ReconcileRequest", {
+          id: m.value.id,
+          key: `${m.value.key?.namespace ?? ""}/${m.value.key?.name ?? ""}`,
+          attempt: m.value.attempt,
+          object: m.value.object.case ?? "none",
+        });
         this.dispatch(m.value.id, m.value.deadline, (work) => this.reconcile(m.value, work));
         return;
       case "event":
+        this.log.trace?.("received Event", { id: m.value.id, sequence: m.value.sequence, type: m.value.type });
         this.dispatch(m.value.id, m.value.deadline, (work) => this.event(m.value, work));
         return;
-      case "rejected":
+      case "rejected": {
         this.rejected = m.value;
-        this.log.warn(`registration rejected: ${m.value.message}`, {
-          code: Status[m.value.code] ?? m.value.code,
+        const code = Status[m.value.code] ?? String(m.value.code);
+        const fields = {
+          code,
           ...(m.value.field === "" ? {} : { field: m.value.field }),
           ...(m.value.outdated ? { outdated: true } : {}),
-        });
+        };
+        if (m.value.outdated || m.value.code === Status.ALREADY_EXISTS || (!this.registered && FATAL_BEFORE_REGISTERED.has(m.value.code))) {
+          // Reported once, by the wait's WARN line or by run()'s rejection.
+          this.log.debug(`the manager refused the registration: ${m.value.message}`, fields);
+        } else {
+          // A manager shutting down, a standby, caches that cannot list yet: transient.
+          this.log.info(`the manager cannot take the registration now (${code}: ${m.value.message}); reconnecting`, fields);
+        }
         return;
+      }
       case "revoked": {
         this.revoked = m.value;
         const reason = Revoked_Reason[m.value.reason] ?? String(m.value.reason);
-        this.log.warn(`session revoked (${reason}): ${m.value.message}`, {
-          ...(m.value.leaderIdentity === "" ? {} : { leader: m.value.leaderIdentity }),
-        });
+        const fields = m.value.leaderIdentity === "" ? {} : { leader: m.value.leaderIdentity };
+        if (m.value.reason === Revoked_Reason.SHUTTING_DOWN || m.value.reason === Revoked_Reason.LEADERSHIP_LOST) {
+          this.log.info(`the manager ended the session (${reason}: ${m.value.message}); reconnecting`, fields);
+        } else {
+          this.log.warn(`session revoked (${reason}): ${m.value.message}`, fields);
+        }
         this.abortAll("the manager revoked the session");
         this.armExitCheck();
         return;
@@ -277,6 +304,7 @@ export class Session<T> {
     if (credit !== register.maxInFlight) {
       this.sendCredit(credit);
     }
+    this.owner.refreshReadiness(undefined);
     this.options.onRegistered?.({
       sessionId: this.sessionId,
       leaderIdentity: r.leaderIdentity,
@@ -299,6 +327,7 @@ export class Session<T> {
     this.staleReason = `the manager answered no heartbeat for ${Math.round(silentMs)} ms (half the ${hold} ms hold)`;
     this.log.warn(`${this.staleReason}: cancelling ${this.running} running handler(s), taking no more work and ending the session`);
     this.fenced = true;
+    this.owner.refreshReadiness(`reconnecting: ${this.staleReason}`);
     this.abortAll(`${this.staleReason}; the manager may hand the key to another replica`);
     this.armExitCheck();
     this.call?.cancel();
@@ -370,7 +399,8 @@ export class Session<T> {
             `${this.owner.internals.register.revision}) replaced this one: ${revoked.message}`,
         };
       }
-      return { kind: "retry", registered: true, reason: `revoked (${reason}): ${revoked.message}` };
+      const expected = revoked.reason === Revoked_Reason.SHUTTING_DOWN || revoked.reason === Revoked_Reason.LEADERSHIP_LOST;
+      return { kind: "retry", registered: true, reason: `revoked (${reason}): ${revoked.message}`, expected };
     }
     if (this.staleReason !== undefined) {
       return { kind: "retry", registered: true, reason: this.staleReason };
@@ -401,6 +431,8 @@ export class Session<T> {
       kind: "retry",
       registered: this.registered,
       reason: `${Status[code] ?? code}${hint}: ${details}${field === "" ? "" : ` (field ${field})`}`,
+      // A standby naming the leader, or a manager that cannot take the registration now.
+      expected: code === Status.UNAVAILABLE && (hint !== "" || rejected !== undefined),
     };
   }
 
@@ -481,7 +513,9 @@ export class Session<T> {
     }
   }
 
-  private context(
+  /** The handler's argument: the work's context (with `extra`), and the SDK's logger of the work. */
+  private context<W extends WorkContext>(
+    kind: "reconcile" | "event",
     id: string,
     key: { namespace: string; name: string } | undefined,
     attempt: number,
@@ -489,9 +523,21 @@ export class Session<T> {
     deadlineMs: number,
     span: WorkSpan,
     parent: string,
-  ): WorkContext {
+    extra: Omit<W, keyof WorkContext>,
+  ): { context: W; log: Logger } {
     const k = { namespace: key?.namespace ?? "", name: key?.name ?? "" };
-    return {
+    const { kit, register } = this.owner.internals;
+    const ids = parseTraceparent(span.traceparent);
+    const fields = {
+      controller: this.owner.name,
+      key: `${k.namespace}/${k.name}`,
+      request_id: id,
+      attempt,
+      session_id: this.sessionId,
+      ...(ids === undefined ? {} : { trace_id: ids.traceId, span_id: ids.spanId }),
+    };
+    const fieldManager = register.controllerName;
+    const context: Omit<WorkContext, "kubeConfig"> = {
       id,
       key: k,
       namespace: k.namespace,
@@ -504,8 +550,47 @@ export class Session<T> {
       traceparent: span.traceparent,
       tracestate: span.tracestate,
       parentTraceparent: parent,
-      log: this.log,
+      log: withFields(kit.handlerLog, kind, fields),
+      events: kit.events,
+      finalizers: new Finalizers(() => kit.kube.objects, signal),
+      adopt: (child, owner) => adopt(child, owner),
+      apply: async (obj, options = {}) => {
+        identity(obj);
+        return kit.kube.objects.applyObject(obj, options.fieldManager ?? fieldManager, options.force ?? true, options.signal ?? signal);
+      },
+      patchStatus: async (obj, status) => {
+        identity(obj);
+        return kit.kube.objects.mergePatchObject(obj, { status }, "status", signal);
+      },
     };
+    // Loaded on first use: a handler that never writes needs no Kubernetes configuration.
+    const full = Object.defineProperty({ ...context, ...extra }, "kubeConfig", { get: () => kit.kube.config, enumerable: true });
+    return { context: full as unknown as W, log: withFields(this.log, kind, fields) };
+  }
+
+  /** The request's object and tombstone; an undecodable object is an error to retry, never Terminal. */
+  private decodeRequest(msg: RequestMessage, key: string): { object: T | undefined; tombstone: Tombstone<T> | undefined } | Error {
+    try {
+      // No object, or an empty one, means the cache does not hold it: NotFound, never a
+      // deletion. A tombstone is a deletion the manager saw, with or without its last state.
+      if (msg.object.case === "objectJson") {
+        return { object: decodeObject<T>(msg.object.value), tombstone: undefined };
+      }
+      if (msg.object.case === "tombstone") {
+        const t = msg.object.value;
+        let last: T | undefined;
+        try {
+          last = decodeObject<T>(t.objectJson);
+        } catch (err) {
+          // Still a deletion the manager saw: the handler learns it, without the last state.
+          this.log.warn(`undecodable tombstone for ${key}; delivering the deletion without its last state: ${describe(err)}`);
+        }
+        return { object: undefined, tombstone: { object: last, finalStateUnknown: t.finalStateUnknown } };
+      }
+      return { object: undefined, tombstone: undefined };
+    } catch (err) {
+      return err instanceof Error ? err : new Error(String(err));
+    }
   }
 
   private async reconcile(msg: RequestMessage, w: Work): Promise<void> {
@@ -515,27 +600,11 @@ export class Session<T> {
       this.log.warn("ignoring a ReconcileRequest on an EVENTS-mode session", { id: w.id });
       return;
     }
-    let object: T | undefined;
-    let tombstone: Tombstone<T> | undefined;
-    try {
-      // No object, or an empty one, means the cache does not hold it: NotFound, never a
-      // deletion. A tombstone is a deletion the manager saw, with or without its last state.
-      if (msg.object.case === "objectJson") {
-        object = decodeObject<T>(msg.object.value);
-      } else if (msg.object.case === "tombstone") {
-        const t = msg.object.value;
-        let last: T | undefined;
-        try {
-          last = decodeObject<T>(t.objectJson);
-        } catch (err) {
-          // Still a deletion the manager saw: the handler learns it, without the last state.
-          this.log.warn(`undecodable tombstone for ${key}; delivering the deletion without its last state: ${describe(err)}`);
-        }
-        tombstone = { object: last, finalStateUnknown: t.finalStateUnknown };
-      }
-    } catch (err) {
-      this.log.error(`undecodable object for ${key}: ${describe(err)}`);
-      const [result, label] = failureOf(w.id, new TerminalError(`undecodable object: ${describe(err)}`));
+    const decoded = this.decodeRequest(msg, key);
+    if (decoded instanceof Error) {
+      // Not the user's fault, and perhaps the manager's or this SDK's: retried with backoff.
+      this.log.error(`undecodable object for ${key}; answering a retryable error: ${decoded.message}`, { key, request_id: w.id });
+      const [result, label] = failureOf(w.id, new RetryError(`undecodable object: ${decoded.message}`));
       this.complete(w, result, label, undefined);
       return;
     }
@@ -544,8 +613,12 @@ export class Session<T> {
       this.complete(w, undefined, "error", undefined, "it never started: the request was cancelled while it waited");
       return;
     }
+    const reasons = msg.reasons.map((r) => (REASONS[r] as Reason | undefined) ?? "UNSPECIFIED");
+    const { kit } = this.owner.internals;
     let outcome: Settled<Action | void>;
     let span: WorkSpan | undefined;
+    let log: Logger | undefined;
+    const t0 = performance.now();
     try {
       span = startSpan(this.tracing, "reconcile", msg.traceparent, msg.tracestate, {
         "ctrlhub.controller": this.owner.name,
@@ -554,25 +627,37 @@ export class Session<T> {
         "ctrlhub.attempt": msg.attempt,
         "ctrlhub.request.id": w.id,
       });
-      const request: ReconcileRequest<T> = {
-        ...this.context(w.id, msg.key, msg.attempt, w.abort.signal, w.deadlineMs, span, msg.traceparent),
-        reasons: msg.reasons.map((r) => (REASONS[r] as Reason | undefined) ?? "UNSPECIFIED"),
-        object,
-        tombstone,
-      };
+      const made = this.context<ReconcileRequest<T>>("reconcile", w.id, msg.key, msg.attempt, w.abort.signal, w.deadlineMs, span,
+        msg.traceparent, { reasons, object: decoded.object, tombstone: decoded.tombstone });
+      log = made.log;
+      log.info("reconcile start", { key, reasons: reasons.join(","), attempt: msg.attempt });
+      const request = made.context;
       const handler = handlers.handler;
       const s = span;
       outcome = await this.settle(() => s.run(async () => handler(request)));
     } finally {
       started();
     }
+    const end = { key, reasons: reasons.join(","), attempt: msg.attempt, duration_ms: Math.round(performance.now() - t0) };
     if (w.abort.signal.aborted) {
-      this.complete(w, undefined, "error", span, "the handler was cancelled");
+      const reason: unknown = w.abort.signal.reason;
+      const atDeadline = reason instanceof DeadlineExceededError;
+      log.warn("reconcile end", { ...end, outcome: atDeadline ? "deadline" : "lost", error: describe(reason) });
+      this.complete(w, undefined, "error", span, "the handler was cancelled", log);
       return;
     }
     const [result, label] = "value" in outcome ? resultOf(w.id, outcome.value) : failureOf(w.id, outcome.error);
     if ("error" in outcome) {
-      this.log.debug(`reconcile of ${key} failed: ${describe(outcome.error)}`, { outcome: label });
+      const error = outcome.error;
+      const message = describe(error);
+      const planned = error instanceof RetryError || error instanceof TerminalError;
+      const stack = !planned && error instanceof Error && error.stack !== undefined && kit.stacks.due(key) ? { stack: error.stack } : {};
+      log.warn("reconcile end", { ...end, outcome: label, error: message, ...stack });
+      kit.events.reconcileFailed(decoded.object as KubernetesObject | undefined, error, message);
+    } else {
+      const action = outcome.value;
+      const requeue = action?.type === "requeue" ? { requeue_after_ms: action.afterMs } : {};
+      log.info("reconcile end", { ...end, outcome: label === "requeue" ? "requeue_after" : "success", ...requeue });
     }
     this.complete(w, result, label, span);
   }
@@ -586,7 +671,7 @@ export class Session<T> {
     const key = `${msg.key?.namespace ?? ""}/${msg.key?.name ?? ""}`;
     let object: T;
     try {
-      object = decode<T>(msg.objectJson);
+      object = typed<T>(decode(msg.objectJson));
     } catch (err) {
       // Nothing a retry can fix: acknowledge and move on.
       this.log.error(`undecodable event object for ${key}; acknowledging it: ${describe(err)}`);
@@ -597,8 +682,11 @@ export class Session<T> {
     if (started === undefined) {
       return;
     }
+    const type = (EVENT_TYPES[msg.type] as EventType | undefined) ?? "UNSPECIFIED";
     let outcome: Settled<void>;
     let span: WorkSpan;
+    let log: Logger;
+    const t0 = performance.now();
     try {
       span = startSpan(this.tracing, "event", msg.traceparent, msg.tracestate, {
         "ctrlhub.controller": this.owner.name,
@@ -607,29 +695,31 @@ export class Session<T> {
         "ctrlhub.attempt": msg.attempt,
         "ctrlhub.request.id": w.id,
       });
-      const event: ObjectEvent<T> = {
-        ...this.context(w.id, msg.key, msg.attempt, w.abort.signal, w.deadlineMs, span, msg.traceparent),
-        type: (EVENT_TYPES[msg.type] as EventType | undefined) ?? "UNSPECIFIED",
-        object,
-        sequence: msg.sequence,
-      };
+      const made = this.context<ObjectEvent<T>>("event", w.id, msg.key, msg.attempt, w.abort.signal, w.deadlineMs, span,
+        msg.traceparent, { type, object, sequence: msg.sequence });
+      log = made.log;
+      log.info("event start", { key, type, attempt: msg.attempt });
+      const event = made.context;
       const handler = handlers.handler;
       const s = span;
       outcome = await this.settle(() => s.run(async () => handler(event)));
     } finally {
       started();
     }
+    const end = { key, type, attempt: msg.attempt, duration_ms: Math.round(performance.now() - t0) };
     if (w.abort.signal.aborted) {
       const deadline = w.abort.signal.reason instanceof DeadlineExceededError;
+      log.warn("event end", { ...end, outcome: deadline ? "deadline" : "lost", error: describe(w.abort.signal.reason) });
       span.end(deadline ? "deadline" : "lost", deadline ? "cancelled at its deadline" : "session ended before the ack");
       return;
     }
     if ("error" in outcome) {
       // Unacknowledged: the manager sends it again after its deadline.
-      this.log.warn(`event handler for ${key} failed; the event is sent again after its deadline: ${describe(outcome.error)}`);
+      log.warn("event end", { ...end, outcome: "error", error: `${describe(outcome.error)} (the event is sent again after its deadline)` });
       span.end("error", describe(outcome.error));
       return;
     }
+    log.info("event end", { ...end, outcome: "success" });
     this.answerEvent(w, span, "success");
   }
 
@@ -646,6 +736,8 @@ export class Session<T> {
     label: OutcomeLabel,
     span: WorkSpan | undefined,
     cancelled?: string,
+    /** The work's logger, when its end was logged already. */
+    ended?: Logger,
   ): void {
     if (this.closed || !this.inFlight.has(w.id)) {
       span?.end("lost", "session ended before the result");
@@ -659,7 +751,7 @@ export class Session<T> {
         return;
       }
       const late = Date.now() - w.deadlineMs;
-      this.log.warn(
+      (ended === undefined ? this.log.warn : ended.debug).call(ended ?? this.log,
         `request ${w.id} was cancelled at its deadline; ${cancelled ?? "the handler ended"}` +
           `${late > 0 ? ` ${late} ms after the deadline` : ""}; the manager re-delivers the key once it has the result`,
       );
@@ -723,5 +815,5 @@ function decodeObject<T>(bytes: Uint8Array): T | undefined {
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw new TypeError(`expected a JSON object, got ${Array.isArray(value) ? "an array" : String(value)}`);
   }
-  return value as T;
+  return typed<T>(value);
 }

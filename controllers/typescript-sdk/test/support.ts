@@ -154,13 +154,23 @@ export interface Manager {
   status(): Promise<Record<string, unknown>>;
 }
 
-/** Starts `ctrlhub run` with static token `dev` (plus `extra` flags) and waits until it leads. */
-export async function startManager(cluster: Cluster, identity: string, extra: string[] = [], port?: number): Promise<Manager> {
+/**
+ * Starts `ctrlhub run` with static token `dev` (plus `extra` flags and `env` variables) and
+ * waits until it leads.
+ */
+export async function startManager(
+  cluster: Cluster,
+  identity: string,
+  extra: string[] = [],
+  port?: number,
+  extraEnv: NodeJS.ProcessEnv = {},
+): Promise<Manager> {
   const [grpcPort, httpPort] = [port ?? (await freePort()), await freePort()];
   const dir = tempDir("manager");
   const env: NodeJS.ProcessEnv = { ...process.env, RUST_LOG: "info,ctrlhub=debug" };
   delete env["OTEL_EXPORTER_OTLP_ENDPOINT"];
   delete env["WATCH_NAMESPACE"];
+  Object.assign(env, extraEnv);
   const proc = start(
     binary("ctrlhub"),
     [

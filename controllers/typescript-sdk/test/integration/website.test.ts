@@ -46,14 +46,31 @@ after(async () => {
   await dev?.stop();
 });
 
-function operator(): Proc {
+function operator(env: NodeJS.ProcessEnv = {}): Proc {
   const log = join(tempDir("website-operator"), "website.log");
+  const base: NodeJS.ProcessEnv = { ...process.env };
+  delete base["CTRLHUB_LOG"];
+  delete base["CTRLHUB_LOG_FORMAT"];
   return start(
     process.execPath,
     [join(REPO, "controllers/typescript-sdk/dist/examples/website.js")],
-    { ...process.env, KUBECONFIG: kubeconfig, CTRLHUB_ADDR: grpc, CTRLHUB_TOKEN: "dev" },
+    { ...base, KUBECONFIG: kubeconfig, CTRLHUB_ADDR: grpc, CTRLHUB_TOKEN: "dev", ...env },
     log,
   );
+}
+
+/** The JSON lines of a log written with CTRLHUB_LOG_FORMAT=json (each line must parse). */
+function jsonLines(log: string): Array<{ level: string; fields: Record<string, unknown>; span?: Record<string, unknown> }> {
+  return readFileSync(log, "utf8")
+    .split("\n")
+    .filter((l) => l !== "")
+    .map((l) => {
+      try {
+        return JSON.parse(l) as { level: string; fields: Record<string, unknown>; span?: Record<string, unknown> };
+      } catch {
+        throw new Error(`not a JSON line: ${l}`);
+      }
+    });
 }
 
 interface Website {
@@ -74,7 +91,10 @@ test("the Website operator: children, registry, Ready, a restart, repairs and de
   const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
 
   await core.createNamespace({ body: { metadata: { name: "web" } } });
-  let op = operator();
+  // The first run logs everything (the Registered message, every wire message) as JSON: no
+  // level changes what the operator does; the restarted one logs at the default level, as text.
+  let op = operator({ CTRLHUB_LOG: "trace", CTRLHUB_LOG_FORMAT: "json" });
+  const traced = op.log;
   try {
     await custom.createNamespacedCustomObject({
       ...sites,
@@ -107,6 +127,13 @@ test("the Website operator: children, registry, Ready, a restart, repairs and de
 
     // A restart: the new process starts from the caches; nothing is taken for a deletion.
     assert.equal(await op.stop(), 0, "SIGTERM drains and exits 0");
+    const lines = jsonLines(traced);
+    assert.ok(lines.some((l) => l.level === "TRACE"), "trace lines were written");
+    assert.ok(lines.some((l) => l.level === "DEBUG" && l.fields["message"] === "effective registration"), "the Registered message at debug");
+    assert.ok(lines.some((l) => l.fields["message"] === "registered with manager"));
+    assert.ok(lines.some((l) => l.fields["message"] === "reconcile end" && l.fields["outcome"] === "success" && l.span?.["key"] === "web/site"));
+    assert.deepEqual(lines.filter((l) => l.level === "ERROR" || l.level === "WARN"), [], "nothing failed at trace level");
+    assert.ok(lines.some((l) => l.fields["message"] === "session drained; controller stopped"), "the drain completed");
     op = operator();
     await waitFor(`the restarted operator registered (log ${op.log})`, () =>
       readFileSync(op.log, "utf8").includes("registered with manager") ? true : undefined,

@@ -106,7 +106,7 @@ function request(call: Call, id: string, object: MessageInitShape<typeof Reconci
 
 const utf8 = new TextEncoder();
 
-test("an empty object is no object and an empty or undecodable tombstone still a deletion, never a Terminal answer; an undecodable object is terminal", async () => {
+test("an empty object is no object, an empty or undecodable tombstone still a deletion, and an undecodable object an error to retry: never a Terminal answer", async () => {
   const seen: Array<ReconcileRequest<unknown>> = [];
   const m = await scripted((call) => {
     request(call, "empty", { case: "objectJson", value: new Uint8Array() });
@@ -125,8 +125,8 @@ test("an empty object is no object and an empty or undecodable tombstone still a
     const outcome = (id: string) => m.results.find((r) => r.id === id)?.outcome.case;
     assert.equal(outcome("empty"), "done");
     assert.equal(outcome("tombstone"), "done");
-    assert.equal(outcome("garbage"), "terminal");
-    assert.equal(outcome("array"), "terminal");
+    assert.equal(outcome("garbage"), "error", "not the user's fault: retried with backoff, never Terminal");
+    assert.equal(outcome("array"), "error");
     assert.equal(outcome("bad-tombstone"), "done");
     assert.deepEqual(seen.find((q) => q.name === "bad-tombstone")?.tombstone, { object: undefined, finalStateUnknown: false });
     const empty = seen.find((q) => q.name === "empty");
