@@ -9,8 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage's banner says how long the run has taken so far (the per-stage figures in notes).
+STARTED=$SECONDS
 banner() {
-    printf '\n==== %s ====\n' "$*"
+    printf '\n==== %s ==== [%dm%02ds]\n' "$*" $(((SECONDS - STARTED) / 60)) $(((SECONDS - STARTED) % 60))
 }
 
 # Gates first, so a formatting slip or a lint fails in minutes, not after the suites.
@@ -118,3 +120,5 @@ banner "pytest controllers/python-sdk/tests (the Python SDK on real managers; my
 # The SDK's API reference as HTML, from its docstrings and type hints.
 .venv/bin/python -m pdoc --docformat google -o target/python-sdk-docs ctrlhub
 echo "API docs: target/python-sdk-docs/ctrlhub.html"
+
+banner "all stages passed"
