@@ -409,3 +409,17 @@ def test_metadata_only_kinds_are_read_as_metadata() -> None:
     assert (meta.name, meta.namespace, meta.labels, meta.resource_version, meta.generation) == ("x", "ns", {"a": "b"}, "7", 2)
     assert meta.owner_references[0]["name"] == "w" and meta.finalizers == ["f"] and meta.deletion_timestamp is None
     assert ctrlhub.ObjectMetadata.of({}).labels == {}, "no metadata: empty, never an exception"
+
+
+def test_a_name_held_by_another_identity_is_asked_for_again_not_fatal() -> None:
+    """docs/protocol.md: ALREADY_EXISTS before Registered means another identity of the tenant
+    holds the name; the replica waits (every ``outdated_retry``) instead of exiting, while the
+    refusals only a human can fix stay fatal."""
+    import grpc
+    from ctrlhub._session import _classify
+
+    end = _classify(grpc.StatusCode.ALREADY_EXISTS, "held by system:serviceaccount:team-a:ctl", registered=False)
+    assert end.retry and end.held and not end.outdated, end
+    assert "system:serviceaccount:team-a:ctl" in end.reason
+    with pytest.raises(ctrlhub.FatalError):
+        _classify(grpc.StatusCode.PERMISSION_DENIED, "no", registered=False)

@@ -149,8 +149,9 @@ class Config:
     pod's grace period a few seconds longer than this."""
     outdated_retry: float = 30.0
     """After ``Revoked(SUPERSEDED)`` or ``Rejected`` with ``outdated`` (another definition of
-    the controller runs under a higher or equal revision), how long to wait before registering
-    again, in seconds."""
+    the controller runs under a higher or equal revision), or ``ALREADY_EXISTS`` (another
+    identity of the tenant holds the name), how long to wait before registering again, in
+    seconds."""
     health_addr: str | None = None
     """Where to serve ``/healthz`` and ``/readyz`` (``host:port``, e.g. ``0.0.0.0:8081``);
     None: no health endpoint."""

@@ -40,7 +40,6 @@ _FATAL_BEFORE_REGISTERED = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.ALREADY_EXISTS,
 }
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _SUPERSEDED = registration_pb2.Revoked.REASON_SUPERSEDED
@@ -59,12 +58,17 @@ class _End:
     reason: str = ""
     outdated: bool = False  # a newer (or conflicting) definition runs: wait longer
     transient: bool = False  # a leader change or a manager shutting down: logged at INFO
+    held: bool = False  # another identity of the tenant holds the name: ask again every outdated_retry
 
 
 def _classify(code: grpc.StatusCode, message: str, registered: bool, field: str = "", leader: str = "") -> _End:
     if code in _FATAL_BEFORE_REGISTERED and not registered:
         where = f" (field {field})" if field else ""
         raise FatalError(f"the manager refused the registration: {code.name}{where}: {message}", code.name, field)
+    if code == grpc.StatusCode.ALREADY_EXISTS and not registered:
+        # docs/protocol.md: the name is the other identity's until its controller goes; a
+        # replica of ours asks again every 30 s rather than exiting.
+        return _End(True, registered, f"another identity of the tenant holds this controller name: {message}", held=True)
     if code == grpc.StatusCode.UNAVAILABLE:
         return _End(True, registered, f"manager unavailable{f' (the leader is {leader})' if leader else ''}: {message}",
                     transient=True)
@@ -189,6 +193,10 @@ class SessionLoop:
                         "%s; taking no work and registering again in %.0f s (a rollout replaces this replica, or the newer "
                         "definition's replicas go away)", end.reason, delay,
                     )
+                elif end.held:
+                    delay = config.outdated_retry
+                    self._not_ready = f"waiting for the name: {end.reason}"
+                    self.log.warning("%s; registering again in %.0f s", end.reason, delay)
                 else:
                     delay = backoff.next_delay(end.registered)
                     self._not_ready = f"reconnecting: {end.reason}"

@@ -359,10 +359,10 @@ class Registration:
 
 class FatalError(Exception):
     """The manager refused this controller in a way only a human can fix (a registration
-    rejected as INVALID_ARGUMENT, PERMISSION_DENIED or ALREADY_EXISTS, or a token refused as
-    UNAUTHENTICATED, before ``Registered``); ``run`` ends with it instead of
-    reconnecting. A newer definition superseding this replica is not fatal: see
-    ``Controller.outdated``."""
+    rejected as INVALID_ARGUMENT or PERMISSION_DENIED, or a token refused as UNAUTHENTICATED,
+    before ``Registered``); ``run`` ends with it instead of reconnecting. Neither a newer
+    definition superseding this replica (see ``Controller.outdated``) nor a name another identity
+    of the tenant holds (ALREADY_EXISTS: asked again every ``outdated_retry``) is fatal."""
 
     def __init__(self, message: str, code: str = "", field: str = "") -> None:
         super().__init__(message)
