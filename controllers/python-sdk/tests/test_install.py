@@ -66,3 +66,10 @@ def test_the_readme_install_lines_work_from_a_read_only_copy(tmp_path: Path) -> 
         assert sorted(clone.rglob("*")) == before, "the install wrote nothing into the repository"
     finally:
         writable(clone)
+
+
+def test_the_front_page_shows_the_same_install_lines() -> None:
+    """The repository's README teaches the Python install too: the lines it shows are the ones
+    the test above runs, so the two cannot drift."""
+    front = (REPO / "README.md").read_text()
+    assert f"```sh\n{install_lines()}```" in front, "README.md's Python install block differs from the SDK README's"
