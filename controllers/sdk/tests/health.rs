@@ -159,6 +159,8 @@ fn liveness_is_500_while_the_runtime_is_stuck() {
     config.stuck_after = Duration::from_secs(1);
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
+    // The probe says when it has seen the live answer; only then is the runtime held.
+    let (seen_live, live_seen) = tokio::sync::oneshot::channel::<()>();
     let controller = std::thread::spawn(move || {
         runtime.block_on(async move {
             let run = Controller::new("stuck").reconciles::<ConfigMap>().run(
@@ -168,8 +170,9 @@ fn liveness_is_500_while_the_runtime_is_stuck() {
                 stop,
             );
             let stuck = async {
-                // Let it tick, then hold the runtime's only thread for 4 s.
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                // Once the probe has seen it live, hold the runtime's only thread for 4 s
+                // (four times `stuck_after`).
+                let _ = live_seen.await;
                 std::thread::sleep(Duration::from_secs(4));
                 std::future::pending::<()>().await;
             };
@@ -185,6 +188,7 @@ fn liveness_is_500_while_the_runtime_is_stuck() {
         .unwrap();
     probe.block_on(async {
         answers(port, "/healthz", 200, "ok").await;
+        let _ = seen_live.send(());
         let why = answers(port, "/healthz", 500, "stuck").await;
         println!("{why}");
         answers(port, "/healthz", 200, "ok").await;
