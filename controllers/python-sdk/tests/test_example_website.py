@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class Dev:
     """`ctrlhub dev` on free ports, with its state (the kubeconfig) in a temporary directory."""
 
     def __init__(self, tmp: Path) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
         self.grpc = f"127.0.0.1:{free_port()}"
         self.log_path = tmp / "ctrlhub-dev.log"
         self._log = open(self.log_path, "w")
@@ -74,9 +76,23 @@ class Operator:
         return code
 
 
+def start_dev(tmp_path: Path) -> Dev:
+    """`ctrlhub dev` leading. A port `free_port()` chose may be taken meanwhile by the
+    devcluster `ctrlhub dev` starts first (its own ephemeral port): then start again on new ports."""
+    for attempt in range(3):
+        d = Dev(tmp_path / f"dev-{attempt}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and d.proc.poll() is None:
+            if "manager is the leader" in d.log_path.read_text():
+                return d
+            time.sleep(0.05)
+        d.stop()
+    raise AssertionError(f"ctrlhub dev did not lead in 3 tries: {d.log_path.read_text()}")
+
+
 @pytest.fixture
 def dev(tmp_path: Path) -> Iterator[Dev]:
-    d = Dev(tmp_path)
+    d = start_dev(tmp_path)
     try:
         yield d
     finally:
