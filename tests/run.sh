@@ -95,7 +95,7 @@ banner "production build (dev profile): the Dockerfile's cargo command; no \`dev
 # build's dependencies (under a minute: their feature sets are equal, see rand in Cargo.toml).
 # The release build itself and the image's 40 MB size check take 9 minutes of a cold run on
 # 2 cores: \`bash tests/production_build.sh\` runs them
-# (README: "Release checks").
+# (docs/testing.md: "Release checks").
 CTRLHUB_PRODUCTION_PROFILE=dev bash tests/production_build.sh
 
 banner "cargo test --workspace (the SDK conformance matrix runs next, on its own)"

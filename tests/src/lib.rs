@@ -10,7 +10,8 @@
 //! - [`replica`]: a controller replica speaking the raw gRPC protocol;
 //! - [`hostile`], [`strangers`]: the hostile-tenant bed and its attacks, and the attacks that
 //!   need no credentials (or only junk ones);
-//! - [`readme`](mod@readme): the README's command blocks, for tests that run them as written;
+//! - [`readme`](mod@readme): the command blocks of the README and docs/, for tests that run them
+//!   as written;
 //! - [`rbac`]: tenants as ServiceAccounts with tokens and RBAC grants;
 //! - [`objects`]: namespaces, ConfigMaps and other objects applied as JSON;
 //! - [`raw`]: raw HTTPS requests and watch streams;

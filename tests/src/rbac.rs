@@ -126,7 +126,7 @@ pub fn configmaps_in(name: &str, namespaces: &[&str]) -> pb::Register {
 }
 
 /// ServiceAccount `monitoring/prometheus` bound to the ClusterRole `role` (which must exist,
-/// e.g. deploy/'s `ctrlhub-metrics-reader`), as the README says to bind Prometheus; returns a
+/// e.g. deploy/'s `ctrlhub-metrics-reader`), as docs/multi-tenancy.md says to bind Prometheus; returns a
 /// token of it for the API server's audience, which the manager's HTTP port accepts.
 pub async fn prometheus_bound_to(c: &Cluster, role: &str) -> anyhow::Result<String> {
     namespace(&c.client, "monitoring", &[]).await;

@@ -1,6 +1,6 @@
-"""The README's Python quick start, extracted verbatim and run as a process against a real
-manager and devcluster: it must stamp labelled ConfigMaps, leave the others alone, and drain
-and exit 0 on SIGTERM."""
+"""The Python quick start of docs/sdks.md (the README links to it), extracted verbatim and run
+as a process against a real manager and devcluster: it must stamp labelled ConfigMaps, leave
+the others alone, and drain and exit 0 on SIGTERM."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ STAMP = "example.com/stamped-at"
 
 
 def quickstart() -> str:
-    readme = (REPO / "README.md").read_text()
-    m = re.search(r"<!-- python-quickstart:begin -->\n```python\n(.*?)```\n<!-- python-quickstart:end -->", readme, re.S)
-    assert m, "README.md has no python-quickstart block"
+    page = (REPO / "docs" / "sdks.md").read_text()
+    m = re.search(r"<!-- python-quickstart:begin -->\n```python\n(.*?)```\n<!-- python-quickstart:end -->", page, re.S)
+    assert m, "docs/sdks.md has no python-quickstart block"
     return m.group(1)
 
 

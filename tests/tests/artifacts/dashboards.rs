@@ -675,7 +675,7 @@ fn scrape_settings(token_file: &Path) -> String {
 }
 
 /// A token of ServiceAccount `monitoring/prometheus`, bound to deploy/'s `ctrlhub-metrics-reader`
-/// ClusterRole as the README says to bind Prometheus.
+/// ClusterRole as docs/multi-tenancy.md says to bind Prometheus.
 async fn prometheus_token(c: &Cluster) -> String {
     let roles = dir().join("../deploy/base/clusterrole.yaml");
     // Not `run`: kubectl must not block the runtime devcluster answers it on.

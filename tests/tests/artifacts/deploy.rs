@@ -1,13 +1,13 @@
-//! deploy/ as the README tells a platform engineer to use it, against devcluster with kubectl:
+//! deploy/ as docs/operating.md tells a platform engineer to use it, against devcluster with kubectl:
 //! both documented `kubectl apply --server-side -k` commands exit 0 on a cluster without the
 //! Prometheus Operator, monitoring is a separate opt-in apply, an overlay of one's own sets the
 //! image and adds cert-manager TLS, the manager runs from the rendered Deployment's args and env
 //! with its own ServiceAccount's token (so the shipped RBAC is proven sufficient), the
-//! no-Secrets overlay really cannot read Secrets, and a tenant following the multi-tenancy
-//! section gets its Memcached reconciled.
+//! no-Secrets overlay really cannot read Secrets, and a tenant following docs/multi-tenancy.md
+//! gets its Memcached reconciled.
 
 use ctrlhub_tests::prometheus::Prometheus;
-use ctrlhub_tests::readme::readme_blocks;
+use ctrlhub_tests::readme::doc_blocks;
 use ctrlhub_tests::*;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ fn repo() -> PathBuf {
         .expect("repository root")
 }
 
-/// kubectl against the test's devcluster, run from the repository root like the README's
+/// kubectl against the test's devcluster, run from the repository root like the documented
 /// commands.
 struct Kubectl {
     kubeconfig: PathBuf,
@@ -83,7 +83,7 @@ impl Kubectl {
         serde_json::from_str(&self.ok(&all).await).expect("kubectl -o json")
     }
 
-    /// Runs `script` (a README block, as written) with bash as a reader pastes it into a shell
+    /// Runs `script` (a documented block, as written) with bash as a reader pastes it into a shell
     /// at the repository root: `KUBECONFIG` is this cluster's and the workspace's binaries
     /// (`memcached-controller`, `ctrlhub`) are on `PATH`; `-e` stops at the first command that
     /// fails. `prelude` runs first (a stand-in for what devcluster lacks, e.g. port-forward).
@@ -160,7 +160,7 @@ const OVERLAYS: [&str; 3] = ["cluster-wide", "cluster-wide-no-secrets", "namespa
 async fn the_documented_apply_commands_exit_0_without_the_monitoring_crds() {
     let c = start_cluster().await;
     let k = Kubectl::new(&c);
-    // README: the namespaced overlay's namespaces exist first.
+    // docs/operating.md: the namespaced overlay's namespaces exist first.
     k.ok(&["apply", "-f", "deploy/overlays/namespaced/namespaces.yaml"])
         .await;
     for overlay in OVERLAYS {
@@ -250,8 +250,8 @@ async fn the_documented_apply_commands_exit_0_without_the_monitoring_crds() {
     }
 }
 
-/// The README's own overlay: `images:` points at a pushed image and the cert-manager component
-/// adds TLS to both ports.
+/// docs/operating.md's overlay of one's own: `images:` points at a pushed image and the
+/// cert-manager component adds TLS to both ports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlay_of_ones_own_sets_the_image_and_adds_cert_manager_tls() {
     let base: Value = serde_saphyr::from_str(
@@ -633,25 +633,25 @@ async fn the_no_secrets_overlay_cannot_read_secrets() {
     );
 }
 
-/// The multi-tenancy section end to end, its commands run as written on an empty cluster (on
+/// docs/multi-tenancy.md's tenant end to end, its commands run as written on an empty cluster (on
 /// main they never created team-a, and the tenant's first apply failed): the platform deploys
-/// ctrlhub, team-a's namespace and the Memcached CRD, team-a applies the README's RBAC,
+/// ctrlhub, team-a's namespace and the Memcached CRD, team-a applies the page's RBAC,
 /// controller Deployment and Memcached, and its controller — started with that Deployment's
 /// env, its projected ctrlhub token and its API-server token — gets its Memcached reconciled
 /// through the manager. The test stands in only for the kubelet: it runs the two Deployments'
 /// containers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_following_the_readme_gets_a_reconcile() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+async fn a_tenant_following_the_docs_gets_a_reconcile() {
+    let page = std::fs::read_to_string(repo().join("docs/multi-tenancy.md")).expect("the page");
     let example = repo().join("deploy/examples/memcached-tenant");
     for file in ["rbac.yaml", "controller.yaml"] {
         let text = std::fs::read_to_string(example.join(file)).expect("example");
         assert!(
-            readme.contains(&text),
-            "the README shows deploy/examples/memcached-tenant/{file} as it is"
+            page.contains(&text),
+            "docs/multi-tenancy.md shows deploy/examples/memcached-tenant/{file} as it is"
         );
     }
-    let blocks = readme_blocks("tenant-walkthrough");
+    let blocks = doc_blocks("docs/multi-tenancy.md", "tenant-walkthrough");
     let [platform, tenant] = blocks.as_slice() else {
         panic!("the walkthrough has a platform block and a tenant block: {blocks:?}");
     };
@@ -783,7 +783,7 @@ async fn manager_can_in(k: &Kubectl, verb: &str, resource: &str, ns: &str) -> bo
     out.trim() == "yes"
 }
 
-/// README "Switching overlays": after a cluster-wide install, the documented commands (the
+/// docs/operating.md "Switching overlays": after a cluster-wide install, the documented commands (the
 /// namespaced install itself) leave the manager no cluster-wide read, checked as its
 /// ServiceAccount and by reading every ClusterRoleBinding that names it. On main the namespaced
 /// overlay left `ctrlhub-cache-reader` as the cluster-wide overlay wrote it: Secrets included.
@@ -802,7 +802,7 @@ async fn switching_to_the_namespaced_overlay_leaves_no_cluster_wide_read() {
         manager_can(&k, "list", "secrets").await,
         "cluster-wide reads Secrets"
     );
-    let blocks = readme_blocks("overlay-migration");
+    let blocks = doc_blocks("docs/operating.md", "overlay-migration");
     let [migration] = blocks.as_slice() else {
         panic!("one block: {blocks:?}");
     };
@@ -901,7 +901,7 @@ async fn port_forward_stand_in(
     });
 }
 
-/// Runs README's "a person" block as written (but for the local port, made free, and
+/// Runs docs/multi-tenancy.md's "a person" block as written (but for the local port, made free, and
 /// `kubectl port-forward`, stood in for): it must reach the leader, in the operator's view.
 async fn a_person_reaches_the_leader(
     c: &Cluster,
@@ -909,7 +909,7 @@ async fn a_person_reaches_the_leader(
     replicas: &[&Deployed],
     leader: &str,
 ) {
-    let blocks = readme_blocks("status-page-person");
+    let blocks = doc_blocks("docs/multi-tenancy.md", "status-page-person");
     let [person] = blocks.as_slice() else {
         panic!("one block: {blocks:?}");
     };
@@ -1038,8 +1038,8 @@ async fn prometheus_scrapes(job: Value, pods: &[&str]) -> Prometheus {
 }
 
 /// The docs' two readers of a two-replica install, each following its recipe as written: a
-/// person (README "The HTTP port under Kubernetes auth") reaches the leader's page in the
-/// operator's view, and Prometheus, given the README's grant and either scrape recipe of
+/// person (docs/multi-tenancy.md "The HTTP port under Kubernetes auth") reaches the leader's page in the
+/// operator's view, and Prometheus, given the documented grant and either scrape recipe of
 /// deploy/monitoring, scrapes both replicas over HTTPS with its token, labelled as the
 /// dashboards filter. The static recipe runs as shipped with its targets pointed at the
 /// replicas (on main there is none, and the Kubernetes recipe's relabels drop static targets);
@@ -1079,7 +1079,7 @@ async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
     .await;
     a_person_reaches_the_leader(&c, &k, &[&a, &b], &leader).await;
 
-    // Prometheus' ServiceAccount where its install would put it, granted as the README says.
+    // Prometheus' ServiceAccount where its install would put it, granted as docs/multi-tenancy.md says.
     k.ok(&["create", "namespace", "monitoring"]).await;
     k.ok(&[
         "-n",
@@ -1089,7 +1089,7 @@ async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
         "prometheus-k8s",
     ])
     .await;
-    let blocks = readme_blocks("prometheus-access");
+    let blocks = doc_blocks("docs/multi-tenancy.md", "prometheus-access");
     k.documented(&blocks[0]).await;
     let token = k
         .ok(&["-n", "monitoring", "create", "token", "prometheus-k8s"])

@@ -2,7 +2,8 @@
 //!
 //! `docs/architecture.md`'s bounds tables ("what a tenant can spend", "what a stranger can
 //! spend") must give every row a test, and every test they name must exist: a bound without a
-//! test is a promise nobody checks.
+//! test is a promise nobody checks. The README stays a front page of at most 300 lines, and the
+//! command blocks the docs/ pages show work as written.
 
 use std::path::{Path, PathBuf};
 
@@ -243,7 +244,7 @@ fn crate_uses_reads_paths_and_groups() {
     assert_eq!(uses.iter().map(String::as_str).collect::<Vec<_>>(), want);
 }
 
-/// `curl ARGS...` as a shell runs a README line: its exit status and stdout.
+/// `curl ARGS...` as a shell runs a documented line: its exit status and stdout.
 async fn bash(script: &str) -> (bool, String, String) {
     let out = tokio::process::Command::new("bash")
         .args(["-e", "-o", "pipefail", "-c", script])
@@ -258,12 +259,12 @@ async fn bash(script: &str) -> (bool, String, String) {
     )
 }
 
-/// README's devcluster fault example, as written (PORT is the test's devcluster's): the next list
+/// docs/devcluster.md's fault example, as written (PORT is the test's devcluster's): the next list
 /// of configmaps answers 503 and the one after it 200; the same request without the content
-/// type the README insists on injects nothing and is refused with 415, as it says.
+/// type the page insists on injects nothing and is refused with 415, as it says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn devcluster_fault_endpoints_work_as_the_readme_shows() {
-    let blocks = ctrlhub_tests::readme::readme_blocks("devcluster-faults");
+async fn devcluster_fault_endpoints_work_as_documented() {
+    let blocks = ctrlhub_tests::readme::doc_blocks("docs/devcluster.md", "devcluster-faults");
     let [example] = blocks.as_slice() else {
         panic!("one block: {blocks:?}");
     };
@@ -280,7 +281,7 @@ async fn devcluster_fault_endpoints_work_as_the_readme_shows() {
         script.contains(header),
         "the example sends the content type"
     );
-    // Without it nothing is injected: over HTTP/2 curl may not even show the 415 (the README
+    // Without it nothing is injected: over HTTP/2 curl may not even show the 415 (the page
     // says so), but the next list is not failed.
     let (ok, out, err) = bash(&script.replace(header, "")).await;
     assert!(
@@ -291,4 +292,24 @@ async fn devcluster_fault_endpoints_work_as_the_readme_shows() {
     let http1 = script.replace(header, "--http1.1 -s -o /dev/null -w '%{http_code}'");
     let (_, code, _) = bash(&http1).await;
     assert_eq!(code, "415");
+}
+
+/// The README is the front page: what ctrlhub is, the two commands, the contract, the matrix,
+/// the SDKs and links. Whatever more it needs goes to a docs/ page it links to, so that each
+/// map has one copy and the front page stays readable at once.
+#[test]
+fn the_readme_stays_a_front_page() {
+    const MOST: usize = 300;
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= MOST,
+        "README.md has {lines} lines, more than {MOST}: move the detail to a docs/ page and link it"
+    );
+    for command in ["cargo run -p ctrlhub -- dev", "bash tests/run.sh"] {
+        assert!(
+            readme.contains(&format!("```sh\n{command}\n```")),
+            "the front page shows `{command}` as its own block"
+        );
+    }
 }
