@@ -6,7 +6,8 @@
 //! request is reserved first and completed and sent after the lock is released. Events carry
 //! their object already and are sent under the lock.
 
-use super::state::{InFlight, Phase, State, Tombstone, pick_session};
+use super::messages::Tombstone;
+use super::state::{InFlight, Phase, State, pick_session};
 use super::{Controller, Outbound, Payload, Request, TraceContext};
 use crate::dispatch::queue::{Handout, Outcome, Reason};
 use crate::dispatch::seats::Seat;

@@ -157,6 +157,7 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
             },
             t,
             registration(100),
+            Scope::new(true, None),
             Arc::new(Metrics::new()),
             (&seats, crate::dispatch::usage::QueuedBytes::unlimited()),
         )
@@ -233,8 +234,15 @@ fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
 
 #[test]
 fn a_key_outside_the_registered_namespaces_is_never_queued_whatever_mapped_it() {
-    let c = controller(0);
-    c.confine_to(&["team-a".to_string()]);
+    let c = Controller::scoped(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        registration(0),
+        Scope::new(true, Some(vec!["team-a".to_string()])),
+        Arc::new(Metrics::new()),
+    );
     let mut rx = c.add_session(1, 10, false);
     // As a watches mapping by field path would produce them from a value naming another
     // tenant's namespace, or a cluster-scoped name for a namespaced primary.
@@ -266,6 +274,7 @@ fn with_objects() -> (Arc<Controller>, Arc<std::sync::atomic::AtomicU64>) {
         },
         "t",
         reg,
+        Scope::new(true, None),
         Arc::new(Metrics::new()),
         (
             &SeatPool::unlimited(),
@@ -461,6 +470,7 @@ fn nothing_is_dispatched_before_every_informer_has_its_first_list() {
         },
         "t",
         registration(10),
+        Scope::new(true, None),
         Arc::new(Metrics::new()),
         (
             &SeatPool::unlimited(),
