@@ -305,3 +305,192 @@ fn spawn_admission(
 fn enqueue_namespace(c: &Controller, namespace: &str) {
     c.enqueue(c.primary_keys_in(namespace), Reason::InitialList);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::dispatcher::{ControllerId, Outbound, Outbox};
+    use crate::dispatch::queue::Backoff;
+    use crate::dispatch::scope::Scope;
+    use crate::metrics::Metrics;
+    use crate::registration::predicate::LabelSelector;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    fn registration() -> Registration {
+        Registration {
+            name: "c".into(),
+            mode: Mode::Reconcile,
+            primary: ResourceRef {
+                group: "".into(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+                namespaced: true,
+            },
+            owns: vec![],
+            watches: vec![],
+            namespaces: NamespaceScope::All,
+            label_selector: None,
+            predicate: None,
+            max_concurrent: 10,
+            deadline: Duration::from_secs(30),
+            resync: None,
+            backoff: Backoff::default(),
+            include_object: false,
+        }
+    }
+
+    /// A controller named `name` within `scope`, with one session to read what it delivers.
+    fn controller(name: &str, scope: Scope) -> (Arc<Controller>, Outbox) {
+        let id = ControllerId {
+            tenant: "t".into(),
+            name: name.into(),
+        };
+        let c = Controller::scoped(id, registration(), scope, Arc::new(Metrics::new()));
+        let outbox = c.add_session(1, 100, false);
+        (c, outbox)
+    }
+
+    /// What `c` hands out now: (key, reasons) of each request.
+    fn delivered(c: &Controller, outbox: &mut Outbox) -> Vec<(String, Vec<Reason>)> {
+        c.dispatch_round();
+        let mut got = Vec::new();
+        while let Some(m) = outbox.work.try_next() {
+            if let Outbound::Reconcile(r) = m {
+                c.complete(1, &r.id, crate::dispatch::queue::Outcome::Done, "");
+                got.push((r.key.to_string(), r.reasons));
+            }
+        }
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        got
+    }
+
+    fn team(value: &str) -> LabelSelector {
+        LabelSelector {
+            match_labels: BTreeMap::from([("team".to_string(), value.to_string())]),
+            match_expressions: Vec::new(),
+        }
+    }
+
+    fn object(ns: &str, name: &str, team: &str) -> Arc<Value> {
+        Arc::new(json!({"metadata": {"namespace": ns, "name": name, "labels": {"team": team}}}))
+    }
+
+    fn added(object: Arc<Value>) -> CacheEvent {
+        CacheEvent::Added {
+            object,
+            initial: false,
+        }
+    }
+
+    #[test]
+    fn a_primary_event_reaches_the_queues_whose_scope_and_predicate_take_it() {
+        let (a, mut a_out) = controller("a", Scope::new(true, Some(vec!["team-a".into()])));
+        let (all, mut all_out) = controller("all", Scope::new(true, None));
+        // One informer's fan-out to both controllers' subscribers.
+        let subscribers = [
+            primary_subscriber(&a, Some(Predicate::LabelSelector(team("x")))),
+            primary_subscriber(&all, None),
+        ];
+        let fan_out = |event: CacheEvent| subscribers.iter().for_each(|s| s(&event));
+
+        fan_out(added(object("team-a", "mine", "x")));
+        fan_out(added(object("team-b", "theirs", "x")));
+        fan_out(added(object("team-a", "filtered", "y")));
+
+        let created = |k: &str| (k.to_string(), vec![Reason::Created]);
+        assert_eq!(delivered(&a, &mut a_out), [created("team-a/mine")]);
+        assert_eq!(
+            delivered(&all, &mut all_out),
+            [
+                created("team-a/filtered"),
+                created("team-a/mine"),
+                created("team-b/theirs")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_related_change_maps_to_primaries_in_scope_past_its_predicate() {
+        let (c, mut out) = controller("c", Scope::new(true, Some(vec!["team-a".into()])));
+        // A field mapping can name any namespace: only the scope's reach the queue.
+        let map = |obj: &Value| {
+            let target = obj.pointer("/metadata/labels/team").and_then(Value::as_str);
+            vec![
+                ObjectKey::new("team-a", target.unwrap_or_default()),
+                ObjectKey::new("team-b", "escape"),
+            ]
+        };
+        let sub = related_subscriber(
+            &c,
+            Some(Predicate::LabelsChanged),
+            Reason::WatchedChanged,
+            map,
+        );
+        sub(&CacheEvent::Modified {
+            old: object("team-a", "w", "x"),
+            new: object("team-a", "w", "x"),
+        });
+        assert!(
+            delivered(&c, &mut out).is_empty(),
+            "labels unchanged: filtered"
+        );
+
+        // Relabelled from x to y: the primary it mapped to before and the one it maps to now.
+        sub(&CacheEvent::Modified {
+            old: object("team-a", "w", "x"),
+            new: object("team-a", "w", "y"),
+        });
+        let watched = |k: &str| (k.to_string(), vec![Reason::WatchedChanged]);
+        assert_eq!(
+            delivered(&c, &mut out),
+            [watched("team-a/x"), watched("team-a/y")]
+        );
+
+        sub(&CacheEvent::Added {
+            object: object("team-a", "w2", "z"),
+            initial: true,
+        });
+        assert_eq!(
+            delivered(&c, &mut out),
+            [("team-a/z".to_string(), vec![Reason::InitialList])],
+            "a listed object is initial-list work"
+        );
+    }
+
+    #[test]
+    fn a_selector_scope_routes_only_namespaces_whose_labels_match_now() {
+        let (c, mut out) = controller("c", Scope::selecting(true, None, team("x"), None));
+        let stop = CancellationToken::new();
+        let namespaces = namespace_subscriber(&c, &stop);
+        let primaries = primary_subscriber(&c, None);
+        let ns = |name: &str, team: &str| {
+            Arc::new(json!({"metadata": {"name": name, "labels": {"team": team}}}))
+        };
+
+        primaries(&added(object("a", "before", "any")));
+        assert!(
+            delivered(&c, &mut out).is_empty(),
+            "a is not in the scope yet"
+        );
+
+        namespaces(&added(ns("a", "x")));
+        namespaces(&added(ns("b", "y")));
+        primaries(&added(object("a", "in", "any")));
+        primaries(&added(object("b", "out", "any")));
+        assert_eq!(
+            delivered(&c, &mut out),
+            [("a/in".to_string(), vec![Reason::Created])]
+        );
+
+        // a's label changes: it leaves at once, and its objects with it.
+        namespaces(&CacheEvent::Modified {
+            old: ns("a", "x"),
+            new: ns("a", "y"),
+        });
+        primaries(&added(object("a", "after", "any")));
+        assert!(delivered(&c, &mut out).is_empty());
+    }
+}

@@ -85,6 +85,13 @@ impl Controller {
         }
     }
 
+    #[cfg(test)]
+    /// One round as the leader, for unit tests elsewhere in dispatch (routing's) that drive a
+    /// controller by hand.
+    pub(crate) fn dispatch_round(&self) {
+        self.dispatch_once(true);
+    }
+
     /// One round: expire missed deadlines, then (when leading) hand out as much ready work as
     /// sessions, concurrency and dispatch seats allow. Returns when the caller should look again
     /// at the latest.

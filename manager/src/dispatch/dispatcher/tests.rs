@@ -491,3 +491,46 @@ fn nothing_is_dispatched_before_every_informer_has_its_first_list() {
     assert!(got[0].reasons.contains(&Reason::InitialList));
     assert!(got[0].reasons.contains(&Reason::OwnedChanged));
 }
+
+/// A namespace left the selector scope while its key waited in the outbox: the outbox settles
+/// it (done, its attempt over) and the edge never sees it.
+#[test]
+fn a_key_whose_namespace_left_the_scope_is_settled_before_it_leaves() {
+    let selector = crate::registration::predicate::LabelSelector {
+        match_labels: [("team".to_string(), "x".to_string())].into(),
+        match_expressions: Vec::new(),
+    };
+    let scope = Scope::selecting(true, None, selector, None);
+    let c = Controller::scoped(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        registration(10),
+        scope.clone(),
+        Arc::new(Metrics::new()),
+    );
+    let labelled =
+        |team: &str| serde_json::json!({"metadata": {"name": "a", "labels": {"team": team}}});
+    scope.namespace_changed("a", Some(&labelled("x")));
+    let mut rx = c.add_session(1, 10, false);
+    c.enqueue([ObjectKey::new("a", "k")], Reason::Updated);
+    c.dispatch_once(true);
+    assert_eq!(c.live_attempts(), 1, "handed out while a was in the scope");
+
+    scope.namespace_changed("a", Some(&labelled("y")));
+    assert!(
+        rx.work.try_next().is_none(),
+        "withheld: never reaches the edge"
+    );
+    assert_eq!(
+        c.live_attempts(),
+        0,
+        "and settled, not left to its deadline"
+    );
+    c.dispatch_once(true);
+    assert!(
+        recv_all(&mut rx).is_empty(),
+        "settled as done: not handed out again"
+    );
+}
