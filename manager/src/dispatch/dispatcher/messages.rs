@@ -1,5 +1,6 @@
-//! What the dispatcher tells a session (translated to protobuf at the gRPC edge), and what a
-//! result did. Plain data: no locks, no queue.
+//! What the dispatcher tells a session (translated to protobuf at the gRPC edge), what a
+//! result did, and the session's outbox between the two. Plain data and channels: no locks, no
+//! queue; the outbox asks its controller ([`Release`]) whether each message may still go out.
 
 use crate::dispatch::event_queue::Delivery;
 use crate::dispatch::queue::Reason;

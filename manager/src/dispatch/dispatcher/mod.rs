@@ -10,7 +10,7 @@
 //!   dispatch keys);
 //! - `results`: results and acks coming back, and the failures kept for the status page;
 //! - `state`: what the controller's lock guards;
-//! - `messages`: what goes out to a session and what a result did;
+//! - `messages`: what goes out to a session, its outbox, and what a result did;
 //! - `inspect`: read-only figures for `/metrics` and the status page.
 
 mod inspect;
