@@ -771,7 +771,6 @@ impl ControllerTable {
         }
     }
 
-    /// The namespaces to open informers in: None = one cluster-wide informer.
     /// The namespaces a registration watches: its list, or the manager's ceiling when it asks for
     /// every namespace (None: every namespace).
     pub(crate) fn effective_namespaces(
