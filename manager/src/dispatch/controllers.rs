@@ -1,15 +1,17 @@
-//! Who registered what: controllers by (tenant, name), their sessions, and the informer
-//! subscriptions that feed their queues through scope, predicates and mapping.
+//! The controller table: who registered what, controllers by (tenant, name), and their
+//! sessions. Attaching a session checks its tenant's limits, joins or supersedes the controller
+//! of its name, and starts a new one (its scope, its subscriptions through `routing`, its
+//! dispatch loop); detaching keeps a sessionless controller for the grace period.
 
 use crate::dispatch::dispatcher::{Controller, ControllerId, Outbox, RevokeReason};
 use crate::dispatch::queue::Reason;
+use crate::dispatch::register_error::RegisterError;
+use crate::dispatch::routing;
+use crate::dispatch::scope::Scope;
 use crate::dispatch::seats::SeatPool;
 use crate::dispatch::usage::QueuedBytes;
-use crate::informer::{Cache, CacheEvent, InformerKey, ListBudget, ObjectKey, Subscriber};
-use crate::registration::filter::Filter;
-use crate::registration::mapping;
-use crate::registration::predicate::{EventKind, LabelSelector, Predicate};
-use crate::registration::{Invalid, NamespaceScope, Registration, ResourceRef, selector_query};
+use crate::informer::{Cache, InformerKey, ListBudget};
+use crate::registration::{Invalid, NamespaceScope, Registration};
 use crate::tenancy::{Limits, NamespaceGate, TenantGrouping, TenantLimits};
 
 /// How tenants share the manager: their limits, the dispatch seats, and which identities make
@@ -87,73 +89,12 @@ struct Quota<'a> {
     budget: Arc<ListBudget>,
 }
 use parking_lot::{Mutex, MutexGuard, RwLock};
-use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-/// Why a registration was refused.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RegisterError {
-    /// A field is wrong.
-    #[error(transparent)]
-    Invalid(#[from] Invalid),
-    /// Outside the manager's namespace ceiling (`--watch-namespace`).
-    #[error("{0}")]
-    OutsideCeiling(String),
-    /// A tenant limit is reached (RESOURCE_EXHAUSTED).
-    #[error("tenant {tenant} is at its {limit} limit of {max}: {hint}")]
-    Limit {
-        /// The tenant.
-        tenant: String,
-        /// Which limit.
-        limit: &'static str,
-        /// Its value.
-        max: u64,
-        /// What to do about it.
-        hint: &'static str,
-    },
-    /// Another identity of the same tenant already runs a controller of this name
-    /// (ALREADY_EXISTS): series and pages name a controller by tenant and name, so the name
-    /// must be unique within the tenant.
-    #[error(
-        "controller {name:?} is already registered by {owner}, another identity of your tenant {tenant}: choose another name"
-    )]
-    NameTaken {
-        /// The name.
-        name: String,
-        /// The identity that holds it.
-        owner: String,
-        /// The tenant both belong to.
-        tenant: String,
-    },
-    /// Another definition of this controller runs under a higher or equal revision
-    /// (FAILED_PRECONDITION, `Rejected.outdated`): the replica waits instead of superseding it.
-    #[error(
-        "controller {name:?} runs another definition at revision {running} (this replica: revision {asked}; {what}): {hint}"
-    )]
-    Outdated {
-        /// The controller.
-        name: String,
-        /// The running definition's revision.
-        running: u64,
-        /// This replica's revision.
-        asked: u64,
-        /// Which fields differ.
-        what: String,
-        /// What to do.
-        hint: &'static str,
-    },
-    /// The manager is shutting down (UNAVAILABLE): the controller should reconnect to the next
-    /// leader instead of attaching to a manager that is about to close.
-    #[error(
-        "this ctrlhub manager is shutting down; reconnect (through the Service) to the next leader"
-    )]
-    ShuttingDown,
-}
 
 /// How a session is attached.
 pub(crate) struct Attached {
@@ -165,45 +106,8 @@ pub(crate) struct Attached {
     pub outbound: Outbox,
     /// The credits granted: what it asked for, capped by its tenant's in-flight limit.
     pub credits: u32,
-    /// The namespaces admitted into the controller's scope when it is a namespace label
-    /// selector (None for every other scope).
-    pub scope: Option<AdmittedNamespaces>,
     /// Whether this session's registration created the controller (rather than joining it).
     pub created: bool,
-}
-
-/// The namespaces currently admitted into a namespace-label-selector scope: a read-only view
-/// for the gRPC edge, which re-authorizes them and keeps every key outside them from leaving.
-#[derive(Clone)]
-pub(crate) struct AdmittedNamespaces {
-    set: ScopeSet,
-    gated: bool,
-}
-
-impl AdmittedNamespaces {
-    /// Whether `namespace` is in the scope now.
-    pub(crate) fn contains(&self, namespace: &str) -> bool {
-        self.set.read().contains(namespace)
-    }
-
-    /// Every namespace in the scope now, sorted.
-    pub(crate) fn namespaces(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.set.read().iter().cloned().collect();
-        all.sort();
-        all
-    }
-
-    /// Whether each namespace was admitted only after its own check (a [`NamespaceGate`]).
-    pub(crate) fn is_gated(&self) -> bool {
-        self.gated
-    }
-}
-
-/// A live namespace-selector scope: what it admitted, and how to stop its admission task.
-struct SelectorScope {
-    controller: Weak<Controller>,
-    admitted: AdmittedNamespaces,
-    stop: CancellationToken,
 }
 
 /// Every registered controller of this manager.
@@ -219,8 +123,6 @@ pub(crate) struct ControllerTable {
     metrics: Arc<crate::metrics::Metrics>,
     /// Replaced whole when tenant policies change (`set_limits`).
     limits: RwLock<TenantLimits>,
-    /// The namespace-selector scope of each controller that has one.
-    selector_scopes: Mutex<HashMap<ControllerId, SelectorScope>>,
     /// Dispatch seats shared by every tenant's controllers.
     seat_pool: Arc<SeatPool>,
     /// Which identities share one tenant's limits and seats.
@@ -251,147 +153,6 @@ pub(crate) const READS_PER_TENANT: usize = 2;
 /// first lists the manager must decode, so a burst of them is a burst of work for everyone.
 const MIN_REGISTRATION_BURST: u32 = 5;
 
-fn event_kind(event: &CacheEvent) -> (EventKind, Option<&Value>, &Value) {
-    match event {
-        CacheEvent::Added { object, .. } => (EventKind::Added, None, object),
-        CacheEvent::Modified { old, new } => (EventKind::Modified, Some(old), new),
-        CacheEvent::Deleted { object, .. } => (EventKind::Deleted, Some(object), object),
-    }
-}
-
-fn passes(filter: &Option<Filter>, event: &CacheEvent) -> bool {
-    let (kind, old, new) = event_kind(event);
-    filter.as_ref().is_none_or(|f| f.evaluate(kind, old, new))
-}
-
-/// A registration's predicate, compiled once for the events it will filter.
-fn compiled(predicate: &Option<Predicate>) -> Option<Filter> {
-    predicate.as_ref().map(Filter::compile)
-}
-
-/// EVENTS mode: a list-time Added is a SYNC (it may have changed while nobody watched).
-fn event_type(event: &CacheEvent) -> crate::dispatch::event_queue::EventType {
-    use crate::dispatch::event_queue::EventType as T;
-    match event {
-        CacheEvent::Added { initial: true, .. } => T::Sync,
-        CacheEvent::Added { .. } => T::Added,
-        CacheEvent::Modified { .. } => T::Modified,
-        CacheEvent::Deleted { .. } => T::Deleted,
-    }
-}
-
-fn is_initial(event: &CacheEvent) -> bool {
-    matches!(event, CacheEvent::Added { initial: true, .. })
-}
-
-/// The server-side label selector of a registration's primary informer.
-fn primary_labels(reg: &Registration) -> Option<String> {
-    reg.label_selector
-        .as_ref()
-        .map(selector_query)
-        .filter(|s| !s.is_empty())
-}
-
-/// The informer that follows namespaces for label-selector scopes.
-fn namespaces_informer_key() -> InformerKey {
-    InformerKey {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "Namespace".into(),
-        plural: "namespaces".into(),
-        namespaced: false,
-        namespace: None,
-        label_selector: None,
-        metadata_only: true,
-    }
-}
-
-/// Namespaces currently in scope for a namespace-label-selector registration.
-type ScopeSet = crate::dispatch::dispatcher::NamespaceSet;
-
-fn in_scope(scope: &Option<ScopeSet>, obj: &Value) -> bool {
-    key_in_scope(
-        scope,
-        obj.pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default(),
-    )
-}
-
-fn key_in_scope(scope: &Option<ScopeSet>, namespace: &str) -> bool {
-    scope
-        .as_ref()
-        .is_none_or(|set| set.read().contains(namespace))
-}
-
-/// The subscriber for a primary informer: remember tombstones, then (in scope and past the
-/// predicate) push the event in EVENTS mode, or enqueue the object's own key.
-fn primary_subscriber(
-    controller: &Arc<Controller>,
-    scope: Option<ScopeSet>,
-    predicate: Option<Predicate>,
-) -> Subscriber {
-    let c = Arc::downgrade(controller);
-    let predicate = compiled(&predicate);
-    Arc::new(move |event: &CacheEvent| {
-        let Some(c) = c.upgrade() else { return };
-        let object = match event {
-            CacheEvent::Added { object, .. } | CacheEvent::Deleted { object, .. } => object,
-            CacheEvent::Modified { new, .. } => new,
-        };
-        // Scope, then predicate, before anything is kept for the event: an object this
-        // controller will never hear of costs it nothing.
-        let wanted = in_scope(&scope, object) && passes(&predicate, event);
-        if c.registration.mode == crate::registration::Mode::Events {
-            if wanted {
-                c.push_event(event_type(event), object);
-            }
-            return;
-        }
-        if !matches!(event, CacheEvent::Deleted { .. }) || wanted {
-            c.settle_tombstone(event);
-        }
-        if wanted {
-            c.enqueue([mapping::own_key(object)], c.primary_reason(event));
-        }
-    })
-}
-
-/// A subscriber for an owned or watched kind: filter by its predicate, map old and new states
-/// to primary keys, keep those in scope, enqueue.
-fn related_subscriber(
-    controller: &Arc<Controller>,
-    scope: Option<ScopeSet>,
-    predicate: Option<Predicate>,
-    reason: Reason,
-    map: impl Fn(&Value) -> Vec<ObjectKey> + Send + Sync + 'static,
-) -> Subscriber {
-    let c = Arc::downgrade(controller);
-    let predicate = compiled(&predicate);
-    Arc::new(move |event: &CacheEvent| {
-        let Some(c) = c.upgrade() else { return };
-        if !passes(&predicate, event) {
-            return;
-        }
-        let mut keys: Vec<ObjectKey> = Vec::new();
-        // An update can move an object from one primary to another: both need a look.
-        if let CacheEvent::Modified { old, .. } = event {
-            keys.extend(map(old));
-        }
-        let (_, _, obj) = event_kind(event);
-        keys.extend(map(obj));
-        keys.retain(|k| key_in_scope(&scope, &k.namespace));
-        keys.sort();
-        keys.dedup();
-        let reason = if is_initial(event) {
-            Reason::InitialList
-        } else {
-            reason
-        };
-        c.enqueue(keys, reason);
-    })
-}
-
 impl ControllerTable {
     /// A controller table whose tenants share the manager as `sharing` says.
     pub(crate) fn new(
@@ -420,7 +181,6 @@ impl ControllerTable {
             stop,
             metrics,
             limits: RwLock::new(limits),
-            selector_scopes: Mutex::new(HashMap::new()),
             seat_pool,
             grouping,
             registration_rates: Mutex::new(HashMap::new()),
@@ -447,30 +207,6 @@ impl ControllerTable {
     /// The tenant `identity`'s limits and seats count against.
     pub(crate) fn group_of(&self, identity: &str) -> String {
         self.grouping.tenant_of(identity)
-    }
-
-    fn selector_scopes(&self) -> MutexGuard<'_, HashMap<ControllerId, SelectorScope>> {
-        self.selector_scopes.lock()
-    }
-
-    /// The selector scope of exactly this controller (not of one that superseded it).
-    fn scope_of(&self, controller: &Arc<Controller>) -> Option<AdmittedNamespaces> {
-        self.selector_scopes()
-            .get(&controller.id)
-            .filter(|s| std::ptr::eq(s.controller.as_ptr(), Arc::as_ptr(controller)))
-            .map(|s| s.admitted.clone())
-    }
-
-    /// Stop the admission task of `controller`'s selector scope and forget it.
-    fn forget_scope(&self, controller: &Arc<Controller>) {
-        let mut scopes = self.selector_scopes();
-        if scopes
-            .get(&controller.id)
-            .is_some_and(|s| std::ptr::eq(s.controller.as_ptr(), Arc::as_ptr(controller)))
-            && let Some(gone) = scopes.remove(&controller.id)
-        {
-            gone.stop.cancel();
-        }
     }
 
     fn controllers(&self) -> MutexGuard<'_, BTreeMap<ControllerId, Arc<Controller>>> {
@@ -507,7 +243,7 @@ impl ControllerTable {
         if self.is_closed() {
             return Err(RegisterError::ShuttingDown);
         }
-        let namespaces = self.effective_namespaces(&registration)?;
+        let scope = self.scope_for(&registration, gate)?;
         let group = self.group_of(tenant);
         let limits = self.limits.read().for_tenant(&group);
         let held = self.cached_bytes(&group);
@@ -535,9 +271,8 @@ impl ControllerTable {
                 &mut controllers,
                 &id,
                 (registration, terms.revision),
-                &namespaces,
+                scope,
                 &quota,
-                gate,
             )?;
             let created = before != Some(Arc::as_ptr(&controller));
             (controller, credits, created)
@@ -556,8 +291,7 @@ impl ControllerTable {
         registration: &Registration,
     ) -> Option<FirstListTurn> {
         let namespaces = self.effective_namespaces(registration).ok()?;
-        let starts = self
-            .needed_informers(registration, &namespaces)
+        let starts = routing::needed_informers(registration, namespaces.as_deref())
             .iter()
             .any(|k| !self.cache.is_running(k));
         if !starts {
@@ -693,13 +427,13 @@ impl ControllerTable {
         controllers: &mut BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
         (registration, revision): (Registration, u64),
-        namespaces: &Option<Vec<String>>,
+        scope: Scope,
         quota: &Quota<'_>,
-        gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Result<Arc<Controller>, RegisterError> {
         let joinable = |existing: &Arc<Controller>| {
+            let theirs = existing.scope();
             existing.registration == registration
-                && (gate.is_none() || self.scope_of(existing).is_none_or(|s| s.is_gated()))
+                && (!scope.is_gated() || !theirs.is_selecting() || theirs.is_gated())
         };
         let existing = match controllers.get(id) {
             Some(existing) if joinable(existing) => {
@@ -732,12 +466,12 @@ impl ControllerTable {
                 hint: "a rollout replaces the running replicas and this one is accepted once they are gone; give a new definition a higher revision (CTRLHUB_REVISION) to replace the running one at once",
             });
         }
-        self.check_informer_limit(controllers, id, &registration, namespaces, quota)?;
+        self.check_informer_limit(controllers, id, &registration, scope.namespaces(), quota)?;
         self.check_registration_rate(quota)?;
         if let Some(old) = existing {
             self.supersede(old, &registration);
         }
-        let controller = self.start_controller(id, registration, namespaces, quota, gate);
+        let controller = self.start_controller(id, (registration, scope), quota);
         controller.raise_revision(revision);
         controllers.insert(id.clone(), controller.clone());
         Ok(controller)
@@ -782,7 +516,7 @@ impl ControllerTable {
         controllers: &BTreeMap<ControllerId, Arc<Controller>>,
         id: &ControllerId,
         registration: &Registration,
-        namespaces: &Option<Vec<String>>,
+        namespaces: Option<&[String]>,
         quota: &Quota<'_>,
     ) -> Result<(), RegisterError> {
         let mut informers: HashSet<InformerKey> = controllers
@@ -790,7 +524,7 @@ impl ControllerTable {
             .filter(|c| &*c.group == quota.tenant && c.id != *id)
             .flat_map(|c| c.informer_keys())
             .collect();
-        informers.extend(self.needed_informers(registration, namespaces));
+        informers.extend(routing::needed_informers(registration, namespaces));
         if informers.len() > quota.limits.informers {
             return Err(self.refuse(
                 quota.tenant,
@@ -813,18 +547,16 @@ impl ControllerTable {
         };
         tracing::info!(controller = %old.id, why, "superseding the previous registration");
         old.revoke_all(RevokeReason::Superseded, why);
+        // Its admission task, if any, stops with it.
         old.retire();
-        self.forget_scope(old);
     }
 
     /// A new controller: wired to its informers, its dispatch loop running.
     fn start_controller(
         &self,
         id: &ControllerId,
-        registration: Registration,
-        namespaces: &Option<Vec<String>>,
+        (registration, scope): (Registration, Scope),
         quota: &Quota<'_>,
-        gate: Option<Arc<dyn NamespaceGate>>,
     ) -> Arc<Controller> {
         let queued = QueuedBytes::new(
             self.queued_bytes
@@ -838,15 +570,13 @@ impl ControllerTable {
             id.clone(),
             quota.tenant,
             registration,
+            scope,
             self.metrics.clone(),
             (&self.seat_pool, queued),
         );
         controller.apply_limits(&quota.limits);
         controller.set_hold(self.hold);
-        if let Some(names) = namespaces {
-            controller.confine_to(names);
-        }
-        self.wire(&controller, namespaces, gate, &quota.budget);
+        routing::wire(&self.cache, &controller, &quota.budget, &self.stop);
         tokio::spawn(
             controller
                 .clone()
@@ -884,13 +614,11 @@ impl ControllerTable {
                 hint: "narrow the registration's scope (namespaces, label selector, predicates) or ask for a higher limit",
             });
         }
-        let scope = self.scope_of(&controller);
         Ok(Attached {
             controller,
             session,
             outbound: rx,
             credits: credits.max(1),
-            scope,
             created: false,
         })
     }
@@ -970,7 +698,6 @@ impl ControllerTable {
                 *fenced = Some(fenced.map_or(release, |f| f.max(release)));
             }
             controller.retire();
-            self.forget_scope(controller);
             self.metrics
                 .forget_controller(&controller.id.name, &controller.group);
             tracing::info!(controller = %controller.id, why, "controller removed");
@@ -1044,7 +771,6 @@ impl ControllerTable {
         }
     }
 
-    /// The namespaces to open informers in: None = one cluster-wide informer.
     /// The namespaces a registration watches: its list, or the manager's ceiling when it asks for
     /// every namespace (None: every namespace).
     pub(crate) fn effective_namespaces(
@@ -1067,387 +793,26 @@ impl ControllerTable {
         }
     }
 
-    fn informer_keys(
-        &self,
-        resource: &ResourceRef,
-        namespaces: &Option<Vec<String>>,
-        labels: Option<String>,
-        metadata_only: bool,
-    ) -> Vec<InformerKey> {
-        let key = |ns: Option<String>| InformerKey {
-            group: resource.group.clone(),
-            version: resource.version.clone(),
-            kind: resource.kind.clone(),
-            plural: resource.plural.clone(),
-            namespaced: resource.namespaced,
-            namespace: ns,
-            label_selector: labels.clone(),
-            metadata_only,
-        };
-        match namespaces {
-            Some(list) if resource.namespaced => {
-                list.iter().map(|n| key(Some(n.clone()))).collect()
-            }
-            _ => vec![key(None)],
-        }
-    }
-
-    /// Every informer `reg` would subscribe to (the same keys [`ControllerTable::wire`] uses).
-    fn needed_informers(
+    /// The scope a new controller of `reg` gets: its namespaces (within the ceiling) and, for a
+    /// namespace label selector, the namespaces matching it, each checked by `gate` first when
+    /// there is one.
+    fn scope_for(
         &self,
         reg: &Registration,
-        namespaces: &Option<Vec<String>>,
-    ) -> HashSet<InformerKey> {
-        let mut keys: HashSet<InformerKey> = self
-            .informer_keys(&reg.primary, namespaces, primary_labels(reg), false)
-            .into_iter()
-            .collect();
-        for owned in &reg.owns {
-            let form = reg.metadata_only(&owned.resource);
-            keys.extend(self.informer_keys(&owned.resource, namespaces, None, form));
-        }
-        for watched in &reg.watches {
-            let form = reg.metadata_only(&watched.resource);
-            keys.extend(self.informer_keys(&watched.resource, namespaces, None, form));
-        }
-        if matches!(reg.namespaces, NamespaceScope::Selector(_)) {
-            keys.insert(namespaces_informer_key());
-        }
-        keys
-    }
-
-    /// Subscribe a new controller to everything it needs; the informers it starts list within
-    /// `budget`.
-    fn wire(
-        &self,
-        controller: &Arc<Controller>,
-        namespaces: &Option<Vec<String>>,
         gate: Option<Arc<dyn NamespaceGate>>,
-        budget: &Arc<ListBudget>,
-    ) {
-        let subscribe = |key, sub| self.cache.subscribe_within(key, sub, Some(budget.clone()));
-        let reg = &controller.registration;
-        let scope: Option<ScopeSet> = match &reg.namespaces {
-            NamespaceScope::Selector(sel) => {
-                Some(self.wire_namespace_selector(controller, sel, gate))
-            }
-            _ => None,
-        };
-        for key in self.informer_keys(&reg.primary, namespaces, primary_labels(reg), false) {
-            let sub = primary_subscriber(controller, scope.clone(), reg.predicate.clone());
-            controller.hold(subscribe(key, sub), true);
-        }
-        for owned in &reg.owns {
-            let primary = reg.primary.clone();
-            let controller_only = owned.controller_only;
-            let map = move |obj: &Value| mapping::owner_keys(obj, &primary, controller_only);
-            let form = reg.metadata_only(&owned.resource);
-            for key in self.informer_keys(&owned.resource, namespaces, None, form) {
-                let sub = related_subscriber(
-                    controller,
-                    scope.clone(),
-                    owned.predicate.clone(),
-                    Reason::OwnedChanged,
-                    map.clone(),
-                );
-                controller.hold(subscribe(key, sub), false);
-            }
-        }
-        for watched in &reg.watches {
-            let metadata_only = reg.metadata_only(&watched.resource);
-            let mapping = watched.mapping.clone();
-            let primary_namespaced = reg.primary.namespaced;
-            let map = move |obj: &Value| {
-                mapping::mapped_key(obj, &mapping, primary_namespaced)
-                    .into_iter()
-                    .collect::<Vec<_>>()
-            };
-            for key in self.informer_keys(&watched.resource, namespaces, None, metadata_only) {
-                let sub = related_subscriber(
-                    controller,
-                    scope.clone(),
-                    watched.predicate.clone(),
-                    Reason::WatchedChanged,
-                    map.clone(),
-                );
-                controller.hold(subscribe(key, sub), false);
-            }
-        }
-    }
-
-    /// Follow namespaces matching `sel`: when one enters the scope its primaries are enqueued.
-    /// With a `gate`, a matching namespace enters only once the gate allows it; the check is
-    /// asynchronous (a SubjectAccessReview) and this runs in the cache's synchronous fan-out, so
-    /// a per-controller task makes the decisions, in the order namespaces matched.
-    fn wire_namespace_selector(
-        &self,
-        controller: &Arc<Controller>,
-        sel: &LabelSelector,
-        gate: Option<Arc<dyn NamespaceGate>>,
-    ) -> ScopeSet {
-        let set: ScopeSet = Arc::new(RwLock::new(HashSet::new()));
-        controller.limit_to_namespaces(set.clone());
-        let stop = self.stop.child_token();
-        let gated = gate.as_ref().map(|gate| {
-            let scope = Arc::new(GatedScope::new(set.clone()));
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(admit_namespaces(
-                Arc::downgrade(controller),
-                gate.clone(),
-                scope.clone(),
-                rx,
-                stop.clone(),
-            ));
-            (scope, tx)
-        });
-        self.selector_scopes().insert(
-            controller.id.clone(),
-            SelectorScope {
-                controller: Arc::downgrade(controller),
-                admitted: AdmittedNamespaces {
-                    set: set.clone(),
-                    gated: gated.is_some(),
-                },
-                stop,
-            },
-        );
-        let sub = namespace_subscriber(
-            controller,
-            sel.clone(),
-            self.ceiling.clone(),
-            set.clone(),
-            gated,
-        );
-        let key = namespaces_informer_key();
-        controller.hold(self.cache.subscribe(key, sub), false);
-        set
-    }
-}
-
-/// Where a gated scope's subscriber sends each namespace that starts matching (and whether it
-/// came from the initial list) to its admission task.
-type Matched = mpsc::UnboundedSender<String>;
-
-/// The subscriber to namespaces for a selector scope: a namespace that starts matching enters
-/// the scope (after the gate's check when gated) and its objects are enqueued; one that stops
-/// matching leaves it at once.
-fn namespace_subscriber(
-    controller: &Arc<Controller>,
-    sel: LabelSelector,
-    ceiling: Option<Vec<String>>,
-    scope: ScopeSet,
-    gated: Option<(Arc<GatedScope>, Matched)>,
-) -> Subscriber {
-    let c = Arc::downgrade(controller);
-    Arc::new(move |event: &CacheEvent| {
-        let Some(c) = c.upgrade() else { return };
-        let (_, _, ns) = event_kind(event);
-        let name = ns
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        // The namespace ceiling (--watch-namespace) bounds every scope: a namespace outside it never even gets checked.
-        let allowed = ceiling.as_ref().is_none_or(|c| c.contains(&name));
-        let matches =
-            allowed && !matches!(event, CacheEvent::Deleted { .. }) && sel.matches_object(ns);
-        if let Some((gated, tx)) = &gated {
-            if !matches {
-                gated.unmatched(&name);
-            } else if gated.matched(&name) {
-                // The task ends only with the controller, and then nothing waits for this.
-                let _ = tx.send(name);
-            }
-            return;
-        }
-        let entered = {
-            let mut s = scope.write();
-            if matches {
-                s.insert(name.clone())
-            } else {
-                // Leaving the scope: later events of its objects are filtered out.
-                s.remove(&name);
-                false
-            }
-        };
-        if entered {
-            enqueue_namespace(&c, &name);
-        }
-    })
-}
-
-/// Objects of a namespace that just came into scope: deliver them as initial-list work (the
-/// proto: "the objects in it are delivered as INITIAL_LIST work").
-fn enqueue_namespace(c: &Controller, namespace: &str) {
-    c.enqueue(c.primary_keys_in(namespace), Reason::InitialList);
-}
-
-/// The namespaces of a gated selector scope: those matching the selector now, and those of
-/// them the gate admitted. A namespace is admitted only while it still matches, so one that
-/// stops matching while its check is in flight does not slip in when the answer comes.
-struct GatedScope {
-    matching: Mutex<HashSet<String>>,
-    admitted: ScopeSet,
-}
-
-impl GatedScope {
-    fn new(admitted: ScopeSet) -> Self {
-        GatedScope {
-            matching: Mutex::new(HashSet::new()),
-            admitted,
-        }
-    }
-
-    fn matching(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.matching.lock()
-    }
-
-    /// `namespace` matches the selector; true if it just started to (it needs a check).
-    fn matched(&self, namespace: &str) -> bool {
-        self.matching().insert(namespace.to_string())
-    }
-
-    /// `namespace` no longer matches (label removed, deleted): out of the scope at once.
-    fn unmatched(&self, namespace: &str) {
-        let mut matching = self.matching();
-        matching.remove(namespace);
-        self.admitted.write().remove(namespace);
-    }
-
-    fn is_matching(&self, namespace: &str) -> bool {
-        self.matching().contains(namespace)
-    }
-
-    /// The gate allowed `namespace`: true if it entered the scope now (it still matches and was
-    /// not in already), so its objects are enqueued exactly once.
-    fn admit(&self, namespace: &str) -> bool {
-        let matching = self.matching();
-        matching.contains(namespace) && self.admitted.write().insert(namespace.to_string())
-    }
-}
-
-/// When each denied namespace is asked about again: at most one entry per namespace, earliest
-/// first. Plain data with the time passed in, so it is tested without a runtime.
-#[derive(Debug, Default)]
-struct RetrySchedule {
-    due: BTreeSet<(Instant, String)>,
-    at: HashMap<String, Instant>,
-}
-
-impl RetrySchedule {
-    /// Ask about `namespace` again at `when` (replacing an earlier plan for it).
-    fn schedule(&mut self, namespace: String, when: Instant) {
-        if let Some(old) = self.at.insert(namespace.clone(), when) {
-            self.due.remove(&(old, namespace.clone()));
-        }
-        self.due.insert((when, namespace));
-    }
-
-    /// The earliest planned re-check.
-    fn next_due(&self) -> Option<Instant> {
-        self.due.first().map(|(when, _)| *when)
-    }
-
-    /// One namespace whose re-check is due at `now`, if any.
-    fn take_due(&mut self, now: Instant) -> Option<String> {
-        let first = self.due.first().filter(|(when, _)| *when <= now)?.clone();
-        self.due.remove(&first);
-        self.at.remove(&first.1);
-        Some(first.1)
-    }
-
-    fn len(&self) -> usize {
-        self.due.len()
-    }
-}
-
-/// The admission task of one gated selector scope: checks each namespace that starts matching,
-/// admits it (and enqueues its objects) when allowed, and asks again about a denied one every
-/// `gate.retry_after()`, so a RoleBinding created later admits it. A denial is invisible to the
-/// tenant: a denied namespace and one that does not exist both simply deliver nothing.
-async fn admit_namespaces(
-    controller: Weak<Controller>,
-    gate: Arc<dyn NamespaceGate>,
-    scope: Arc<GatedScope>,
-    mut matched: mpsc::UnboundedReceiver<String>,
-    stop: CancellationToken,
-) {
-    let mut retry = RetrySchedule::default();
-    loop {
-        let namespace = match retry.take_due(Instant::now()) {
-            Some(namespace) => namespace,
-            None => {
-                let wake = retry.next_due();
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    got = matched.recv() => match got {
-                        Some(next) => next,
-                        None => return,
-                    },
-                    _ = async {
-                        match wake {
-                            Some(at) => tokio::time::sleep_until(at.into()).await,
-                            None => std::future::pending().await,
-                        }
-                    } => continue,
-                }
-            }
-        };
-        if !scope.is_matching(&namespace) {
-            continue;
-        }
-        let decision = tokio::select! {
-            _ = stop.cancelled() => return,
-            d = gate.admit(&namespace) => d,
-        };
-        let Some(c) = controller.upgrade() else {
-            return;
-        };
-        match decision {
-            Ok(true) => {
-                if scope.admit(&namespace) {
-                    tracing::debug!(controller = %c.id, namespace = %namespace, "namespace admitted into the selector scope");
-                    enqueue_namespace(&c, &namespace);
-                }
-            }
-            Ok(false) => {
-                tracing::debug!(controller = %c.id, namespace = %namespace, "namespace matches the selector but access is denied; asking again later");
-                retry.schedule(namespace, Instant::now() + gate.retry_after());
-            }
-            Err(e) => {
-                tracing::warn!(controller = %c.id, namespace = %namespace, error = %e, "cannot check access to a namespace entering the selector scope; asking again later");
-                retry.schedule(namespace, Instant::now() + gate.retry_after());
-            }
-        }
-        tracing::trace!(controller = %c.id, waiting = retry.len(), "namespace admissions pending a re-check");
+    ) -> Result<Scope, RegisterError> {
+        let names = self.effective_namespaces(reg)?;
+        let namespaced = reg.primary.namespaced;
+        Ok(match &reg.namespaces {
+            NamespaceScope::Selector(sel) => Scope::selecting(namespaced, names, sel.clone(), gate),
+            _ => Scope::new(namespaced, names),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn a_namespace_is_admitted_only_while_it_matches_and_only_once() {
-        let scope = GatedScope::new(Arc::new(RwLock::new(HashSet::new())));
-        assert!(!scope.admit("a"), "never matched: not admitted");
-        assert!(scope.matched("a"), "first match asks for a check");
-        assert!(
-            !scope.matched("a"),
-            "a relabel that still matches does not ask again"
-        );
-        assert!(scope.admit("a"));
-        assert!(!scope.admit("a"), "entering twice would enqueue twice");
-        assert!(scope.admitted.read().contains("a"));
-        scope.unmatched("a");
-        assert!(!scope.admitted.read().contains("a"));
-        assert!(
-            !scope.admit("a"),
-            "an answer arriving after the label was removed does not admit it"
-        );
-        assert!(scope.matched("a"), "matching again asks for a new check");
-    }
 
     /// With one slot, a tenant's second registration waits behind another tenant's first:
     /// after a failover no tenant's many registrations starve the others' lists.
@@ -1477,23 +842,5 @@ mod tests {
         r1.expect("a2 ran");
         r2.expect("b1 ran");
         assert_eq!(*order.lock(), vec!["b1", "a2"]);
-    }
-
-    #[test]
-    fn retries_come_due_in_order_once_per_namespace() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut r = RetrySchedule::default();
-        assert_eq!(r.take_due(t0), None);
-        r.schedule("b".into(), t0 + 2 * s);
-        r.schedule("a".into(), t0 + s);
-        r.schedule("b".into(), t0 + 3 * s);
-        assert_eq!(r.len(), 2, "one plan per namespace");
-        assert_eq!(r.next_due(), Some(t0 + s));
-        assert_eq!(r.take_due(t0), None, "nothing before its time");
-        assert_eq!(r.take_due(t0 + 2 * s).as_deref(), Some("a"));
-        assert_eq!(r.take_due(t0 + 2 * s), None, "b was moved to 3 s");
-        assert_eq!(r.take_due(t0 + 3 * s).as_deref(), Some("b"));
-        assert_eq!(r.next_due(), None);
     }
 }

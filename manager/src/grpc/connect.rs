@@ -6,13 +6,13 @@ use super::convert::{
     Rejection, credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb,
     readable_to_pb, request_to_pb, result_message, revoked_to_pb,
 };
-use super::registering::{Grant, RbacNamespaceGate, denied, watched_resources};
+use super::registering::{Grant, denied, watched_resources};
 use super::{ConnectStream, Service, bearer_token};
-use crate::dispatch::controllers::{AdmittedNamespaces, Attached, Terms};
+use crate::dispatch::controllers::{Attached, Terms};
 use crate::dispatch::dispatcher::{Completion, Controller, Outbound, Outbox, RevokeReason};
-use crate::dispatch::queue::Outcome;
 use crate::informer::SyncError;
 use crate::registration::{Invalid, Registration};
+use crate::tenancy::namespace_gate::RbacNamespaceGate;
 use crate::tenancy::{Identity, NamespaceGate};
 use ctrlhub_proto::v1 as pb;
 use std::sync::Arc;
@@ -122,7 +122,7 @@ impl Service {
                 .then(|| pb_duration(self.controllers.hold())),
         };
         let guards: Vec<AbortOnDrop> = [
-            self.spawn_recheck(&identity, &registration, &attached),
+            self.spawn_recheck(&identity, &attached),
             token.and_then(|t| self.spawn_token_check(t, &identity, &attached)),
         ]
         .into_iter()
@@ -134,7 +134,6 @@ impl Service {
             controller: attached.controller,
             session: attached.session,
             session_id,
-            scope: attached.scope,
             tx,
             silence: terms.exclusive.then(|| self.controllers.hold()),
         };
@@ -273,39 +272,29 @@ impl Service {
         registration: &Registration,
     ) -> Option<Arc<dyn NamespaceGate>> {
         (grant == Grant::PerNamespace).then(|| {
-            Arc::new(RbacNamespaceGate {
-                authz: self.authz.clone(),
-                who: identity.clone(),
-                resources: watched_resources(registration)
+            Arc::new(RbacNamespaceGate::new(
+                self.authz.clone(),
+                identity.clone(),
+                watched_resources(registration)
                     .map(|r| (r.group.clone(), r.plural.clone()))
                     .collect(),
-            }) as Arc<dyn NamespaceGate>
+            )) as Arc<dyn NamespaceGate>
         })
     }
 
     /// Under RBAC, re-authorizes the registration every re-check interval and revokes the
     /// controller's sessions once access is gone; stopped when the session ends.
-    fn spawn_recheck(
-        &self,
-        identity: &Identity,
-        registration: &Registration,
-        attached: &Attached,
-    ) -> Option<AbortOnDrop> {
+    fn spawn_recheck(&self, identity: &Identity, attached: &Attached) -> Option<AbortOnDrop> {
         let every = self.recheck?;
-        let (service, who, reg, controller, scope) = (
-            self.clone(),
-            identity.clone(),
-            registration.clone(),
-            attached.controller.clone(),
-            attached.scope.clone(),
-        );
+        let (service, who, controller) =
+            (self.clone(), identity.clone(), attached.controller.clone());
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
                 tick.tick().await;
-                match service.reauthorize(&who, &reg, scope.as_ref()).await {
+                match service.reauthorize(&who, &controller).await {
                     Err(denied) if denied.code() == tonic::Code::PermissionDenied => {
                         tracing::warn!(controller = %controller.id, user = %who.username, "permission revoked; ending the registration's sessions");
                         controller.revoke_all(RevokeReason::PermissionRevoked, denied.message());
@@ -419,7 +408,6 @@ struct Pump {
     controller: Arc<Controller>,
     session: u64,
     session_id: String,
-    scope: Option<AdmittedNamespaces>,
     tx: Replies,
     /// An exclusive session that sends nothing (its heartbeats included) for this long is
     /// ended: its replica is gone or cut off, and stops on its own within the same hold.
@@ -469,11 +457,6 @@ impl Pump {
         self.finish(end).await;
     }
 
-    /// Whether `namespace` is outside an admitted selector scope.
-    fn withheld(&self, namespace: &str) -> bool {
-        self.scope.as_ref().is_some_and(|s| !s.contains(namespace))
-    }
-
     /// A Revoke or Drained: tells the controller (if it has room to hear it) and ends.
     fn control(&self, control: Option<Outbound>) -> Step {
         match control {
@@ -516,35 +499,20 @@ impl Pump {
         }
     }
 
-    /// The protobuf message for a piece of work; None when it is not to be sent (outside the
-    /// scope, or already past its deadline, which re-queued it); Err to end the session.
+    /// The protobuf message for a piece of work; None when it is not to be sent (already past
+    /// its deadline, which re-queued it); Err to end the session. Work outside the controller's
+    /// scope never gets here: its outbox settles it (`dispatch`).
     fn work_message(
         &self,
         out: Option<Outbound>,
     ) -> Option<Result<pb::manager_message::Message, Step>> {
-        let c = &self.controller;
         let now = SystemTime::now();
         let message = match out {
-            Some(Outbound::Reconcile(r)) if self.withheld(&r.key.namespace) => {
-                // Resync and retries re-deliver keys the controller has cached, from every
-                // namespace: one outside the admitted scope (never admitted, or left it) must not
-                // leave the manager, so it is settled here unseen.
-                tracing::debug!(controller = %c.id, namespace = %r.key.namespace, "key outside the namespace scope withheld");
-                c.complete(self.session, &r.id, Outcome::Done, "");
-                return None;
-            }
             // It waited in the outbox past its deadline: it has been handed out again already.
             Some(Outbound::Reconcile(r)) if r.deadline <= now => return None,
             Some(Outbound::Event { deadline, .. }) if deadline <= now => return None,
             Some(Outbound::Reconcile(r)) => {
                 pb::manager_message::Message::Reconcile(request_to_pb(&r))
-            }
-            Some(Outbound::Event { id, delivery, .. })
-                if self.withheld(&delivery.key.namespace) =>
-            {
-                tracing::debug!(controller = %c.id, namespace = %delivery.key.namespace, "event outside the namespace scope withheld");
-                c.ack(self.session, &id);
-                return None;
             }
             Some(Outbound::Event {
                 id,

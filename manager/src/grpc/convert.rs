@@ -2,10 +2,10 @@
 //! the gRPC edge: protobuf types stop here. Everything is a pure function, tested below without
 //! a server; errors are [`Invalid`] naming the offending field so the user knows what to change.
 
-use crate::dispatch::controllers::RegisterError;
 use crate::dispatch::dispatcher::{Payload, Request, RevokeReason, TraceContext};
 use crate::dispatch::event_queue::Delivery;
 use crate::dispatch::queue::{Outcome, Reason};
+use crate::dispatch::register_error::RegisterError;
 use crate::registration::predicate::{
     self, LabelSelector, LabelSelectorRequirement, Predicate, SelectorOperator,
 };

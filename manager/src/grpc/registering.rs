@@ -6,17 +6,16 @@ use super::convert::{
     backoff_from_pb, deadline_from_pb, mapping_from_pb, mode_from_pb, namespaces_from_pb,
     resync_from_pb, translate_predicate_opt, translate_selector,
 };
-use crate::dispatch::controllers::AdmittedNamespaces;
+use crate::dispatch::dispatcher::Controller;
 use crate::registration::{
     self, Invalid, NamespaceScope, Owned, Registration, ResourceRef, Watched,
 };
 use crate::tenancy::decision_cache::TtlCache;
-use crate::tenancy::{Access, Authorizer, AuthzError, BoxFuture, Identity, NamespaceGate};
+use crate::tenancy::{Access, Identity};
 use crate::throttle::TokenBucket;
 use ctrlhub_proto::v1 as pb;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::Status;
 
@@ -261,7 +260,7 @@ impl ServiceState {
 
     /// Whether `who` may register `reg`, and how. A namespace-label-selector scope is accepted
     /// without a cluster-wide grant: then each namespace enters it only after its own check
-    /// (see [`RbacNamespaceGate`]).
+    /// (see [`crate::tenancy::namespace_gate::RbacNamespaceGate`]).
     pub(super) async fn authorize(
         &self,
         who: &Identity,
@@ -293,19 +292,20 @@ impl ServiceState {
         }
     }
 
-    /// Re-authorize a live registration on the re-check interval: an error with
-    /// PERMISSION_DENIED means access it relies on is gone. For a gated selector scope that is
-    /// every namespace admitted so far (whoever's check admitted it: replicas share the scope).
+    /// Re-authorize a live registration (the one `controller` runs) on the re-check interval:
+    /// an error with PERMISSION_DENIED means access it relies on is gone. For a gated selector
+    /// scope that is every namespace admitted so far (whoever's check admitted it: replicas
+    /// share the scope).
     pub(super) async fn reauthorize(
         &self,
         who: &Identity,
-        reg: &Registration,
-        scope: Option<&AdmittedNamespaces>,
+        controller: &Controller,
     ) -> Result<(), Status> {
-        match (&reg.namespaces, scope) {
-            (NamespaceScope::Names(names), _) => self.require(who, reg, names).await,
-            (NamespaceScope::Selector(_), Some(scope)) if scope.is_gated() => {
-                self.require(who, reg, &scope.namespaces()).await
+        let (reg, scope) = (&controller.registration, controller.scope());
+        match &reg.namespaces {
+            NamespaceScope::Names(names) => self.require(who, reg, names).await,
+            NamespaceScope::Selector(_) if scope.is_gated() => {
+                self.require(who, reg, &scope.admitted()).await
             }
             // All namespaces, or a selector scope filled without checks on a cluster-wide grant:
             // losing that grant ends the registration, and reconnecting gets per-namespace checks.
@@ -352,38 +352,6 @@ pub(super) fn watched_resources(reg: &Registration) -> impl Iterator<Item = &Res
     std::iter::once(&reg.primary)
         .chain(reg.owns.iter().map(|o| &o.resource))
         .chain(reg.watches.iter().map(|w| &w.resource))
-}
-
-/// Admits a namespace into a label-selector scope when the registering identity may list and
-/// watch every resource of the registration there: the same check a registration naming that
-/// namespace passes, made as the namespace enters the scope instead of up front.
-pub(super) struct RbacNamespaceGate {
-    pub(super) authz: Arc<dyn Authorizer>,
-    pub(super) who: Identity,
-    /// (group, plural) of each watched resource.
-    pub(super) resources: Vec<(String, String)>,
-}
-
-impl NamespaceGate for RbacNamespaceGate {
-    fn admit<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<bool, AuthzError>> {
-        Box::pin(async move {
-            for (group, plural) in &self.resources {
-                if !self
-                    .authz
-                    .allowed(&self.who, Access::Watch, group, plural, namespace)
-                    .await?
-                {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        })
-    }
-
-    fn retry_after(&self) -> Duration {
-        // A deny is cached this long: asking sooner would get the cached answer.
-        self.authz.deny_ttl()
-    }
 }
 
 /// A registration's denial. A kind the API server does not serve gets this same answer under

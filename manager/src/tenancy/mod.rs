@@ -3,11 +3,13 @@
 //! cluster, TokenReview ([`tokenreview`]) and SubjectAccessReview ([`accessreview`]) sit behind
 //! the same traits, so the rest of the manager never knows which is in use.
 //!
-//! Owns: identities, authenticators, authorizers, the decision cache and per-tenant limits. May
+//! Owns: identities, authenticators, authorizers (and the namespace gate built on them: which
+//! namespaces an identity may read, one at a time), the decision cache and per-tenant limits. May
 //! call: the Kubernetes client, and `metrics` (review latency and cache hits).
 
 pub(crate) mod accessreview;
 pub(crate) mod decision_cache;
+pub(crate) mod namespace_gate;
 pub(crate) mod tokenreview;
 
 use std::collections::HashMap;

@@ -1,14 +1,14 @@
-//! What the dispatcher tells a session (translated to protobuf at the gRPC edge), and what a
-//! result did. Plain data: no locks, no queue.
+//! What the dispatcher tells a session (translated to protobuf at the gRPC edge), what a
+//! result did, and the session's outbox between the two. Plain data and channels: no locks, no
+//! queue; the outbox asks its controller ([`Release`]) whether each message may still go out.
 
-use super::state::Tombstone;
 use crate::dispatch::event_queue::Delivery;
 use crate::dispatch::queue::Reason;
 use crate::dispatch::spans::Attempt;
 use crate::informer::ObjectKey;
 use crate::informer::object::CachedObject;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::SystemTime;
 use tokio::sync::{Notify, mpsc};
 
@@ -63,32 +63,67 @@ pub(crate) struct Outbox {
     pub work: WorkOutbox,
 }
 
+/// Decides, as a message leaves a session's outbox, whether it may still go out (the
+/// controller, by its scope): a key whose namespace left a selector scope while it waited, or
+/// a resync or retry of one that never entered, is settled there unseen instead of leaving the
+/// manager.
+pub(super) trait Release: Send + Sync {
+    /// Whether `message` may go out on `session`; when not, it has been settled.
+    fn release(&self, session: u64, message: &Outbound) -> bool;
+}
+
 /// Requests and events for a session, at most [`OUTBOX_CAPACITY`] waiting.
 pub(crate) struct WorkOutbox {
     rx: mpsc::Receiver<Outbound>,
     starved: Arc<AtomicBool>,
     wake: Arc<Notify>,
+    /// Whose scope each message passes on its way out (gone with the controller).
+    release: Weak<dyn Release>,
+    session: u64,
 }
 
 impl WorkOutbox {
     #[cfg(test)]
     /// The next request or event if one is waiting (unit tests drive dispatch by hand).
     pub(crate) fn try_next(&mut self) -> Option<Outbound> {
-        self.rx.try_recv().ok()
+        loop {
+            let next = self.rx.try_recv().ok()?;
+            if self.may_go(&next) {
+                return Some(next);
+            }
+        }
     }
 
-    /// The next request or event; wakes the dispatcher if it was waiting for room.
+    /// The next request or event that may go out; wakes the dispatcher if it was waiting for
+    /// room.
     pub(crate) async fn next(&mut self) -> Option<Outbound> {
-        let next = self.rx.recv().await;
-        if self.starved.swap(false, Ordering::AcqRel) {
-            self.wake.notify_one();
+        loop {
+            let next = self.rx.recv().await;
+            if self.starved.swap(false, Ordering::AcqRel) {
+                self.wake.notify_one();
+            }
+            match next {
+                Some(message) if !self.may_go(&message) => continue,
+                next => return next,
+            }
         }
-        next
+    }
+
+    fn may_go(&self, message: &Outbound) -> bool {
+        // A controller that is gone settles nothing; its session ends with it.
+        self.release
+            .upgrade()
+            .is_none_or(|r| r.release(self.session, message))
     }
 }
 
-/// A session's outbound channels; `wake` is its controller's dispatch task.
-pub(super) fn mailbox(wake: Arc<Notify>) -> (Mailbox, Outbox) {
+/// A session's outbound channels; `wake` is its controller's dispatch task, and `release` what
+/// each message passes on its way out.
+pub(super) fn mailbox(
+    wake: Arc<Notify>,
+    release: Weak<dyn Release>,
+    session: u64,
+) -> (Mailbox, Outbox) {
     let (work_tx, work_rx) = mpsc::channel(OUTBOX_CAPACITY);
     let (control_tx, control_rx) = mpsc::unbounded_channel();
     let starved = Arc::new(AtomicBool::new(false));
@@ -104,6 +139,8 @@ pub(super) fn mailbox(wake: Arc<Notify>) -> (Mailbox, Outbox) {
                 rx: work_rx,
                 starved,
                 wake,
+                release,
+                session,
             },
         },
     )
@@ -118,6 +155,19 @@ pub(crate) enum Payload {
     Object(CachedObject),
     /// The object is gone, or left the registration's scope; its last known state.
     Tombstone(Tombstone),
+}
+
+/// The last known state of a primary that is gone, or left the registration's scope. Kept only
+/// while its key is queued or in flight, and counted against the tenant's queued bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Tombstone {
+    /// Its last state as JSON; only its identity (apiVersion, kind, name, namespace, uid,
+    /// resourceVersion) when the tenant's queued bytes could not hold the whole object.
+    pub last: CachedObject,
+    /// The deletion was inferred from a relist: `last` may be older than the real final state.
+    pub final_state_unknown: bool,
+    /// It still exists but stopped matching the registration's label selector.
+    pub left_scope: bool,
 }
 
 /// A reconcile request on its way to a session (translated to protobuf at the gRPC edge).

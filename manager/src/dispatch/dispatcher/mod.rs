@@ -10,7 +10,7 @@
 //!   dispatch keys);
 //! - `results`: results and acks coming back, and the failures kept for the status page;
 //! - `state`: what the controller's lock guards;
-//! - `messages`: what goes out to a session and what a result did;
+//! - `messages`: what goes out to a session, its outbox, and what a result did;
 //! - `inspect`: read-only figures for `/metrics` and the status page.
 
 mod inspect;
@@ -22,13 +22,13 @@ mod state;
 mod tests;
 
 pub(crate) use messages::{
-    Completion, Outbound, Outbox, Payload, Request, RevokeReason, TraceContext,
+    Completion, Outbound, Outbox, Payload, Request, RevokeReason, Tombstone, TraceContext,
 };
 pub(crate) use results::{RECENT_ERRORS, RecentError};
-pub(crate) use state::Tombstone;
 
 use crate::dispatch::event_queue::EventType;
 use crate::dispatch::queue::{Priority, Reason, WorkQueue};
+use crate::dispatch::scope::Scope;
 use crate::dispatch::seats::{Flow, SeatPool};
 use crate::dispatch::spans;
 use crate::dispatch::usage::QueuedBytes;
@@ -69,10 +69,6 @@ pub(crate) struct Counters {
     pub discarded: AtomicU64,
 }
 
-/// The namespaces a namespace-label-selector scope admits now, shared with the controllers, which
-/// keeps it current as namespaces match, pass their checks, or leave.
-pub(crate) type NamespaceSet = Arc<parking_lot::RwLock<std::collections::HashSet<String>>>;
-
 /// A registered controller.
 pub(crate) struct Controller {
     /// Tenant and name.
@@ -91,11 +87,8 @@ pub(crate) struct Controller {
     /// Informers holding primaries, by namespace ("" = all namespaces).
     primaries: Mutex<Vec<Arc<Informer>>>,
     subscriptions: Mutex<Vec<Subscription>>,
-    /// Set for a namespace-label-selector scope: the primary informers watch every namespace,
-    /// so keys read back from them (resync) are kept to the admitted ones.
-    scope: std::sync::OnceLock<NamespaceSet>,
-    /// Set for a fixed list of namespaces (the registration's, or the manager's ceiling).
-    fixed_namespaces: std::sync::OnceLock<std::collections::HashSet<String>>,
+    /// Which keys it may deliver: every key is checked against it whatever produced it.
+    scope: Scope,
     /// Counters for status and metrics.
     pub counters: Counters,
     metrics: Arc<Metrics>,
@@ -150,16 +143,50 @@ fn identity_of(object: &Value) -> Value {
     })
 }
 
+/// The last look at a message before it leaves the manager: dispatch checked its key when it
+/// was queued, but resyncs and retries re-deliver keys from every namespace the primary
+/// informers cache, and a namespace can leave a selector scope while a key waits in the outbox.
+/// One outside the scope now is settled here, unseen: a request as done, an event as acked.
+impl messages::Release for Controller {
+    fn release(&self, session: u64, message: &Outbound) -> bool {
+        match message {
+            Outbound::Reconcile(r) if !self.admits(&r.key) => {
+                tracing::debug!(controller = %self.id, key = %r.key, "key outside the namespace scope withheld");
+                self.complete(session, &r.id, crate::dispatch::queue::Outcome::Done, "");
+                false
+            }
+            Outbound::Event { id, delivery, .. } if !self.admits(&delivery.key) => {
+                tracing::debug!(controller = %self.id, key = %delivery.key, "event outside the namespace scope withheld");
+                self.ack(session, id);
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
 /// How often a controller that keeps missing deadlines gets a log line.
 const DEADLINE_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Controller {
     #[cfg(test)]
     /// A controller with an empty queue and no sessions, no limit on dispatch seats, and
-    /// nothing to wait for before dispatching.
+    /// nothing to wait for before dispatching, in every namespace.
     pub(crate) fn new(
         id: ControllerId,
         registration: Registration,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let scope = Scope::new(registration.primary.namespaced, None);
+        Self::scoped(id, registration, scope, metrics)
+    }
+
+    #[cfg(test)]
+    /// [`Controller::new`] within `scope`.
+    pub(crate) fn scoped(
+        id: ControllerId,
+        registration: Registration,
+        scope: Scope,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let group = id.tenant.clone();
@@ -167,6 +194,7 @@ impl Controller {
             id,
             &group,
             registration,
+            scope,
             metrics,
             (&SeatPool::unlimited(), QueuedBytes::unlimited()),
         );
@@ -181,6 +209,7 @@ impl Controller {
         id: ControllerId,
         group: &str,
         registration: Registration,
+        scope: Scope,
         metrics: Arc<Metrics>,
         (seat_pool, queued): (&Arc<SeatPool>, QueuedBytes),
     ) -> Arc<Self> {
@@ -199,8 +228,7 @@ impl Controller {
             next_request: AtomicU64::new(1),
             primaries: Mutex::new(Vec::new()),
             subscriptions: Mutex::new(Vec::new()),
-            scope: std::sync::OnceLock::new(),
-            fixed_namespaces: std::sync::OnceLock::new(),
+            scope,
             counters: Counters::default(),
             metrics,
             recent_errors: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
@@ -261,30 +289,22 @@ impl Controller {
         self.retired.cancel();
     }
 
-    /// Confine every key this controller delivers to `namespaces` (set once, when wired).
-    pub(crate) fn confine_to(&self, namespaces: &[String]) {
-        let _ = self
-            .fixed_namespaces
-            .set(namespaces.iter().cloned().collect());
+    /// Cancelled when the controller goes away: what it started beside its dispatch task
+    /// (a scope's admission task) stops with it.
+    pub(crate) fn retirement(&self) -> tokio_util::sync::CancellationToken {
+        self.retired.clone()
     }
 
-    /// Whether `key` is within the registration's scope: its namespace registered (and, for a
-    /// selector scope, admitted now), or no namespace for a cluster-scoped primary. Every key
-    /// is checked here whatever produced it, so no mapping (a field naming another tenant's
+    /// Its namespace scope.
+    pub(crate) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// Whether `key` is within the registration's scope (see [`Scope::admits`]). Every key is
+    /// checked here whatever produced it, so no mapping (a field naming another tenant's
     /// namespace, an owner reference) can deliver a key from outside the scope.
     pub(crate) fn admits(&self, key: &ObjectKey) -> bool {
-        if !self.registration.primary.namespaced {
-            return key.namespace.is_empty();
-        }
-        !key.namespace.is_empty()
-            && self
-                .fixed_namespaces
-                .get()
-                .is_none_or(|set| set.contains(&key.namespace))
-            && self
-                .scope
-                .get()
-                .is_none_or(|set| set.read().contains(&key.namespace))
+        self.scope.admits(key)
     }
 
     /// Enqueue keys because of `reason` (initial lists and resyncs are background work). Keys
@@ -506,13 +526,6 @@ impl Controller {
         informers.iter().flat_map(|i| i.keys()).collect()
     }
 
-    /// Keep this controller's own re-reads of its primaries (resync) to `namespaces`.
-    pub(crate) fn limit_to_namespaces(&self, namespaces: NamespaceSet) {
-        // Set once, when the controllers wires the scope; a second call would be a wiring bug and
-        // keeps the first set, which the controllers keeps current.
-        let _ = self.scope.set(namespaces);
-    }
-
     /// The primary keys within this controller's scope: every cached one, less those of
     /// namespaces a selector scope has not admitted.
     pub(crate) fn scoped_primary_keys(&self) -> Vec<ObjectKey> {
@@ -530,8 +543,15 @@ impl Controller {
 
     /// Attach a replica's session; returns what it receives. An `exclusive` session's
     /// attempts stay in flight until it confirms they ended (see [`Phase`]).
-    pub(crate) fn add_session(&self, session: u64, credits: u32, exclusive: bool) -> Outbox {
-        let (tx, outbox) = messages::mailbox(self.wake.clone());
+    pub(crate) fn add_session(
+        self: &Arc<Self>,
+        session: u64,
+        credits: u32,
+        exclusive: bool,
+    ) -> Outbox {
+        let me: std::sync::Weak<Self> = Arc::downgrade(self);
+        let release: std::sync::Weak<dyn messages::Release> = me;
+        let (tx, outbox) = messages::mailbox(self.wake.clone(), release, session);
         // A replica attaching means the controller runs again, whatever an earlier one said.
         self.retiring.store(false, Ordering::Relaxed);
         let mut st = self.lock();

@@ -6,7 +6,8 @@
 //! request is reserved first and completed and sent after the lock is released. Events carry
 //! their object already and are sent under the lock.
 
-use super::state::{InFlight, Phase, State, Tombstone, pick_session};
+use super::messages::Tombstone;
+use super::state::{InFlight, Phase, State, pick_session};
 use super::{Controller, Outbound, Payload, Request, TraceContext};
 use crate::dispatch::queue::{Handout, Outcome, Reason};
 use crate::dispatch::seats::Seat;
@@ -82,6 +83,13 @@ impl Controller {
                 _ = self.retired.cancelled() => return,
             }
         }
+    }
+
+    #[cfg(test)]
+    /// One round as the leader, for unit tests elsewhere in dispatch (routing's) that drive a
+    /// controller by hand.
+    pub(crate) fn dispatch_round(&self) {
+        self.dispatch_once(true);
     }
 
     /// One round: expire missed deadlines, then (when leading) hand out as much ready work as

@@ -1,13 +1,12 @@
 //! What a controller's lock guards: its queues, its sessions and what each holds, plus the small
 //! operations every path that ends a request shares.
 
-use super::messages::{Mailbox, Outbound};
+use super::messages::{Mailbox, Outbound, Tombstone};
 use crate::dispatch::event_queue::EventQueue;
 use crate::dispatch::queue::{Outcome, WorkQueue};
 use crate::dispatch::seats::Seat;
 use crate::dispatch::spans::{Attempt, LinkKind, PendingLinks};
 use crate::informer::ObjectKey;
-use crate::informer::object::CachedObject;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
@@ -77,19 +76,6 @@ impl InFlight {
             Phase::Orphaned { release } => Some(release),
         }
     }
-}
-
-/// The last known state of a primary that is gone, or left the registration's scope. Kept only
-/// while its key is queued or in flight, and counted against the tenant's queued bytes.
-#[derive(Debug, Clone)]
-pub(crate) struct Tombstone {
-    /// Its last state as JSON; only its identity (apiVersion, kind, name, namespace, uid,
-    /// resourceVersion) when the tenant's queued bytes could not hold the whole object.
-    pub last: CachedObject,
-    /// The deletion was inferred from a relist: `last` may be older than the real final state.
-    pub final_state_unknown: bool,
-    /// It still exists but stopped matching the registration's label selector.
-    pub left_scope: bool,
 }
 
 /// Everything behind a controller's lock.

@@ -157,6 +157,7 @@ fn another_tenants_backlog_never_holds_the_seat_guaranteed_to_a_tenant_with_sess
             },
             t,
             registration(100),
+            Scope::new(true, None),
             Arc::new(Metrics::new()),
             (&seats, crate::dispatch::usage::QueuedBytes::unlimited()),
         )
@@ -233,8 +234,15 @@ fn a_session_that_does_not_read_stops_receiving_at_its_outbox_bound() {
 
 #[test]
 fn a_key_outside_the_registered_namespaces_is_never_queued_whatever_mapped_it() {
-    let c = controller(0);
-    c.confine_to(&["team-a".to_string()]);
+    let c = Controller::scoped(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        registration(0),
+        Scope::new(true, Some(vec!["team-a".to_string()])),
+        Arc::new(Metrics::new()),
+    );
     let mut rx = c.add_session(1, 10, false);
     // As a watches mapping by field path would produce them from a value naming another
     // tenant's namespace, or a cluster-scoped name for a namespaced primary.
@@ -266,6 +274,7 @@ fn with_objects() -> (Arc<Controller>, Arc<std::sync::atomic::AtomicU64>) {
         },
         "t",
         reg,
+        Scope::new(true, None),
         Arc::new(Metrics::new()),
         (
             &SeatPool::unlimited(),
@@ -461,6 +470,7 @@ fn nothing_is_dispatched_before_every_informer_has_its_first_list() {
         },
         "t",
         registration(10),
+        Scope::new(true, None),
         Arc::new(Metrics::new()),
         (
             &SeatPool::unlimited(),
@@ -480,4 +490,47 @@ fn nothing_is_dispatched_before_every_informer_has_its_first_list() {
     assert_eq!(got.len(), 1);
     assert!(got[0].reasons.contains(&Reason::InitialList));
     assert!(got[0].reasons.contains(&Reason::OwnedChanged));
+}
+
+/// A namespace left the selector scope while its key waited in the outbox: the outbox settles
+/// it (done, its attempt over) and the edge never sees it.
+#[test]
+fn a_key_whose_namespace_left_the_scope_is_settled_before_it_leaves() {
+    let selector = crate::registration::predicate::LabelSelector {
+        match_labels: [("team".to_string(), "x".to_string())].into(),
+        match_expressions: Vec::new(),
+    };
+    let scope = Scope::selecting(true, None, selector, None);
+    let c = Controller::scoped(
+        ControllerId {
+            tenant: "t".into(),
+            name: "c".into(),
+        },
+        registration(10),
+        scope.clone(),
+        Arc::new(Metrics::new()),
+    );
+    let labelled =
+        |team: &str| serde_json::json!({"metadata": {"name": "a", "labels": {"team": team}}});
+    scope.namespace_changed("a", Some(&labelled("x")));
+    let mut rx = c.add_session(1, 10, false);
+    c.enqueue([ObjectKey::new("a", "k")], Reason::Updated);
+    c.dispatch_once(true);
+    assert_eq!(c.live_attempts(), 1, "handed out while a was in the scope");
+
+    scope.namespace_changed("a", Some(&labelled("y")));
+    assert!(
+        rx.work.try_next().is_none(),
+        "withheld: never reaches the edge"
+    );
+    assert_eq!(
+        c.live_attempts(),
+        0,
+        "and settled, not left to its deadline"
+    );
+    c.dispatch_once(true);
+    assert!(
+        recv_all(&mut rx).is_empty(),
+        "settled as done: not handed out again"
+    );
 }
