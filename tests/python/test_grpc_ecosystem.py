@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import socket
 import subprocess
 import time
@@ -34,9 +35,20 @@ def ctrlhub_binary() -> pathlib.Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free loopback port for a process started next, below Linux's ephemeral range
+    (32768-60999), where no outgoing connection or bind(0) of another process can take it
+    before that process binds; picked at random so suites running side by side rarely meet."""
+    for _ in range(64):
+        port = random.randrange(20000, 32768)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def wait_until(what: str, check, timeout: float = PATIENCE):

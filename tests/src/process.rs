@@ -43,8 +43,25 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// A free loopback port (bound and released; good enough on a test machine).
+/// Where [`try_free_port`] looks: below Linux's ephemeral range (32768-60999 by default).
+const LISTEN_PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// A free loopback port for a process the test starts next (bound and released).
+///
+/// It is taken below the kernel's ephemeral range, where no outgoing connection and no
+/// `bind(0)` of another process (a devcluster the harness started a moment before, the suites
+/// running beside this one) can take it between this check and the process's own bind; a
+/// port is picked at random so concurrent suites rarely try the same one.
 pub fn try_free_port() -> std::io::Result<u16> {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..64 {
+        let port = rng.random_range(LISTEN_PORTS);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    // A crowded range: any free port, as before.
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -37,7 +38,17 @@ def target_binary(name: str, env_override: str) -> Path:
 
 
 def free_port() -> int:
-    """A port that was free a moment ago (the OS picks it; small race accepted)."""
+    """A free loopback port for a process started next, below Linux's ephemeral range
+    (32768-60999), where no outgoing connection or bind(0) of another process can take it
+    before that process binds; picked at random so suites running side by side rarely meet."""
+    for _ in range(64):
+        port = random.randrange(20000, 32768)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
