@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { Attempts } from "./attempts.js";
+import { Attempts } from "./attempt.js";
 import { Backoff, Limiter } from "./backoff.js";
 import { Kube } from "./client.js";
 import { resolveConnection } from "./config.js";

@@ -3,7 +3,7 @@ import { type Timestamp, durationMs, timestampMs } from "@bufbuild/protobuf/wkt"
 import { type ClientDuplexStream, type StatusObject, status as Status } from "@grpc/grpc-js";
 
 import { type Action, type OutcomeLabel, describe, failureOf, resultOf } from "./action.js";
-import { settlesBefore } from "./attempts.js";
+import { settlesBefore } from "./attempt.js";
 import { type Connection, authMetadata, channelSettings } from "./config.js";
 import type { Controller } from "./controller.js";
 import { typed } from "./client.js";

@@ -30,7 +30,7 @@ use tracing::{error, info, warn};
 pub use fence::HOLD_EXIT_CODE;
 pub use info::{Readable, SessionInfo};
 
-use crate::controller::{OnRegistered, REVISION_ENV, effective_revision};
+use crate::definition::{OnRegistered, REVISION_ENV, effective_revision};
 use crate::health::Health;
 use crate::request::Kit;
 use crate::{Action, Config, ConfigError, Controller, ReconcileError, Request};
