@@ -234,6 +234,8 @@ mod reader;
 mod request;
 mod runtime;
 mod selector;
+#[cfg(test)]
+mod shared_cases;
 
 pub use action::{Action, Cause, ReconcileError};
 pub use backoff::Backoff;

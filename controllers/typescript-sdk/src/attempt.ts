@@ -86,6 +86,14 @@ export class Attempts {
   }
 }
 
+/**
+ * How long a handler with `leftMs` before the manager's deadline may run: the time left less a
+ * margin for network latency and clock skew of 5% of it, at most 500 ms; never negative.
+ */
+export function runFor(leftMs: number): number {
+  return Math.max(0, leftMs - Math.min(Math.max(leftMs, 0) * 0.05, 500));
+}
+
 /** Resolves `true` when `p` settles, `false` if `signal` aborts first. */
 export function settlesBefore(p: Promise<unknown>, signal: AbortSignal): Promise<boolean> {
   if (signal.aborted) {

@@ -3,7 +3,7 @@ import { type Timestamp, durationMs, timestampMs } from "@bufbuild/protobuf/wkt"
 import { type ClientDuplexStream, type StatusObject, status as Status } from "@grpc/grpc-js";
 
 import { type Action, type OutcomeLabel, describe, failureOf, resultOf } from "./action.js";
-import { settlesBefore } from "./attempt.js";
+import { runFor, settlesBefore } from "./attempt.js";
 import { type Connection, authMetadata, channelSettings } from "./config.js";
 import type { Controller } from "./controller.js";
 import { typed } from "./client.js";
@@ -453,9 +453,7 @@ export class Session<T> {
     const abort = new AbortController();
     const now = Date.now();
     const deadlineMs = deadline === undefined ? now + this.fallbackDeadlineMs : timestampMs(deadline);
-    // Stop a little early for network latency and clock skew: 5% of the time left, at most 500 ms.
-    const left = deadlineMs - now;
-    const stopIn = Math.max(0, left - Math.min(Math.max(left, 0) * 0.05, 500));
+    const stopIn = runFor(deadlineMs - now);
     const w: Work = { id, abort, deadlineMs, timer: undefined };
     w.timer = setTimeout(() => {
       if (!this.inFlight.has(id)) {
