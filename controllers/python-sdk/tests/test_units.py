@@ -189,12 +189,21 @@ def test_registration() -> None:
 
 
 def test_the_definition_keywords_are_declared_once_and_checked() -> None:
-    """``Options`` (the decorators' keyword types) and ``Definition`` (their docs, defaults and
-    the Register they make) list the same 13 keywords; on_event refuses the reconcile-only ones."""
+    """``Options`` is the one declaration of the 13 keywords (their types and docs): the
+    decorators and ``Controller`` take ``Unpack[Options]`` and ``Definition`` holds them; an
+    unknown one is refused, and on_event refuses the reconcile-only ones."""
     import dataclasses
+    import typing
 
-    fields = {f.name for f in dataclasses.fields(ctrlhub.Definition)} - {"name", "kind", "mode"}
-    assert fields == set(ctrlhub.Options.__annotations__) and len(fields) == 13
+    assert len(ctrlhub.Options.__annotations__) == 13
+    assert [f.name for f in dataclasses.fields(ctrlhub.Definition)] == ["name", "kind", "mode", "options"]
+    for fn in (ctrlhub.Operator.reconcile, ctrlhub.Operator.on_event, ctrlhub.Controller.__init__, ctrlhub.Definition.of):
+        kwargs = typing.get_type_hints(fn)["options"]
+        assert typing.get_args(kwargs) == (ctrlhub.Options,), fn.__qualname__
+    d = ctrlhub.Definition.of("x", "v1/ConfigMap", owns=["apps/v1/Deployment"], deadline=5)
+    assert d.options["owns"] == (ctrlhub.Owns("apps/v1/Deployment"),) and d.deadline_seconds == 5 and d.credit == 1
+    with pytest.raises(TypeError, match="unknown controller option"):
+        ctrlhub.Definition.of("x", "v1/ConfigMap", max_concurrency=2)  # type: ignore[call-arg]
     op = ctrlhub.Operator()
     with pytest.raises(TypeError, match="an event handler takes no owns"):
         op.on_event("v1/ConfigMap", owns=["apps/v1/Deployment"])(lambda key: None)
