@@ -101,7 +101,7 @@ class Definition:
             if given:
                 raise TypeError(f"an event handler takes no {', '.join(given)}: it sees every change of its own kind")
         checked = Options(**options)
-        checked["owns"] = tuple(o if isinstance(o, Owns) else Owns(o) for o in checked.get("owns", ()))
+        checked["owns"] = tuple(_owns(checked.get("owns", ())))
         checked["watches"] = tuple(checked.get("watches", ()))
         if checked.get("max_concurrent", 1) < 1:
             raise ValueError("max_concurrent must be at least 1")
@@ -163,6 +163,7 @@ class Definition:
 
 
 def _owns(owns: Iterable[KindLike | Owns]) -> list[Owns]:
+    """``owns`` entries as ``Owns`` (a bare kind is owned in full)."""
     return [o if isinstance(o, Owns) else Owns(o) for o in owns]
 
 
