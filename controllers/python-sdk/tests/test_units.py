@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -24,32 +25,62 @@ from ctrlhub._request import RECONCILE_KWARGS, injection
 from ctrlhub._types import outcome
 from ctrlhub.v1 import controller_pb2 as pb
 
-# ---- backoff and deadlines -----------------------------------------------------------------
+# ---- the helper semantics every SDK shares (tests/conformance/helpers.json) ----------------
+
+HELPERS = json.loads((Path(__file__).resolve().parents[3] / "tests" / "conformance" / "helpers.json").read_text())
 
 
-def test_backoff_doubles_to_its_maximum_with_equal_jitter() -> None:
-    low, high = Backoff(0.1, 5.0, rng=lambda: 0.0), Backoff(0.1, 5.0, rng=lambda: 0.999999)
-    lows = [round(low.next_delay(False), 3) for _ in range(8)]
-    highs = [round(high.next_delay(False), 3) for _ in range(8)]
-    assert lows == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.5, 2.5]
-    assert highs == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+def _named(section: str) -> Any:
+    cases = HELPERS[section]
+    assert cases, f"helpers.json has {section} cases"
+    return pytest.mark.parametrize("case", cases, ids=[c.get("name", str(i)) for i, c in enumerate(cases)])
 
 
-def test_backoff_resets_after_any_session_that_registered() -> None:
-    """Registered resets the sequence however short the session was (two leader changes in a
-    row cost one first step each); failed connection attempts double it."""
-    b = Backoff(0.1, 5.0, rng=lambda: 1.0)
-    for _ in range(5):
-        b.next_delay(False)
-    assert b.failures == 5
-    assert b.next_delay(True) == pytest.approx(0.1) and b.failures == 1
-    assert b.next_delay(True) == pytest.approx(0.1), "a second short session in a row: still the first step"
-    assert b.next_delay(False) == pytest.approx(0.2) and b.failures == 2
+@_named("conditions")
+def test_shared_conditions(case: dict[str, Any]) -> None:
+    cs: list[dict[str, Any]] = json.loads(json.dumps(case["given"]))
+    for i, step in enumerate(case["steps"]):
+        if "remove" in step:
+            changed = conditions.remove_condition(cs, step["remove"])
+        else:
+            c = step["set"]
+            changed = conditions.set_condition(cs, c["type"], c["status"], c["reason"], c.get("message", ""),
+                                               observed_generation=c.get("observedGeneration"), now=step["now"])
+        assert changed == step["changed"], f"step {i}"
+    assert cs == case["want"]
+    assert [c["type"] for c in cs if conditions.is_condition_true(cs, c["type"])] == case["true"]
 
 
-def test_time_left_keeps_a_margin() -> None:
-    assert time_left(110.0, 100.0, 60.0) == pytest.approx(9.5)  # 5 % of 10 s is capped at 0.5 s
-    assert time_left(102.0, 100.0, 60.0) == pytest.approx(1.9)  # 5 % of 2 s
+@_named("finalizers")
+def test_shared_finalizers(case: dict[str, Any]) -> None:
+    obj, name = case["object"], case["finalizer"]
+    assert ctrlhub.finalizers.has_finalizer(obj, name) == case["has"]
+    assert ctrlhub.finalizers.is_deleting(obj) == case["deleting"]
+    assert ctrlhub.finalizers.step(obj, name) == case["step"]
+    assert ctrlhub.finalizers.add_patch(obj, name) == case["add_patch"]
+    assert ctrlhub.finalizers.remove_patch(obj, name) == case["remove_patch"]
+
+
+@_named("backoff")
+def test_shared_backoff(case: dict[str, Any]) -> None:
+    low = Backoff(case["initial_ms"] / 1000, case["max_ms"] / 1000, rng=lambda: 0.0)
+    high = Backoff(case["initial_ms"] / 1000, case["max_ms"] / 1000, rng=lambda: 1.0)
+    for i, session in enumerate(case["sessions"]):
+        assert low.next_delay(session["registered"]) * 1000 == pytest.approx(session["min_ms"], abs=1), f"session {i}"
+        assert high.next_delay(session["registered"]) * 1000 == pytest.approx(session["max_ms"], abs=1), f"session {i}"
+
+
+@_named("deadline")
+def test_shared_deadline(case: dict[str, Any]) -> None:
+    remaining = case["remaining_ms"] / 1000
+    assert time_left(100.0 + remaining, 100.0, 60.0) * 1000 == pytest.approx(case["run_ms"], abs=1e-6)
+
+
+# ---- deadlines ----------------------------------------------------------------------------
+
+
+def test_time_left_without_a_deadline_or_past_it() -> None:
+    """Python's own cases of the deadline margin (the shared ones are in helpers.json)."""
     assert time_left(99.0, 100.0, 60.0) == 0.0  # already past
     assert time_left(None, 100.0, 60.0) == pytest.approx(59.5)  # no deadline: the fallback
 
@@ -158,12 +189,21 @@ def test_registration() -> None:
 
 
 def test_the_definition_keywords_are_declared_once_and_checked() -> None:
-    """``Options`` (the decorators' keyword types) and ``Definition`` (their docs, defaults and
-    the Register they make) list the same 13 keywords; on_event refuses the reconcile-only ones."""
+    """``Options`` is the one declaration of the 13 keywords (their types and docs): the
+    decorators and ``Controller`` take ``Unpack[Options]`` and ``Definition`` holds them; an
+    unknown one is refused, and on_event refuses the reconcile-only ones."""
     import dataclasses
+    import typing
 
-    fields = {f.name for f in dataclasses.fields(ctrlhub.Definition)} - {"name", "kind", "mode"}
-    assert fields == set(ctrlhub.Options.__annotations__) and len(fields) == 13
+    assert len(ctrlhub.Options.__annotations__) == 13
+    assert [f.name for f in dataclasses.fields(ctrlhub.Definition)] == ["name", "kind", "mode", "options"]
+    for fn in (ctrlhub.Operator.reconcile, ctrlhub.Operator.on_event, ctrlhub.Controller.__init__, ctrlhub.Definition.of):
+        kwargs = typing.get_type_hints(fn)["options"]
+        assert typing.get_args(kwargs) == (ctrlhub.Options,), fn.__qualname__
+    d = ctrlhub.Definition.of("x", "v1/ConfigMap", owns=["apps/v1/Deployment"], deadline=5)
+    assert d.options["owns"] == (ctrlhub.Owns("apps/v1/Deployment"),) and d.deadline_seconds == 5 and d.credit == 1
+    with pytest.raises(TypeError, match="unknown controller option"):
+        ctrlhub.Definition.of("x", "v1/ConfigMap", max_concurrency=2)  # type: ignore[call-arg]
     op = ctrlhub.Operator()
     with pytest.raises(TypeError, match="an event handler takes no owns"):
         op.on_event("v1/ConfigMap", owns=["apps/v1/Deployment"])(lambda key: None)
@@ -209,18 +249,10 @@ def test_outcomes(value: Any, label: str, field: str) -> None:
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def test_conditions_keep_transition_time_unless_status_changes() -> None:
-    cs: list[dict[str, Any]] = []
-    assert conditions.set_condition(cs, "Ready", True, "Ok", "fine", observed_generation=1, now="T1")
-    assert not conditions.set_condition(cs, "Ready", True, "Ok", "fine", observed_generation=1, now="T2")
-    assert conditions.set_condition(cs, "Ready", True, "Ok", "better", observed_generation=2, now="T3")
-    assert cs[0]["lastTransitionTime"] == "T1" and cs[0]["message"] == "better" and cs[0]["observedGeneration"] == 2
-    assert conditions.set_condition(cs, "Ready", "Unknown", "Hmm", now="T4")
-    assert cs[0]["lastTransitionTime"] == "T4" and "observedGeneration" not in cs[0]
-    assert not conditions.is_condition_true(cs, "Ready")
-    assert conditions.remove_condition(cs, "Ready") and not conditions.remove_condition(cs, "Ready")
+def test_condition_status_is_checked() -> None:
+    """Python's own: a status that is no bool nor True/False/Unknown is refused."""
     with pytest.raises(ValueError):
-        conditions.set_condition(cs, "Ready", "yes", "r")
+        conditions.set_condition([], "Ready", "yes", "r")
 
 
 def _fake_patch(patches: list[dict[str, Any]]) -> Any:

@@ -136,67 +136,14 @@ fn now_seconds() -> Timestamp {
     Timestamp::from_second(now.as_second()).unwrap_or(now)
 }
 
+// The shared semantics (transition times, observedGeneration, remove) are cases of
+// tests/conformance/helpers.json, run by `crate::shared_cases`; these are Rust's own.
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH)
-    }
-
-    #[test]
-    fn new_condition_gets_now() {
-        let mut cs = Vec::new();
-        assert!(set_condition_at(
-            &mut cs,
-            condition("Ready", true, "Ok", "fine", Some(1)),
-            at(100)
-        ));
-        assert_eq!(cs.len(), 1);
-        assert_eq!(cs[0].last_transition_time, Time(at(100)));
-        assert_eq!(cs[0].status, "True");
-    }
-
-    #[test]
-    fn same_status_keeps_transition_time() {
-        let mut cs = Vec::new();
-        set_condition_at(
-            &mut cs,
-            condition("Ready", true, "Ok", "a", Some(1)),
-            at(100),
-        );
-        // Identical: nothing changes.
-        assert!(!set_condition_at(
-            &mut cs,
-            condition("Ready", true, "Ok", "a", Some(1)),
-            at(200)
-        ));
-        // New message and generation: changed, but no transition.
-        assert!(set_condition_at(
-            &mut cs,
-            condition("Ready", true, "Ok", "b", Some(2)),
-            at(300)
-        ));
-        assert_eq!(cs[0].last_transition_time, Time(at(100)));
-        assert_eq!(cs[0].message, "b");
-        assert_eq!(cs[0].observed_generation, Some(2));
-    }
-
-    #[test]
-    fn status_change_moves_transition_time() {
-        let mut cs = vec![];
-        set_condition_at(&mut cs, condition("Ready", true, "Ok", "", None), at(100));
-        set_condition_at(&mut cs, condition("Other", false, "No", "", None), at(100));
-        assert!(set_condition_at(
-            &mut cs,
-            condition("Ready", ConditionStatus::Unknown, "Hmm", "", None),
-            at(500)
-        ));
-        assert_eq!(cs.len(), 2);
-        assert_eq!(cs[0].status, "Unknown");
-        assert_eq!(cs[0].reason, "Hmm");
-        assert_eq!(cs[0].last_transition_time, Time(at(500)));
-        assert_eq!(cs[1].last_transition_time, Time(at(100)));
     }
 
     #[test]

@@ -87,8 +87,8 @@
 //!   [`Request`]);
 //! - [`events`]: Kubernetes Events, `ReconcileFailed` posted for every failure, aggregated and
 //!   rate-limited like client-go's recorder;
-//! - [`finalizer`]: `ensure` and `finalize` ([`Request::finalizers`]), and a
-//!   [`finalizer::finalize`] flow;
+//! - [`finalizers`]: `ensure` and `finalize` ([`Request::finalizers`]), and a
+//!   [`finalizers::finalize`] flow;
 //! - [`conditions`]: `metav1.Condition` with Kubernetes' transition semantics;
 //! - [`logs`]: `CTRLHUB_LOG` and `CTRLHUB_LOG_FORMAT`, the reconcile start and end lines;
 //! - [`health`]: `/healthz` and `/readyz` for kubelet probes (`CTRLHUB_HEALTH_ADDR`);
@@ -131,7 +131,7 @@
 //! ([`Request::tombstone`], reasons DELETED or LEFT_SCOPE) says the manager
 //! saw the object go, and its last state ([`Request::deleted`]) may be
 //! missing. Clean up external state under a finalizer (the
-//! [`finalizer::finalize`] flow), never because a request lacks an object:
+//! [`finalizers::finalize`] flow), never because a request lacks an object:
 //! the SDK itself never answers Terminal for that.
 //!
 //! ## Children in full, or metadata only
@@ -218,7 +218,7 @@
 
 pub mod conditions;
 pub mod events;
-pub mod finalizer;
+pub mod finalizers;
 pub mod health;
 pub mod logs;
 pub mod traces;
@@ -228,18 +228,20 @@ mod action;
 mod backoff;
 mod blocking;
 mod config;
-mod controller;
+mod definition;
 mod predicate;
 mod reader;
 mod request;
 mod runtime;
 mod selector;
+#[cfg(test)]
+mod shared_cases;
 
 pub use action::{Action, Cause, ReconcileError};
 pub use backoff::Backoff;
 pub use blocking::blocking;
 pub use config::{Config, ConfigError, DEFAULT_ADDR, DEFAULT_TOKEN, TlsFiles};
-pub use controller::{
+pub use definition::{
     Controller, Mapping, REVISION_ENV, Scope, dynamic_resource_type, resource_type,
 };
 pub use predicate::Predicate;
@@ -248,6 +250,11 @@ pub use request::{DecodeError, ObjectKey, Reason, Request};
 pub use runtime::{Error, HOLD_EXIT_CODE, Readable, SessionInfo};
 pub use selector::{Requirement, Selector};
 pub use write::{WriteError, is_conflict, is_not_found};
+
+/// The module's earlier name, kept so that `ctrlhub_sdk::finalizer::...` paths still compile; the
+/// three SDKs now all call the concept `finalizers`.
+#[doc(hidden)]
+pub use finalizers as finalizer;
 
 /// The Kubernetes API types (`k8s-openapi`, with its `v1_33` feature), re-exported for the same
 /// reason.

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::WriteError;
 use crate::events::EventRecorder;
-use crate::finalizer::Finalizers;
+use crate::finalizers::Finalizers;
 use crate::reader::CachedReader;
 
 /// What a request's write helpers write with: the controller's name and Kubernetes client, and
@@ -102,7 +102,7 @@ impl fmt::Display for ObjectKey {
 /// manager holds no state for the key: treat it as NotFound. Only a
 /// tombstone ([`Request::tombstone`]) says the manager saw the object go;
 /// neither is a reason to clean up external state on its own (use a
-/// finalizer, see [`finalizer`](crate::finalizer)).
+/// finalizer, see [`finalizers`](crate::finalizers)).
 #[derive(Debug)]
 pub struct Request<K> {
     /// The manager's opaque request id (for logs).
@@ -246,7 +246,7 @@ impl<K> Request<K> {
     }
 
     /// Finalizer steps on the controller's client: `ensure` and `finalize` (see
-    /// [`finalizer`](crate::finalizer)).
+    /// [`finalizers`](crate::finalizers)).
     pub fn finalizers(&self) -> Finalizers<'_> {
         match &self.kit.client {
             Some(client) => Finalizers::new(client),

@@ -21,7 +21,7 @@
 //! context while the reconcile function runs: spans started from
 //! `opentelemetry::Context::current()` become its children. The Kubernetes
 //! API calls of this crate's helpers ([`apply`](crate::write::apply),
-//! [`finalizer`](crate::finalizer), [`events`](crate::events)) are CLIENT
+//! [`finalizers`](crate::finalizers), [`events`](crate::events)) are CLIENT
 //! child spans of it; wrap your own calls in [`k8s_call`] so that a slow
 //! write shows in the trace too.
 //!

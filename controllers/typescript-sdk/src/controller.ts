@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { Attempts } from "./attempts.js";
+import { Attempts, type Handlers, type Kit } from "./attempt.js";
 import { Backoff, Limiter } from "./backoff.js";
 import { Kube } from "./client.js";
 import { resolveConnection } from "./config.js";
@@ -12,19 +12,10 @@ import { ConfigError, StopTimeoutError } from "./errors.js";
 import { EventRecorder } from "./events.js";
 import type { Register } from "./gen/ctrlhub/v1/registration_pb.js";
 import { HEALTH_ENV, Health, type HealthOptions } from "./health.js";
-import { type Logger, StackLimiter, consoleLogger } from "./logs.js";
+import { StackLimiter, consoleLogger } from "./logs.js";
 import type { RunOptions } from "./options.js";
-import { type Handlers, Session, type SessionEnd } from "./session.js";
+import { Session, type SessionEnd } from "./session.js";
 import { loadOpenTelemetry } from "./traces.js";
-
-/** @internal What a request's helpers and logs use, shared by the controller's sessions. */
-export interface Kit {
-  readonly kube: Kube;
-  readonly events: EventRecorder;
-  /** The handlers' logger (target: the controller's name). */
-  readonly handlerLog: Logger;
-  readonly stacks: StackLimiter;
-}
 
 /** How long a stop waits for queued Events to be posted. */
 const EVENTS_FLUSH_MS = 2_000;

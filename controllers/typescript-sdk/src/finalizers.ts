@@ -98,7 +98,7 @@ export class Finalizers {
    * Updates `obj.metadata.finalizers` and `resourceVersion` in place to the stored ones.
    */
   async ensure(obj: KubernetesObject, name: string): Promise<boolean> {
-    const patch = isDeleting(obj) ? undefined : addFinalizerPatch(obj, name);
+    const patch = finalizerStep(obj, name) === "add" ? addFinalizerPatch(obj, name) : undefined;
     if (patch === undefined) {
       return false;
     }

@@ -1,38 +1,51 @@
+/**
+ * @internal One session with the manager, as named steps: {@link Session.run} reads the
+ * credentials, opens the Connect stream with the Register and serves it until it ends; the
+ * manager's messages (Registered, requests, heartbeat answers, refusals, revocations) each have
+ * a handler, and the stream's status is classified into what the controller does next
+ * (`controller.ts` runs the sessions one after another). Each request runs as an attempt
+ * (`attempt.ts`), which sees the session only through an {@link AttemptHost}.
+ */
 import { create, toJson } from "@bufbuild/protobuf";
 import { type Timestamp, durationMs, timestampMs } from "@bufbuild/protobuf/wkt";
 import { type ClientDuplexStream, type StatusObject, status as Status } from "@grpc/grpc-js";
 
-import { type Action, type OutcomeLabel, describe, failureOf, resultOf } from "./action.js";
-import { settlesBefore } from "./attempts.js";
+import { type OutcomeLabel, describe } from "./action.js";
+import {
+  type AttemptHost,
+  type Attempts,
+  type Handlers,
+  type Kit,
+  type Work,
+  event,
+  reconcile,
+  runFor,
+  settlesBefore,
+} from "./attempt.js";
+import type { Limiter } from "./backoff.js";
 import { type Connection, authMetadata, channelSettings } from "./config.js";
-import type { Controller } from "./controller.js";
-import { typed } from "./client.js";
-import { DeadlineExceededError, RegistrationRejectedError, RetryError, SessionEndedError, TerminalError } from "./errors.js";
+import { DeadlineExceededError, RegistrationRejectedError, SessionEndedError } from "./errors.js";
 import { Fence } from "./fence.js";
 import {
   type ControllerMessage,
   ControllerMessageSchema,
-  type Event as EventMessage,
-  Event_Type,
   type ManagerMessage,
-  type ReconcileRequest as RequestMessage,
   type ReconcileResult,
-  ReconcileRequest_Reason,
   ReconcileResultSchema,
 } from "./gen/ctrlhub/v1/controller_pb.js";
-import { type Registered, RegisterSchema, type Rejected, type Revoked, Revoked_Reason } from "./gen/ctrlhub/v1/registration_pb.js";
+import {
+  type Register,
+  type Registered,
+  RegisterSchema,
+  type Rejected,
+  type Revoked,
+  Revoked_Reason,
+} from "./gen/ctrlhub/v1/registration_pb.js";
 import { ManagerClient } from "./grpc.js";
-import { Finalizers } from "./finalizers.js";
-import { type Logger, withFields } from "./logs.js";
-import type { EventHandler, ReadableKind, ReconcileHandler, RunOptions } from "./options.js";
-import { CachedReader, decode } from "./reader.js";
-import type { EventType, ObjectEvent, Reason, ReconcileRequest, Tombstone, WorkContext } from "./request.js";
-import type { KubernetesObject } from "./resources.js";
-import { type WorkSpan, parseTraceparent, startSpan } from "./traces.js";
-import { adopt, identity } from "./write.js";
-
-/** @internal The handler a controller was finished with. */
-export type Handlers<T> = { mode: "reconcile"; handler: ReconcileHandler<T> } | { mode: "events"; handler: EventHandler<T> };
+import type { Logger } from "./logs.js";
+import type { ReadableKind, RunOptions } from "./options.js";
+import { CachedReader } from "./reader.js";
+import type { WorkSpan } from "./traces.js";
 
 /** @internal How a session ended, and what the controller does next. */
 export type SessionEnd =
@@ -55,20 +68,31 @@ export const EXIT_HANDLER_NOT_STOPPED = 70;
  */
 const AFTER_DEADLINE_MS = 25;
 
-const REASONS = ReconcileRequest_Reason as unknown as Record<number, string | undefined>;
-const EVENT_TYPES = Event_Type as unknown as Record<number, string | undefined>;
-
-/** One request (or event) this session received and has not answered. */
-interface Work {
-  readonly id: string;
-  readonly abort: AbortController;
-  /** The manager's deadline, wall clock ms. */
-  readonly deadlineMs: number;
-  timer: NodeJS.Timeout | undefined;
+/**
+ * @internal What a session needs of its controller (the controller fits it; the session
+ * does not import the controller).
+ */
+export interface SessionOwner<T> {
+  readonly name: string;
+  readonly internals: {
+    readonly register: Register;
+    readonly handlers: Handlers<T>;
+    readonly credit: number;
+    readonly limiter: Limiter;
+    readonly attempts: Attempts;
+    readonly stopping: boolean;
+    readonly retire: boolean;
+    readonly kit: Kit;
+  };
+  /** A session's state changed: ready while it is live (`undefined`), else why not. */
+  refreshReadiness(liveReason: string | undefined): void;
 }
 
-/** What a handler came to. */
-type Settled<R> = { value: R } | { error: unknown };
+/** A session's credentials: the call's metadata (the bearer token) and the channel's TLS. */
+interface Credentials {
+  readonly metadata: Awaited<ReturnType<typeof authMetadata>>;
+  readonly settings: Awaited<ReturnType<typeof channelSettings>>;
+}
 
 /** @internal One Connect stream on a channel (and so a TCP connection) of its own. */
 export class Session<T> {
@@ -98,9 +122,10 @@ export class Session<T> {
   private readonly handlers: Handlers<T>;
   /** Results of attempts cancelled at their deadline are still sent (exclusive attempts). */
   private readonly confirmLate: boolean;
+  private readonly host: AttemptHost<T>;
 
   constructor(
-    private readonly owner: Controller<T>,
+    private readonly owner: SessionOwner<T>,
     private readonly connection: Connection,
     private readonly log: Logger,
     private readonly drainGraceMs: number,
@@ -109,6 +134,33 @@ export class Session<T> {
   ) {
     this.handlers = owner.internals.handlers;
     this.confirmLate = owner.internals.register.exclusiveAttempts;
+    this.host = this.attemptHost();
+  }
+
+  /** This session as its attempts see it. */
+  private attemptHost(): AttemptHost<T> {
+    const self = this;
+    return {
+      name: this.owner.name,
+      get kit() {
+        return self.owner.internals.kit;
+      },
+      get fieldManager() {
+        return self.owner.internals.register.controllerName;
+      },
+      handlers: this.handlers,
+      log: this.log,
+      get sessionId() {
+        return self.sessionId;
+      },
+      get reader() {
+        return self.reader;
+      },
+      tracing: this.tracing,
+      admit: (key, signal) => this.admit(key, signal),
+      complete: (w, result, label, span, cancelled, ended) => this.complete(w, result, label, span, cancelled, ended),
+      answerEvent: (w, span, outcome, error) => this.answerEvent(w, span, outcome, error),
+    };
   }
 
   /** Registered, not ended, not draining and not fenced off: taking work. */
@@ -116,24 +168,46 @@ export class Session<T> {
     return this.registered && !this.closed && !this.draining && !this.fenced;
   }
 
+  /**
+   * One session, in order: read the credentials → open the stream with the Register → serve
+   * it until it ends (`onMessage`: Registered, requests, heartbeat answers, refusals;
+   * `onStatus`: the end, `classify`d into what the controller does next).
+   */
   async run(): Promise<SessionEnd> {
-    let metadata;
-    let settings;
+    const credentials = await this.credentials();
+    if ("kind" in credentials) {
+      return credentials;
+    }
+    if (this.owner.internals.stopping || this.cancelled) {
+      return { kind: "stopped", drained: false };
+    }
+    const ended = new Promise<SessionEnd>((resolve) => (this.finish = resolve));
+    const client = this.open(credentials.metadata, credentials.settings);
     try {
-      [metadata, settings] = await Promise.all([authMetadata(this.connection), channelSettings(this.connection)]);
+      return await ended;
+    } finally {
+      client.close();
+    }
+  }
+
+  /** The token and TLS settings, read now (they may be rotated between sessions). */
+  private async credentials(): Promise<Credentials | SessionEnd> {
+    try {
+      const [metadata, settings] = await Promise.all([authMetadata(this.connection), channelSettings(this.connection)]);
+      return { metadata, settings };
     } catch (err) {
       // A token or certificate file may not be mounted yet, or be mid-rotation: retry.
       const reason = describe(err);
       this.options.onSessionEnd?.({ sessionId: "", registered: false, code: Status.UNKNOWN, reason });
       return { kind: "retry", registered: false, reason };
     }
-    if (this.owner.internals.stopping || this.cancelled) {
-      return { kind: "stopped", drained: false };
-    }
+  }
+
+  /** Opens the Connect stream on a channel of its own and sends the Register first. */
+  private open(metadata: Credentials["metadata"], settings: Credentials["settings"]): ManagerClient {
     const client = new ManagerClient(this.connection.target, settings.credentials, settings.options);
     this.client = client;
     this.log.info("connecting to manager", { addr: this.connection.display });
-    const ended = new Promise<SessionEnd>((resolve) => (this.finish = resolve));
     const call = client.connect(metadata);
     this.call = call;
     call.on("data", (msg: ManagerMessage) => {
@@ -148,11 +222,7 @@ export class Session<T> {
     });
     call.on("status", (status: StatusObject) => this.onStatus(status));
     call.write(create(ControllerMessageSchema, { message: { case: "register", value: this.owner.internals.register } }));
-    try {
-      return await ended;
-    } finally {
-      client.close();
-    }
+    return client;
   }
 
   /** Sends `Credit` on a registered session. */
@@ -214,11 +284,11 @@ export class Session<T> {
           attempt: m.value.attempt,
           object: m.value.object.case ?? "none",
         });
-        this.dispatch(m.value.id, m.value.deadline, (work) => this.reconcile(m.value, work));
+        this.dispatch(m.value.id, m.value.deadline, (work) => reconcile(this.host, m.value, work));
         return;
       case "event":
         this.log.trace?.("received Event", { id: m.value.id, sequence: m.value.sequence, type: m.value.type });
-        this.dispatch(m.value.id, m.value.deadline, (work) => this.event(m.value, work));
+        this.dispatch(m.value.id, m.value.deadline, (work) => event(this.host, m.value, work));
         return;
       case "rejected": {
         this.rejected = m.value;
@@ -453,9 +523,7 @@ export class Session<T> {
     const abort = new AbortController();
     const now = Date.now();
     const deadlineMs = deadline === undefined ? now + this.fallbackDeadlineMs : timestampMs(deadline);
-    // Stop a little early for network latency and clock skew: 5% of the time left, at most 500 ms.
-    const left = deadlineMs - now;
-    const stopIn = Math.max(0, left - Math.min(Math.max(left, 0) * 0.05, 500));
+    const stopIn = runFor(deadlineMs - now);
     const w: Work = { id, abort, deadlineMs, timer: undefined };
     w.timer = setTimeout(() => {
       if (!this.inFlight.has(id)) {
@@ -502,225 +570,6 @@ export class Session<T> {
       release();
       unlock();
     };
-  }
-
-  /** Runs `fn` to its real end, whatever its signal says. */
-  private async settle<R>(fn: () => Promise<R>): Promise<Settled<R>> {
-    try {
-      return { value: await fn() };
-    } catch (error) {
-      return { error };
-    }
-  }
-
-  /** The handler's argument: the work's context (with `extra`), and the SDK's logger of the work. */
-  private context<W extends WorkContext>(
-    kind: "reconcile" | "event",
-    id: string,
-    key: { namespace: string; name: string } | undefined,
-    attempt: number,
-    signal: AbortSignal,
-    deadlineMs: number,
-    span: WorkSpan,
-    parent: string,
-    extra: Omit<W, keyof WorkContext>,
-  ): { context: W; log: Logger } {
-    const k = { namespace: key?.namespace ?? "", name: key?.name ?? "" };
-    const { kit, register } = this.owner.internals;
-    const ids = parseTraceparent(span.traceparent);
-    const fields = {
-      controller: this.owner.name,
-      key: `${k.namespace}/${k.name}`,
-      request_id: id,
-      attempt,
-      session_id: this.sessionId,
-      ...(ids === undefined ? {} : { trace_id: ids.traceId, span_id: ids.spanId }),
-    };
-    const fieldManager = register.controllerName;
-    const context: Omit<WorkContext, "kubeConfig"> = {
-      id,
-      key: k,
-      namespace: k.namespace,
-      name: k.name,
-      attempt,
-      deadline: new Date(deadlineMs),
-      signal,
-      reader: this.reader as CachedReader,
-      sessionId: this.sessionId,
-      traceparent: span.traceparent,
-      tracestate: span.tracestate,
-      parentTraceparent: parent,
-      log: withFields(kit.handlerLog, kind, fields),
-      events: kit.events,
-      finalizers: new Finalizers(() => kit.kube.objects, signal),
-      adopt: (child, owner) => adopt(child, owner),
-      apply: async (obj, options = {}) => {
-        identity(obj);
-        return kit.kube.objects.applyObject(obj, options.fieldManager ?? fieldManager, options.force ?? true, options.signal ?? signal);
-      },
-      patchStatus: async (obj, status) => {
-        identity(obj);
-        return kit.kube.objects.mergePatchObject(obj, { status }, "status", signal);
-      },
-    };
-    // Loaded on first use: a handler that never writes needs no Kubernetes configuration.
-    const full = Object.defineProperty({ ...context, ...extra }, "kubeConfig", { get: () => kit.kube.config, enumerable: true });
-    return { context: full as unknown as W, log: withFields(this.log, kind, fields) };
-  }
-
-  /** The request's object and tombstone; an undecodable object is an error to retry, never Terminal. */
-  private decodeRequest(msg: RequestMessage, key: string): { object: T | undefined; tombstone: Tombstone<T> | undefined } | Error {
-    try {
-      // No object, or an empty one, means the cache does not hold it: NotFound, never a
-      // deletion. A tombstone is a deletion the manager saw, with or without its last state.
-      if (msg.object.case === "objectJson") {
-        return { object: decodeObject<T>(msg.object.value), tombstone: undefined };
-      }
-      if (msg.object.case === "tombstone") {
-        const t = msg.object.value;
-        let last: T | undefined;
-        try {
-          last = decodeObject<T>(t.objectJson);
-        } catch (err) {
-          // Still a deletion the manager saw: the handler learns it, without the last state.
-          this.log.warn(`undecodable tombstone for ${key}; delivering the deletion without its last state: ${describe(err)}`);
-        }
-        return { object: undefined, tombstone: { object: last, finalStateUnknown: t.finalStateUnknown } };
-      }
-      return { object: undefined, tombstone: undefined };
-    } catch (err) {
-      return err instanceof Error ? err : new Error(String(err));
-    }
-  }
-
-  private async reconcile(msg: RequestMessage, w: Work): Promise<void> {
-    const { handlers } = this;
-    const key = `${msg.key?.namespace ?? ""}/${msg.key?.name ?? ""}`;
-    if (handlers.mode !== "reconcile") {
-      this.log.warn("ignoring a ReconcileRequest on an EVENTS-mode session", { id: w.id });
-      return;
-    }
-    const decoded = this.decodeRequest(msg, key);
-    if (decoded instanceof Error) {
-      // Not the user's fault, and perhaps the manager's or this SDK's: retried with backoff.
-      this.log.error(`undecodable object for ${key}; answering a retryable error: ${decoded.message}`, { key, request_id: w.id });
-      const [result, label] = failureOf(w.id, new RetryError(`undecodable object: ${decoded.message}`));
-      this.complete(w, result, label, undefined);
-      return;
-    }
-    const started = await this.admit(key, w.abort.signal);
-    if (started === undefined) {
-      this.complete(w, undefined, "error", undefined, "it never started: the request was cancelled while it waited");
-      return;
-    }
-    const reasons = msg.reasons.map((r) => (REASONS[r] as Reason | undefined) ?? "UNSPECIFIED");
-    const { kit } = this.owner.internals;
-    let outcome: Settled<Action | void>;
-    let span: WorkSpan | undefined;
-    let log: Logger | undefined;
-    const t0 = performance.now();
-    try {
-      span = startSpan(this.tracing, "reconcile", msg.traceparent, msg.tracestate, {
-        "ctrlhub.controller": this.owner.name,
-        "k8s.namespace.name": msg.key?.namespace ?? "",
-        "k8s.object.name": msg.key?.name ?? "",
-        "ctrlhub.attempt": msg.attempt,
-        "ctrlhub.request.id": w.id,
-      });
-      const made = this.context<ReconcileRequest<T>>("reconcile", w.id, msg.key, msg.attempt, w.abort.signal, w.deadlineMs, span,
-        msg.traceparent, { reasons, object: decoded.object, tombstone: decoded.tombstone });
-      log = made.log;
-      log.info("reconcile start", { key, reasons: reasons.join(","), attempt: msg.attempt });
-      const request = made.context;
-      const handler = handlers.handler;
-      const s = span;
-      outcome = await this.settle(() => s.run(async () => handler(request)));
-    } finally {
-      started();
-    }
-    const end = { key, reasons: reasons.join(","), attempt: msg.attempt, duration_ms: Math.round(performance.now() - t0) };
-    if (w.abort.signal.aborted) {
-      const reason: unknown = w.abort.signal.reason;
-      const atDeadline = reason instanceof DeadlineExceededError;
-      log.warn("reconcile end", { ...end, outcome: atDeadline ? "deadline" : "lost", error: describe(reason) });
-      this.complete(w, undefined, "error", span, "the handler was cancelled", log);
-      return;
-    }
-    const [result, label] = "value" in outcome ? resultOf(w.id, outcome.value) : failureOf(w.id, outcome.error);
-    if ("error" in outcome) {
-      const error = outcome.error;
-      const message = describe(error);
-      const planned = error instanceof RetryError || error instanceof TerminalError;
-      const stack = !planned && error instanceof Error && error.stack !== undefined && kit.stacks.due(key) ? { stack: error.stack } : {};
-      log.warn("reconcile end", { ...end, outcome: label, error: message, ...stack });
-      kit.events.reconcileFailed(decoded.object as KubernetesObject | undefined, error, message);
-    } else {
-      const action = outcome.value;
-      const requeue = action?.type === "requeue" ? { requeue_after_ms: action.afterMs } : {};
-      log.info("reconcile end", { ...end, outcome: label === "requeue" ? "requeue_after" : "success", ...requeue });
-    }
-    this.complete(w, result, label, span);
-  }
-
-  private async event(msg: EventMessage, w: Work): Promise<void> {
-    const { handlers } = this;
-    if (handlers.mode !== "events") {
-      this.log.warn("ignoring an Event on a reconcile-mode session", { id: w.id });
-      return;
-    }
-    const key = `${msg.key?.namespace ?? ""}/${msg.key?.name ?? ""}`;
-    let object: T;
-    try {
-      object = typed<T>(decode(msg.objectJson));
-    } catch (err) {
-      // Nothing a retry can fix: acknowledge and move on.
-      this.log.error(`undecodable event object for ${key}; acknowledging it: ${describe(err)}`);
-      this.answerEvent(w, undefined, "terminal", describe(err));
-      return;
-    }
-    const started = await this.admit(key, w.abort.signal);
-    if (started === undefined) {
-      return;
-    }
-    const type = (EVENT_TYPES[msg.type] as EventType | undefined) ?? "UNSPECIFIED";
-    let outcome: Settled<void>;
-    let span: WorkSpan;
-    let log: Logger;
-    const t0 = performance.now();
-    try {
-      span = startSpan(this.tracing, "event", msg.traceparent, msg.tracestate, {
-        "ctrlhub.controller": this.owner.name,
-        "k8s.namespace.name": msg.key?.namespace ?? "",
-        "k8s.object.name": msg.key?.name ?? "",
-        "ctrlhub.attempt": msg.attempt,
-        "ctrlhub.request.id": w.id,
-      });
-      const made = this.context<ObjectEvent<T>>("event", w.id, msg.key, msg.attempt, w.abort.signal, w.deadlineMs, span,
-        msg.traceparent, { type, object, sequence: msg.sequence });
-      log = made.log;
-      log.info("event start", { key, type, attempt: msg.attempt });
-      const event = made.context;
-      const handler = handlers.handler;
-      const s = span;
-      outcome = await this.settle(() => s.run(async () => handler(event)));
-    } finally {
-      started();
-    }
-    const end = { key, type, attempt: msg.attempt, duration_ms: Math.round(performance.now() - t0) };
-    if (w.abort.signal.aborted) {
-      const deadline = w.abort.signal.reason instanceof DeadlineExceededError;
-      log.warn("event end", { ...end, outcome: deadline ? "deadline" : "lost", error: describe(w.abort.signal.reason) });
-      span.end(deadline ? "deadline" : "lost", deadline ? "cancelled at its deadline" : "session ended before the ack");
-      return;
-    }
-    if ("error" in outcome) {
-      // Unacknowledged: the manager sends it again after its deadline.
-      log.warn("event end", { ...end, outcome: "error", error: `${describe(outcome.error)} (the event is sent again after its deadline)` });
-      span.end("error", describe(outcome.error));
-      return;
-    }
-    log.info("event end", { ...end, outcome: "success" });
-    this.answerEvent(w, span, "success");
   }
 
   /**
@@ -804,16 +653,4 @@ export class Session<T> {
       this.cancel();
     }, this.drainGraceMs);
   }
-}
-
-/** Kubernetes JSON of a request: `undefined` when empty (the manager holds no state for it). */
-function decodeObject<T>(bytes: Uint8Array): T | undefined {
-  if (bytes.length === 0) {
-    return undefined;
-  }
-  const value: unknown = decode(bytes);
-  if (typeof value !== "object" || value === null || Array.isArray(value)) {
-    throw new TypeError(`expected a JSON object, got ${Array.isArray(value) ? "an array" : String(value)}`);
-  }
-  return typed<T>(value);
 }

@@ -12,17 +12,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _logs, traces
 from ._reader import Reader, SyncReader
 from ._request import Event, Helpers, Request, SyncEvent, SyncRequest, _RequestData
+from ._session import _Session
+from ._stop import DEADLINE
 from ._types import Done, Key, PermanentError, RequeueAfter, TemporaryError, names, outcome
 from ._write import is_not_found
 from .v1 import controller_pb2 as pb
-
-if TYPE_CHECKING:
-    from ._session import _Session
 
 __all__ = ["Attempts", "time_left"]
 
@@ -35,9 +34,6 @@ CONFIRM_AFTER_DEADLINE = 0.02
 """Seconds after a request's deadline (by this host's clock) at which the answer of an attempt
 cancelled at its deadline is sent."""
 
-DEADLINE = "its deadline is near"
-SESSION_ENDED = "its session ended"
-SHUTDOWN = "the shutdown grace is over"
 
 
 def time_left(deadline: float | None, now: float, fallback: float) -> float:

@@ -30,8 +30,9 @@ class Controller(SessionLoop, Attempts):
     (``mode="reconcile"``) or events (``mode="events"``).
 
     Usually made by the ``Operator.reconcile`` / ``Operator.on_event`` decorators (or
-    ``ctrlhub.reconcile`` / ``ctrlhub.on_event``); the keywords (``Options``) are documented on
-    ``Definition``."""
+    ``ctrlhub.reconcile`` / ``ctrlhub.on_event``); the keywords are documented on ``Options``."""
+
+    _attempts: set[_Attempt]
 
     def __init__(self, name: str, kind: KindLike, handler: Callable[..., Any], *, mode: Mode = "reconcile",
                  **options: Unpack[Options]) -> None:
@@ -47,7 +48,7 @@ class Controller(SessionLoop, Attempts):
         self.max_concurrent = self.definition.max_concurrent
         self.max_in_flight = self.definition.credit
         self.deadline = self.definition.deadline_seconds
-        self.revision = self.definition.revision
+        self.revision = self.definition.options.get("revision")
         """``Register.revision``; None: ``CTRLHUB_REVISION``, else 0."""
         self.log = logging.getLogger(f"ctrlhub.{name}")
         self._slots = asyncio.Semaphore(self.max_concurrent)

@@ -50,9 +50,7 @@ class Operator:
         """Declares the decorated function as the reconcile handler of ``kind``
         (``"v1/ConfigMap"``, ``"apps/v1/Deployment"`` or a ``Kind``); ``name`` is the
         controller's (default: the function's name with ``_`` as ``-``) and the other keywords
-        are ``Definition``'s: ``namespaces``, ``labels``, ``predicate``, ``owns``, ``watches``,
-        ``max_concurrent``, ``max_in_flight``, ``controller_wide_limit``, ``deadline``,
-        ``resync``, ``backoff``, ``include_object``, ``revision``.
+        are ``Options``' (each typed and documented there).
 
         The handler (``async def``, or plain ``def``, which runs in a thread of its own) takes,
         by name, any of: ``key``, ``name``, ``namespace``, ``obj`` (the object, None when it is
@@ -91,8 +89,8 @@ class Operator:
         ``namespace``, ``sequence``, ``attempt``, ``spec``, ``status``, ``meta``, ``labels``,
         ``annotations``, ``reader``, ``logger``, ``cancelled``, ``deadline``, ``apply``,
         ``patch_status``, ``adopt``, ``finalizers``, ``events``, or ``**kwargs``. The keywords
-        are ``reconcile``'s but ``owns``, ``watches``, ``controller_wide_limit``, ``backoff``
-        and ``include_object``."""
+        are ``Options``' but ``owns``, ``watches``, ``controller_wide_limit``, ``backoff`` and
+        ``include_object``."""
 
         def decorate(fn: F) -> F:
             self.add(Controller(name or default_name(fn), kind, fn, mode="events", **options))

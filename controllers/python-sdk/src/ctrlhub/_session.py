@@ -22,15 +22,15 @@ from ._config import Config, ConfigError
 from ._fence import Fence, Watchdog
 from ._logs import TRACE
 from ._reader import Reader
+from ._stop import SESSION_ENDED, SHUTDOWN, Stoppable
 from ._types import FatalError, Form, Kind, Registration, seconds
 from .v1 import controller_pb2 as pb
 from .v1 import controller_pb2_grpc as pb_grpc
 from .v1 import registration_pb2
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
-    from ._attempt import _Attempt
     from ._definition import Definition
 
 __all__ = ["SessionLoop"]
@@ -83,7 +83,7 @@ class _Session:
         self.stub = stub
         self.log = log
         self.outbox: asyncio.Queue[pb.ControllerMessage | None] = asyncio.Queue()
-        self.attempts: set[_Attempt] = set()
+        self.attempts: set[Stoppable] = set()
         self.idle = asyncio.Event()
         self.idle.set()
         self.registered = False
@@ -119,8 +119,6 @@ class _Session:
     async def close(self) -> None:
         """The session is over: stop its attempts (their results are never sent) without
         waiting for them, and stop writing."""
-        from ._attempt import SESSION_ENDED
-
         self.closed = True
         if self.fence is not None:
             self.fence.live = False
@@ -156,7 +154,7 @@ class SessionLoop:
     effective: registration_pb2.Register | None
     unfinished: int
     _session: _Session | None
-    _attempts: set[_Attempt]
+    _attempts: Collection[Stoppable]  # Attempts': every session's running handlers
     _idle: asyncio.Event
     _slots: asyncio.Semaphore
     _watchdog: Watchdog | None
@@ -221,8 +219,6 @@ class SessionLoop:
     async def _settle(self, grace_end: float) -> None:
         """Wait for every handler, of every session, to return: until ``grace_end``, then
         cancel the rest and give them ``SETTLE_AFTER_GRACE`` more."""
-        from ._attempt import SHUTDOWN
-
         loop = asyncio.get_running_loop()
         if self._attempts:
             self.log.info("waiting for %d handler(s) to return", len(self._attempts))

@@ -17,25 +17,28 @@ the event loop (in an async handler it runs on a worker thread, and the handler 
 stopped only once it has returned); it must be idempotent, since a conflict after it ran
 retries the whole reconcile.
 
-The pure helpers (``has_finalizer``, ``is_deleting``, ``add_patch``, ``remove_patch``) build
-the same patches for any other client.
+The pure helpers (``has_finalizer``, ``is_deleting``, ``step``, ``add_patch``, ``remove_patch``)
+build the same patches for any other client, with the semantics every ctrlhub SDK shares
+(``tests/conformance/helpers.json``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "Cleanup",
     "Finalizers",
+    "Step",
     "SyncFinalizers",
     "add_patch",
     "finalizers_patch",
     "has_finalizer",
     "is_deleting",
     "remove_patch",
+    "step",
 ]
 
 Obj = dict[str, Any]
@@ -57,6 +60,29 @@ def has_finalizer(obj: Obj, name: str) -> bool:
 def is_deleting(obj: Obj) -> bool:
     """Whether ``obj`` has a ``deletionTimestamp`` (deletion waits for its finalizers)."""
     return bool(_meta(obj).get("deletionTimestamp"))
+
+
+Step = Literal["add", "apply", "cleanup", "none"]
+"""What the finalizer flow does with an object: ``add`` (live, without the finalizer: add it,
+then reconcile), ``apply`` (live, with it: reconcile), ``cleanup`` (being deleted, with it:
+clean up, then remove it), ``none`` (being deleted without it: nothing to do)."""
+
+
+def step(obj: Obj, name: str) -> Step:
+    """The ``Step`` for ``obj`` and finalizer ``name``: ``ensure`` patches only on ``add``,
+    ``finalize`` cleans up only on ``cleanup``."""
+    has = has_finalizer(obj, name)
+    if is_deleting(obj):
+        return "cleanup" if has else "none"
+    return "apply" if has else "add"
+
+
+def _ensure_patch(obj: Obj, name: str) -> Obj | None:
+    return add_patch(obj, name) if step(obj, name) == "add" else None
+
+
+def _finalize_patch(obj: Obj, name: str) -> Obj | None:
+    return remove_patch(obj, name) if step(obj, name) == "cleanup" else None
 
 
 def finalizers_patch(finalizers: list[str], resource_version: str | None) -> Obj:
@@ -110,7 +136,7 @@ class Finalizers:
     async def ensure(self, obj: Obj, name: str) -> bool:
         """Adds finalizer ``name`` to ``obj`` unless it is there (or ``obj`` is being deleted:
         Kubernetes takes no new finalizer then); returns whether it did."""
-        body = None if is_deleting(obj) else add_patch(obj, name)
+        body = _ensure_patch(obj, name)
         if body is None:
             return False
         _refresh(obj, await self._patch(obj, body))
@@ -120,7 +146,7 @@ class Finalizers:
         """When ``obj`` is being deleted and holds finalizer ``name``: runs ``cleanup(obj)``
         (a sync one on a worker thread), then removes the finalizer; returns whether it did
         (False: not deleting, or not holding the finalizer)."""
-        body = remove_patch(obj, name) if is_deleting(obj) else None
+        body = _finalize_patch(obj, name)
         if body is None:
             return False
         if inspect.iscoroutinefunction(cleanup):
@@ -147,7 +173,7 @@ class SyncFinalizers:
 
     def ensure(self, obj: Obj, name: str) -> bool:
         """See ``Finalizers.ensure``."""
-        body = None if is_deleting(obj) else add_patch(obj, name)
+        body = _ensure_patch(obj, name)
         if body is None:
             return False
         _refresh(obj, self._patch(obj, body))
@@ -156,7 +182,7 @@ class SyncFinalizers:
     def finalize(self, obj: Obj, name: str, cleanup: Cleanup) -> bool:
         """See ``Finalizers.finalize``; a sync ``cleanup`` runs on this thread, an async one on
         the SDK's event loop."""
-        body = remove_patch(obj, name) if is_deleting(obj) else None
+        body = _finalize_patch(obj, name)
         if body is None:
             return False
         value = cleanup(obj)

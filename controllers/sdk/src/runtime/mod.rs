@@ -1,8 +1,10 @@
 //! The runtime: [`Controller::run`] keeps a session with the manager (reconnecting with
 //! backoff, waiting while a newer definition runs), runs reconciles, and returns once shut down
-//! and no reconcile runs any more.
+//! and no reconcile runs any more. In order: start (check the settings, bind the health
+//! endpoint) → sessions (each: dial → open → registered → serve → end, then reconnect after a
+//! backoff, wait while outdated, or stop) → wait for the cancelled reconciles → return.
 //!
-//! - `session`: one session as named steps (open, registered, serve);
+//! - `session`: the sessions one after another, and one session as named steps;
 //! - `attempt`: one request, from waiting for its key to sending its result;
 //! - `fence`: heartbeats, the anchor and the hold watchdog (exclusive attempts);
 //! - `keys`: one attempt of a key at a time in the process;
@@ -19,22 +21,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctrlhub_proto::v1 as pb;
-use ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient;
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tonic::transport::Endpoint;
 use tracing::{error, info, warn};
 
 pub use fence::HOLD_EXIT_CODE;
 pub use info::{Readable, SessionInfo};
 
-use crate::controller::{OnRegistered, REVISION_ENV, effective_revision};
+use crate::definition::{OnRegistered, REVISION_ENV, effective_revision};
 use crate::health::Health;
 use crate::request::Kit;
 use crate::{Action, Config, ConfigError, Controller, ReconcileError, Request};
-use fence::round_ms;
 use keys::Attempts;
 
 /// Why [`Controller::run`] gave up. Everything else (manager restarts, leader changes, network
@@ -152,11 +151,33 @@ where
         F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
     {
+        let started = self.start(config, reconcile, ctx)?;
+        let shared = &started.shared;
+        let end = session::sessions::<K, C, F, Fut>(shared, &started.endpoint, &shutdown).await;
+        shared.health.not_ready("stopped: the controller shut down");
+        wait_for_reconciles(shared).await;
+        match &end {
+            Ok(()) => {
+                info!(controller = %shared.name, "controller stopped: drained, and no reconcile runs")
+            }
+            Err(err) => error!(controller = %shared.name, error = %err, "giving up: {err}"),
+        }
+        end
+    }
+
+    /// Checks the settings and the definition, and starts what lives as long as `run`: the
+    /// health endpoint (bound now, so that a port in use fails `run` at once) and its ticker.
+    fn start<C, F>(
+        self,
+        config: Config,
+        reconcile: F,
+        ctx: Arc<C>,
+    ) -> Result<Started<F, C>, Error> {
         config.validate()?;
         if self.primary.is_none() {
             return Err(Error::NoPrimary(self.name));
         }
-        let endpoint = endpoint(&config)?;
+        let endpoint = session::endpoint(&config)?;
         let env = std::env::var(REVISION_ENV).ok();
         let mut register = self.to_register();
         register.revision = effective_revision(self.revision, env.as_deref())?;
@@ -164,8 +185,7 @@ where
             config.stuck_after,
             format!("connecting to the manager at {}", config.addr),
         ));
-        // Bound now, so that a port in use fails `run` at once; stops when `run` returns.
-        let _server = match config.health_addr {
+        let server = match config.health_addr {
             Some(addr) => Some(
                 crate::health::serve(addr, health.clone())
                     .map_err(|source| Error::Health { addr, source })?,
@@ -173,9 +193,7 @@ where
             None => None,
         };
         let ticking = CancellationToken::new();
-        let _stop_ticking = ticking.clone().drop_guard();
-        health.keep_ticking(ticking);
-        let kit = Arc::new(Kit::new(&self.name, self.client.map(|c| c.0)));
+        health.keep_ticking(ticking.clone());
         let shared = Arc::new(Shared {
             name: self.name.clone(),
             register,
@@ -186,99 +204,24 @@ where
             config: Arc::new(config),
             attempts: Arc::new(Attempts::default()),
             on_registered: self.on_registered,
-            kit,
+            kit: Arc::new(Kit::new(&self.name, self.client.map(|c| c.0))),
             health,
         });
-        let end = sessions::<K, C, F, Fut>(&shared, &endpoint, &shutdown).await;
-        shared.health.not_ready("stopped: the controller shut down");
-        wait_for_reconciles(&shared).await;
-        match &end {
-            Ok(()) => {
-                info!(controller = %shared.name, "controller stopped: drained, and no reconcile runs")
-            }
-            Err(err) => error!(controller = %shared.name, error = %err, "giving up: {err}"),
-        }
-        end
+        Ok(Started {
+            shared,
+            endpoint,
+            _server: server,
+            _ticking: ticking.drop_guard(),
+        })
     }
 }
 
-/// Sessions one after another until a shutdown or a fatal refusal.
-async fn sessions<K, C, F, Fut>(
-    shared: &Arc<Shared<F, C>>,
-    endpoint: &Endpoint,
-    shutdown: &CancellationToken,
-) -> Result<(), Error>
-where
-    K: DeserializeOwned + Send + 'static,
-    C: Send + Sync + 'static,
-    F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
-{
-    let mut backoff = shared.config.reconnect.clone();
-    loop {
-        let started = Instant::now();
-        // A new connection for every session: a Kubernetes Service picks the backend per TCP
-        // connection, so re-opening the stream on the old one would keep asking a manager
-        // that stepped down (and answers UNAVAILABLE) instead of reaching the new leader.
-        let end = match dial(endpoint, &shared.config) {
-            Ok(channel) => {
-                let client = ControllerManagerClient::new(channel);
-                session::run::<K, C, F, Fut>(shared, client, shutdown).await
-            }
-            // Certificates may not be mounted yet, or be mid-rotation: retry with backoff.
-            Err(e) => SessionEnd::Retry {
-                reason: e.to_string(),
-                registered: false,
-            },
-        };
-        let pause = match end {
-            SessionEnd::Stopped => return Ok(()),
-            SessionEnd::Fatal(err) => {
-                shared.health.not_ready(format!("giving up: {err}"));
-                return Err(err);
-            }
-            SessionEnd::Retry { reason, registered } => {
-                // A session that registered resets the backoff however short it was (two
-                // leader changes in a rolling update of the manager are two first steps).
-                let delay = backoff.next_delay(started.elapsed(), registered, &mut rand::rng());
-                let delay_ms = u64::try_from(round_ms(delay).as_millis()).unwrap_or(u64::MAX);
-                let wait = humantime::format_duration(round_ms(delay));
-                shared
-                    .health
-                    .not_ready(format!("reconnecting to the manager in {wait}: {reason}"));
-                // A manager that shuts down, or a standby, is the normal course of a rollout.
-                if registered || backoff.failures() < 3 {
-                    info!(controller = %shared.name, failures = backoff.failures(), delay_ms, "session ended: {reason}; reconnecting in {wait}");
-                } else {
-                    warn!(controller = %shared.name, failures = backoff.failures(), delay_ms, "session ended: {reason}; reconnecting in {wait}");
-                }
-                delay
-            }
-            SessionEnd::Outdated { reason } => {
-                backoff.reset();
-                let wait = shared.config.outdated_wait;
-                shared.health.not_ready(format!(
-                    "waiting as outdated: {reason}; registering again in {}",
-                    humantime::format_duration(wait)
-                ));
-                warn!(
-                    controller = %shared.name,
-                    revision = shared.register.revision,
-                    "{reason}; this replica takes no work and registers again in {} (a rollout \
-                     replaces it meanwhile, or the newer definition's replicas go away)",
-                    humantime::format_duration(wait)
-                );
-                wait
-            }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => {
-                info!(controller = %shared.name, "shutdown requested while disconnected");
-                return Ok(());
-            }
-            _ = tokio::time::sleep(pause) => {}
-        }
-    }
+/// What [`Controller::run`] started; the health endpoint and its ticker stop when it drops.
+struct Started<F, C> {
+    shared: Arc<Shared<F, C>>,
+    endpoint: Endpoint,
+    _server: Option<crate::health::Server>,
+    _ticking: DropGuard,
 }
 
 /// Waits until no reconcile of any session runs, at most [`Config::shutdown_grace`]. The
@@ -301,32 +244,6 @@ async fn wait_for_reconciles<F, C>(shared: &Shared<F, C>) {
             humantime::format_duration(grace)
         );
     }
-}
-
-/// The manager's endpoint with this SDK's connection settings.
-fn endpoint(config: &Config) -> Result<Endpoint, ConfigError> {
-    let endpoint = Endpoint::from_shared(config.uri()).map_err(|e| ConfigError::InvalidAddr {
-        addr: config.addr.clone(),
-        reason: e.to_string(),
-    })?;
-    Ok(endpoint
-        .connect_timeout(config.connect_timeout)
-        .http2_keep_alive_interval(config.keepalive_interval)
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true))
-}
-
-/// A lazily connecting channel to the manager, with TLS read from its files now.
-fn dial(endpoint: &Endpoint, config: &Config) -> Result<Channel, Error> {
-    let endpoint = match config.client_tls()? {
-        Some(tls) => endpoint
-            .clone()
-            .tls_config(tls)
-            .map_err(|e| ConfigError::InvalidTls(e.to_string()))?,
-        None => endpoint.clone(),
-    };
-    Ok(endpoint.connect_lazy())
 }
 
 /// How a stream's status ends the session.

@@ -1,9 +1,14 @@
-//! One session, as named steps: [`open`] the stream with the Register, [`registered`] waits for
-//! the answer, and [`Session::serve`] runs requests, heartbeats, the drain and the end.
+//! The sessions of a run, as named steps, the way the manager's side reads
+//! (`manager/src/grpc/connect.rs`): [`sessions`] one after another ([`connect`] → one
+//! [`session`] → [`reconnect_delay`] or [`outdated_wait`] → [`pause_unless_shutdown`]); one
+//! session is [`open`] the stream with the Register → [`registered`] waits for the answer →
+//! [`fenced`] starts the hold's watchdog → [`Session::serve`] runs requests, heartbeats, the
+//! drain and the end.
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ctrlhub_proto::v1 as pb;
 use ctrlhub_proto::v1::controller_manager_client::ControllerManagerClient;
@@ -14,15 +19,161 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
 use super::fence::{self, Heartbeats, SessionState, round_ms};
-use super::{SessionEnd, Shared, attempt, classify, classify_status};
-use crate::{Action, CachedReader, ReconcileError, Request, SessionInfo};
+use super::{Error, SessionEnd, Shared, attempt, classify, classify_status};
+use crate::{
+    Action, Backoff, CachedReader, Config, ConfigError, ReconcileError, Request, SessionInfo,
+};
 
-/// Runs one session from connecting to its end.
-pub(super) async fn run<K, C, F, Fut>(
+/// Sessions one after another until a shutdown (`Ok`) or a refusal that needs a human (`Err`):
+/// connect and run one session, then reconnect after a backoff, or wait while a newer
+/// definition runs.
+pub(super) async fn sessions<K, C, F, Fut>(
+    shared: &Arc<Shared<F, C>>,
+    endpoint: &Endpoint,
+    shutdown: &CancellationToken,
+) -> Result<(), Error>
+where
+    K: DeserializeOwned + Send + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    let mut backoff = shared.config.reconnect.clone();
+    loop {
+        let started = Instant::now();
+        let pause = match connect::<K, C, F, Fut>(shared, endpoint, shutdown).await {
+            SessionEnd::Stopped => return Ok(()),
+            SessionEnd::Fatal(err) => {
+                shared.health.not_ready(format!("giving up: {err}"));
+                return Err(err);
+            }
+            SessionEnd::Retry { reason, registered } => {
+                reconnect_delay(shared, &mut backoff, started.elapsed(), &reason, registered)
+            }
+            SessionEnd::Outdated { reason } => {
+                backoff.reset();
+                outdated_wait(shared, &reason)
+            }
+        };
+        if !pause_unless_shutdown(&shared.name, pause, shutdown).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Dials a new connection and runs one session on it. A new connection for every session: a
+/// Kubernetes Service picks the backend per TCP connection, so re-opening the stream on the old
+/// one would keep asking a manager that stepped down (and answers UNAVAILABLE) instead of
+/// reaching the new leader.
+async fn connect<K, C, F, Fut>(
+    shared: &Arc<Shared<F, C>>,
+    endpoint: &Endpoint,
+    shutdown: &CancellationToken,
+) -> SessionEnd
+where
+    K: DeserializeOwned + Send + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    match dial(endpoint, &shared.config) {
+        Ok(channel) => {
+            session::<K, C, F, Fut>(shared, ControllerManagerClient::new(channel), shutdown).await
+        }
+        // Certificates may not be mounted yet, or be mid-rotation: retry with backoff.
+        Err(e) => SessionEnd::Retry {
+            reason: e.to_string(),
+            registered: false,
+        },
+    }
+}
+
+/// After a session that ended with `reason`: how long to wait before reconnecting, said in the
+/// health reason and the log. A session that registered resets the backoff however short it
+/// was (two leader changes in a rolling update of the manager are two first steps).
+fn reconnect_delay<F, C>(
+    shared: &Shared<F, C>,
+    backoff: &mut Backoff,
+    lasted: Duration,
+    reason: &str,
+    registered: bool,
+) -> Duration {
+    let delay = backoff.next_delay(lasted, registered, &mut rand::rng());
+    let delay_ms = u64::try_from(round_ms(delay).as_millis()).unwrap_or(u64::MAX);
+    let wait = humantime::format_duration(round_ms(delay));
+    shared
+        .health
+        .not_ready(format!("reconnecting to the manager in {wait}: {reason}"));
+    // A manager that shuts down, or a standby, is the normal course of a rollout.
+    if registered || backoff.failures() < 3 {
+        info!(controller = %shared.name, failures = backoff.failures(), delay_ms, "session ended: {reason}; reconnecting in {wait}");
+    } else {
+        warn!(controller = %shared.name, failures = backoff.failures(), delay_ms, "session ended: {reason}; reconnecting in {wait}");
+    }
+    delay
+}
+
+/// While a newer (or conflicting) definition runs: [`Config::outdated_wait`](crate::Config::outdated_wait)
+/// before registering again, said in the health reason and the log.
+fn outdated_wait<F, C>(shared: &Shared<F, C>, reason: &str) -> Duration {
+    let wait = shared.config.outdated_wait;
+    let said = humantime::format_duration(wait);
+    shared.health.not_ready(format!(
+        "waiting as outdated: {reason}; registering again in {said}"
+    ));
+    warn!(
+        controller = %shared.name,
+        revision = shared.register.revision,
+        "{reason}; this replica takes no work and registers again in {said} (a rollout \
+         replaces it meanwhile, or the newer definition's replicas go away)"
+    );
+    wait
+}
+
+/// Sleeps `pause`; false when a shutdown came first.
+async fn pause_unless_shutdown(name: &str, pause: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => {
+            info!(controller = %name, "shutdown requested while disconnected");
+            false
+        }
+        _ = tokio::time::sleep(pause) => true,
+    }
+}
+
+/// The manager's endpoint with this SDK's connection settings.
+pub(super) fn endpoint(config: &Config) -> Result<Endpoint, ConfigError> {
+    let endpoint = Endpoint::from_shared(config.uri()).map_err(|e| ConfigError::InvalidAddr {
+        addr: config.addr.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(endpoint
+        .connect_timeout(config.connect_timeout)
+        .http2_keep_alive_interval(config.keepalive_interval)
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true))
+}
+
+/// A lazily connecting channel to the manager, with TLS read from its files now.
+fn dial(endpoint: &Endpoint, config: &Config) -> Result<Channel, Error> {
+    let endpoint = match config.client_tls()? {
+        Some(tls) => endpoint
+            .clone()
+            .tls_config(tls)
+            .map_err(|e| ConfigError::InvalidTls(e.to_string()))?,
+        None => endpoint.clone(),
+    };
+    Ok(endpoint.connect_lazy())
+}
+
+/// One session, in order: open the stream with the Register → wait until registered → start
+/// the fence (heartbeats, the hold watchdog) → serve requests until the session ends.
+async fn session<K, C, F, Fut>(
     shared: &Arc<Shared<F, C>>,
     mut client: ControllerManagerClient<Channel>,
     shutdown: &CancellationToken,
@@ -44,12 +195,7 @@ where
         Ok(info) => info,
         Err(end) => return end,
     };
-    let state = Arc::new(SessionState::new(
-        info.session_id.clone(),
-        shared.name.clone(),
-        info.hold,
-    ));
-    fence::watch(state.clone());
+    let state = fenced(shared, &info);
     // However this function ends (also when its future is dropped), every handler of the
     // session is cancelled and no result is sent on it any more.
     let _end = EndOnDrop(state.clone());
@@ -64,6 +210,18 @@ where
         _primary: PhantomData,
     };
     session.serve(&mut inbound, shutdown).await
+}
+
+/// The session's fence state, with the watchdog that stops the process if a reconcile of it
+/// outlives the hold.
+fn fenced<F, C>(shared: &Shared<F, C>, info: &SessionInfo) -> Arc<SessionState> {
+    let state = Arc::new(SessionState::new(
+        info.session_id.clone(),
+        shared.name.clone(),
+        info.hold,
+    ));
+    fence::watch(state.clone());
+    state
 }
 
 /// Ends the session when dropped.

@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import {
+  Backoff,
   type Condition,
   addFinalizerPatch,
   consoleLogger,
@@ -9,64 +11,84 @@ import {
   finalizerStep,
   finalizersPatch,
   hasFinalizer,
+  isDeleting,
   isConditionTrue,
   removeCondition,
   removeFinalizerPatch,
   setCondition,
 } from "../../src/index.js";
+import { runFor } from "../../src/attempt.js";
 
-const at = (s: number) => () => new Date(s * 1000 + 123);
+// The helper semantics every ctrlhub SDK shares: tests/conformance/helpers.json at the
+// repository's root (from dist/test/unit/ when compiled), every case run.
+type Json = any;
+const table: Json = JSON.parse(readFileSync(new URL("../../../../../tests/conformance/helpers.json", import.meta.url), "utf8"));
 
-test("a new condition gets now, truncated to seconds", () => {
-  const cs: Condition[] = [];
-  assert.equal(setCondition(cs, { type: "Ready", status: true, reason: "Ok", message: "fine", observedGeneration: 1 }, at(100)), true);
-  assert.deepEqual(cs, [
-    { type: "Ready", status: "True", reason: "Ok", message: "fine", observedGeneration: 1, lastTransitionTime: new Date(100_000) },
-  ]);
+function cases(section: string): Json[] {
+  const all: Json[] = table[section];
+  assert.ok(all.length > 0, `helpers.json has ${section} cases`);
+  return all;
+}
+
+/** A condition as JSON: lastTransitionTime in RFC 3339, whole seconds. */
+function asJson(c: Condition): Json {
+  const t = c.lastTransitionTime;
+  const time = t instanceof Date ? t.toISOString().replace(/\.\d{3}Z$/, "Z") : t;
+  return { ...c, lastTransitionTime: time };
+}
+
+for (const c of cases("conditions")) {
+  test(`conditions: ${c.name}`, () => {
+    const cs: Condition[] = structuredClone(c.given);
+    c.steps.forEach((step: Json, i: number) => {
+      const changed =
+        step.remove !== undefined
+          ? removeCondition(cs, step.remove)
+          : setCondition(cs, step.set, () => new Date(step.now));
+      assert.equal(changed, step.changed, `step ${i}`);
+    });
+    assert.deepEqual(cs.map(asJson), c.want);
+    assert.deepEqual(
+      cs.filter((x) => isConditionTrue(cs, x.type)).map((x) => x.type),
+      c.true,
+    );
+  });
+}
+
+for (const c of cases("finalizers")) {
+  test(`finalizers: ${c.name}`, () => {
+    assert.equal(hasFinalizer(c.object, c.finalizer), c.has);
+    assert.equal(isDeleting(c.object), c.deleting);
+    assert.equal(finalizerStep(c.object, c.finalizer), c.step);
+    assert.deepEqual(addFinalizerPatch(c.object, c.finalizer) ?? null, c.add_patch);
+    assert.deepEqual(removeFinalizerPatch(c.object, c.finalizer) ?? null, c.remove_patch);
+  });
+}
+
+for (const c of cases("backoff")) {
+  test(`backoff: ${c.name}`, () => {
+    const low = new Backoff(c.initial_ms, c.max_ms, () => 0);
+    const high = new Backoff(c.initial_ms, c.max_ms, () => 1);
+    c.sessions.forEach((s: Json, i: number) => {
+      assert.ok(Math.abs(low.next(s.registered) - s.min_ms) <= 1, `session ${i}: least`);
+      assert.ok(Math.abs(high.next(s.registered) - s.max_ms) <= 1, `session ${i}: most`);
+    });
+  });
+}
+
+test("deadline: the margin before the manager's deadline", () => {
+  for (const c of cases("deadline")) {
+    assert.ok(Math.abs(runFor(c.remaining_ms) - c.run_ms) < 1e-6, `${c.remaining_ms} ms left`);
+  }
 });
 
-test("the same status keeps the transition time", () => {
+// TypeScript's own: explicit transition times, findCondition, finalizersPatch of nothing.
+test("an explicit lastTransitionTime is kept; find and the empty patch", () => {
   const cs: Condition[] = [];
-  setCondition(cs, { type: "Ready", status: true, reason: "Ok", message: "a", observedGeneration: 1 }, at(100));
-  assert.equal(setCondition(cs, { type: "Ready", status: "True", reason: "Ok", message: "a", observedGeneration: 1 }, at(200)), false);
-  assert.equal(setCondition(cs, { type: "Ready", status: true, reason: "Ok", message: "b", observedGeneration: 2 }, at(300)), true);
-  assert.deepEqual(cs[0]?.lastTransitionTime, new Date(100_000));
-  assert.equal(cs[0]?.message, "b");
-  assert.equal(cs[0]?.observedGeneration, 2);
-});
-
-test("a status change moves the transition time; explicit times are kept", () => {
-  const cs: Condition[] = [];
-  setCondition(cs, { type: "Ready", status: true, reason: "Ok" }, at(100));
-  setCondition(cs, { type: "Other", status: false, reason: "No" }, at(100));
-  assert.equal(setCondition(cs, { type: "Ready", status: "Unknown", reason: "Hmm" }, at(500)), true);
-  assert.equal(cs[0]?.status, "Unknown");
-  assert.deepEqual(cs[0]?.lastTransitionTime, new Date(500_000));
-  assert.deepEqual(cs[1]?.lastTransitionTime, new Date(100_000));
-  setCondition(cs, { type: "Late", status: false, reason: "X", lastTransitionTime: "2020-01-01T00:00:00Z" }, at(900));
+  setCondition(cs, { type: "Late", status: false, reason: "X", lastTransitionTime: "2020-01-01T00:00:00Z" }, () => new Date(900_000));
   assert.deepEqual(findCondition(cs, "Late")?.lastTransitionTime, new Date("2020-01-01T00:00:00Z"));
-  assert.equal(isConditionTrue(cs, "Ready"), false);
-  assert.equal(removeCondition(cs, "Ready"), true);
-  assert.equal(removeCondition(cs, "Ready"), false);
   assert.equal(findCondition(cs, "Ready"), undefined);
-});
-
-test("finalizer patches carry the resourceVersion precondition", () => {
-  const live = { metadata: { name: "a", resourceVersion: "42", finalizers: ["x/y"] } };
-  assert.equal(hasFinalizer(live, "x/y"), true);
-  assert.deepEqual(addFinalizerPatch(live, "a/b"), { metadata: { finalizers: ["x/y", "a/b"], resourceVersion: "42" } });
-  assert.equal(addFinalizerPatch(live, "x/y"), undefined);
-  assert.deepEqual(removeFinalizerPatch(live, "x/y"), { metadata: { finalizers: [], resourceVersion: "42" } });
-  assert.equal(removeFinalizerPatch(live, "a/b"), undefined);
   assert.deepEqual(finalizersPatch({}, []), { metadata: { finalizers: [] } });
-});
-
-test("the finalizer flow's steps", () => {
-  const f = "example.com/cleanup";
-  assert.equal(finalizerStep({ metadata: {} }, f), "add");
-  assert.equal(finalizerStep({ metadata: { finalizers: [f] } }, f), "apply");
-  assert.equal(finalizerStep({ metadata: { finalizers: [f], deletionTimestamp: new Date() } }, f), "cleanup");
-  assert.equal(finalizerStep({ metadata: { deletionTimestamp: "2024-01-01T00:00:00Z" } }, f), "none");
 });
 
 test("the console logger writes bigints and cycles as text instead of throwing", () => {

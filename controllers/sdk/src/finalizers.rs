@@ -27,7 +27,7 @@ use std::fmt::Debug;
 use std::future::Future;
 
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -71,13 +71,15 @@ impl<'a> Finalizers<'a> {
         K: Resource<DynamicType = ()> + DeserializeOwned,
         K::Scope: 'static,
     {
-        if has_finalizer(obj, name) || obj.meta().deletion_timestamp.is_some() {
+        let patch = match step(obj, name) {
+            Step::Add => add_patch(obj, name),
+            Step::Apply | Step::Cleanup | Step::None => None,
+        };
+        let Some(patch) = patch else {
             return Ok(false);
-        }
+        };
         let client = self.client.ok_or(WriteError::NoClient)?;
-        let mut finalizers = obj.meta().finalizers.clone().unwrap_or_default();
-        finalizers.push(name.to_owned());
-        patch_finalizers(client, obj, &finalizers).await?;
+        patch_finalizers(client, obj, &patch).await?;
         Ok(true)
     }
 
@@ -99,18 +101,16 @@ impl<'a> Finalizers<'a> {
         Fut: Future<Output = Result<(), E>>,
         E: Into<ReconcileError>,
     {
-        if obj.meta().deletion_timestamp.is_none() || !has_finalizer(obj, name) {
+        let patch = match step(obj, name) {
+            Step::Cleanup => remove_patch(obj, name),
+            Step::Add | Step::Apply | Step::None => None,
+        };
+        let Some(patch) = patch else {
             return Ok(false);
-        }
+        };
         let client = self.client.ok_or(WriteError::NoClient)?;
         cleanup().await.map_err(Into::into)?;
-        let rest: Vec<String> = obj
-            .finalizers()
-            .iter()
-            .filter(|f| *f != name)
-            .cloned()
-            .collect();
-        match patch_finalizers(client, obj, &rest).await {
+        match patch_finalizers(client, obj, &patch).await {
             // Removing the last finalizer lets the API server delete the object.
             Err(err) if crate::is_not_found(&err) => Ok(true),
             Err(err) => Err(err.into()),
@@ -119,21 +119,20 @@ impl<'a> Finalizers<'a> {
     }
 }
 
-/// Sets `obj`'s finalizers to `finalizers`, guarded by its resourceVersion.
+/// Sends `patch` (from [`add_patch`] or [`remove_patch`]) for `obj`.
 async fn patch_finalizers<K>(
     client: &Client,
     obj: &K,
-    finalizers: &[String],
+    patch: &serde_json::Value,
 ) -> Result<(), WriteError>
 where
     K: Resource<DynamicType = ()>,
     K::Scope: 'static,
 {
     let (api, name) = crate::write::api_of(client, obj)?;
-    let patch = finalizers_patch(finalizers, obj.meta().resource_version.as_deref());
     let plural = K::plural(&());
     let namespace = obj.meta().namespace.clone().unwrap_or_default();
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let (params, patch) = (PatchParams::default(), Patch::Merge(patch));
     let call = api.patch(&name, &params, &patch);
     crate::traces::k8s_call("PATCH", &plural, &namespace, &name, call).await?;
     Ok(())
@@ -157,17 +156,78 @@ pub fn has_finalizer<K: Resource>(obj: &K, name: &str) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == name))
 }
 
+/// Whether `obj` is being deleted (`metadata.deletionTimestamp` set): it waits for its
+/// finalizers, and the API server takes no new ones.
+pub fn is_deleting<K: Resource>(obj: &K) -> bool {
+    obj.meta().deletion_timestamp.is_some()
+}
+
+/// What the finalizer flow does with an object (the same four steps in every ctrlhub SDK):
+/// [`Finalizers::ensure`] patches only on [`Add`](Step::Add), [`Finalizers::finalize`] runs the
+/// cleanup only on [`Cleanup`](Step::Cleanup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Live, without the finalizer: add it, then reconcile.
+    Add,
+    /// Live, with it: reconcile.
+    Apply,
+    /// Being deleted, with it: clean up, then remove it.
+    Cleanup,
+    /// Being deleted without it: nothing to do.
+    None,
+}
+
+/// The [`Step`] for `obj` and finalizer `name`.
+pub fn step<K: Resource>(obj: &K, name: &str) -> Step {
+    match (is_deleting(obj), has_finalizer(obj, name)) {
+        (false, false) => Step::Add,
+        (false, true) => Step::Apply,
+        (true, true) => Step::Cleanup,
+        (true, false) => Step::None,
+    }
+}
+
 /// The merge patch setting `finalizers`, guarded by `resource_version`
-/// (the API server answers 409 Conflict if the object changed since).
+/// (the API server answers 409 Conflict if the object changed since); an
+/// absent or empty resourceVersion adds no precondition.
 pub fn finalizers_patch(
     finalizers: &[String],
     resource_version: Option<&str>,
 ) -> serde_json::Value {
     let mut metadata = json!({ "finalizers": finalizers });
-    if let Some(rv) = resource_version {
+    if let Some(rv) = resource_version.filter(|rv| !rv.is_empty()) {
         metadata["resourceVersion"] = json!(rv);
     }
     json!({ "metadata": metadata })
+}
+
+/// The merge patch adding `name` after `obj`'s other finalizers, or `None` when it is there.
+pub fn add_patch<K: Resource>(obj: &K, name: &str) -> Option<serde_json::Value> {
+    if has_finalizer(obj, name) {
+        return None;
+    }
+    let mut finalizers = obj.meta().finalizers.clone().unwrap_or_default();
+    finalizers.push(name.to_owned());
+    Some(finalizers_patch(
+        &finalizers,
+        obj.meta().resource_version.as_deref(),
+    ))
+}
+
+/// The merge patch removing `name` from `obj`'s finalizers (the others kept in order), or
+/// `None` when it is absent.
+pub fn remove_patch<K: Resource>(obj: &K, name: &str) -> Option<serde_json::Value> {
+    if !has_finalizer(obj, name) {
+        return None;
+    }
+    let rest: Vec<String> = (obj.meta().finalizers.iter().flatten())
+        .filter(|f| *f != name)
+        .cloned()
+        .collect();
+    Some(finalizers_patch(
+        &rest,
+        obj.meta().resource_version.as_deref(),
+    ))
 }
 
 /// Adds finalizer `name` to `obj` unless present; returns the object as
@@ -176,13 +236,10 @@ pub async fn ensure_finalizer<K>(api: &Api<K>, obj: &K, name: &str) -> Result<K,
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    if has_finalizer(obj, name) {
+    let Some(patch) = add_patch(obj, name) else {
         return Ok(obj.clone());
-    }
+    };
     let obj_name = name_of(api, obj)?;
-    let mut finalizers = obj.finalizers().to_vec();
-    finalizers.push(name.to_owned());
-    let patch = finalizers_patch(&finalizers, obj.meta().resource_version.as_deref());
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let call = api.patch(&obj_name, &params, &patch);
     Ok(traced_patch(api, obj, &obj_name, call).await?)
@@ -195,17 +252,10 @@ pub async fn remove_finalizer<K>(api: &Api<K>, obj: &K, name: &str) -> Result<Op
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    if !has_finalizer(obj, name) {
+    let Some(patch) = remove_patch(obj, name) else {
         return Ok(Some(obj.clone()));
-    }
+    };
     let obj_name = name_of(api, obj)?;
-    let finalizers: Vec<String> = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != name)
-        .cloned()
-        .collect();
-    let patch = finalizers_patch(&finalizers, obj.meta().resource_version.as_deref());
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let call = api.patch(&obj_name, &params, &patch);
     match traced_patch(api, obj, &obj_name, call).await {
@@ -270,50 +320,20 @@ where
     F: FnOnce(FinalizerEvent<K>) -> Fut,
     Fut: Future<Output = Result<Action, ReconcileError>>,
 {
-    let deleting = obj.meta().deletion_timestamp.is_some();
-    match (deleting, has_finalizer(&obj, name)) {
-        (false, true) => reconcile(FinalizerEvent::Apply(obj)).await,
-        (false, false) => {
+    match step(&obj, name) {
+        Step::Apply => reconcile(FinalizerEvent::Apply(obj)).await,
+        Step::Add => {
             let obj = ensure_finalizer(api, &obj, name).await?;
             reconcile(FinalizerEvent::Apply(obj)).await
         }
-        (true, true) => {
+        Step::Cleanup => {
             let action = reconcile(FinalizerEvent::Cleanup(obj.clone())).await?;
             remove_finalizer(api, &obj, name).await?;
             Ok(action)
         }
-        (true, false) => Ok(Action::done()),
+        Step::None => Ok(Action::done()),
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::ObjectMeta;
-
-    #[test]
-    fn patch_carries_precondition() {
-        let p = finalizers_patch(&["a/b".into()], Some("42"));
-        assert_eq!(
-            p,
-            json!({"metadata": {"finalizers": ["a/b"], "resourceVersion": "42"}})
-        );
-        let p = finalizers_patch(&[], None);
-        assert_eq!(p, json!({"metadata": {"finalizers": []}}));
-    }
-
-    #[test]
-    fn detects_finalizer() {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                finalizers: Some(vec!["x/y".into()]),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        assert!(has_finalizer(&cm, "x/y"));
-        assert!(!has_finalizer(&cm, "x/z"));
-        assert!(!has_finalizer(&ConfigMap::default(), "x/y"));
-    }
-}
+// The pure helpers' semantics are cases of tests/conformance/helpers.json, run by
+// `crate::shared_cases`.
