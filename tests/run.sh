@@ -1,19 +1,109 @@
 #!/usr/bin/env bash
 # The project's test command: `bash tests/run.sh` (also what .ci/run executes).
 #
-# From a fresh clone it needs only the package registries: it creates .venv for the
-# Python conformance suite, builds the workspace binaries (the Python suite runs the
-# devcluster binary), installs and tests the TypeScript SDK with npm, runs every Rust test,
-# the SDK conformance matrix (whose python-raw and python columns run in .venv and the
-# typescript column on the npm install), then the Python suites.
+# From a fresh clone it needs only the package registries. In order: the installs that need no
+# Rust build start in the background (.venv for the Python suites, with ruff; the TypeScript
+# SDK's npm install, build and unit tests; buf and the dashboards' schema check); the gates run
+# (fmt, clippy, rustdoc, cargo deny); the workspace and every test binary are built once; the
+# production build check runs; then the suites run side by side (the Rust suites, the SDK
+# conformance matrix, the other crates' tests, the Python and TypeScript suites, the fuzz smoke
+# run), and last, alone, the adversity suite, whose hostile-tenant checks measure latency.
+# Each stage's output is on the terminal; each background job's in target/test-logs/NAME.log,
+# whose last lines are printed if it fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Each stage's banner says how long the run has taken so far (the per-stage figures in notes).
 STARTED=$SECONDS
-banner() {
-    printf '\n==== %s ==== [%dm%02ds]\n' "$*" $(((SECONDS - STARTED) / 60)) $(((SECONDS - STARTED) % 60))
+elapsed() {
+    printf '%dm%02ds' $(((SECONDS - STARTED) / 60)) $(((SECONDS - STARTED) % 60))
 }
+banner() {
+    printf '\n==== %s ==== [%s]\n' "$*" "$(elapsed)"
+}
+
+# Jobs: stages that run beside others, each with its output in target/test-logs/NAME.log.
+# The suites mostly wait (for leases, watches, processes they start), so on 2 cores several of
+# them fit side by side; the timing-sensitive ones (the hostile-tenant, fault and stranger suites
+# of the adversity binary) run alone at the end. `job NAME STEP...` starts the steps (shell
+# functions or commands, one after another) in the background; `await_jobs NAME...` waits for
+# them, prints each one's summary lines and time, and on a failure its log's last lines.
+LOGS=target/test-logs
+mkdir -p "$LOGS"
+declare -A JOB_PID JOB_START
+job() {
+    local name=$1
+    shift
+    (
+        set -euo pipefail
+        for step in "$@"; do
+            printf '\n---- %s ----\n' "$step"
+            eval "$step"
+        done
+    ) >"$LOGS/$name.log" 2>&1 &
+    JOB_PID[$name]=$!
+    JOB_START[$name]=$SECONDS
+    echo "started $name in the background (log: $LOGS/$name.log)"
+}
+# A failed stage ends the run: the background jobs and what they started end with it.
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+trap 'for pid in "${JOB_PID[@]}"; do kill_tree "$pid"; done' EXIT
+await_jobs() {
+    local name failed=()
+    for name in "$@"; do
+        if wait "${JOB_PID[$name]}"; then
+            printf '%s passed in %ds [%s]\n' "$name" $((SECONDS - JOB_START[$name])) "$(elapsed)"
+            grep -E '^(test result:|[0-9]+ passed|# (pass|fail) |.*: Done [0-9]+ runs|installed: |API docs: )' "$LOGS/$name.log" | sed 's/^/    /' || true
+        else
+            printf '%s FAILED after %ds [%s]; the end of %s:\n' "$name" $((SECONDS - JOB_START[$name])) "$(elapsed)" "$LOGS/$name.log"
+            tail -80 "$LOGS/$name.log" | sed 's/^/    /'
+            failed+=("$name")
+        fi
+    done
+    if [[ ${#failed[@]} -gt 0 ]]; then
+        echo "FAILED: ${failed[*]} (full logs in $LOGS/)"
+        exit 1
+    fi
+}
+
+# Gates first, so a formatting slip or a lint fails in minutes, not after the suites.
+# Installs and checks that need no Rust build start now, beside the compiler.
+python_env() {
+    if [[ ! -x .venv/bin/python ]]; then
+        echo "creating .venv with $(python3 --version)"
+        python3 -m venv .venv
+    fi
+    # One requirements file covers both Python suites (the devcluster client suite and the
+    # example controller); pip is quick when everything is already satisfied.
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r controllers/python/requirements.txt
+    echo "installed: $(.venv/bin/python -c 'import pytest, kubernetes, grpc; print("pytest", pytest.__version__, "/ kubernetes", kubernetes.__version__, "/ grpcio", grpc.__version__)')"
+    # The Python SDK (controllers/python-sdk, `import ctrlhub`): pip builds it from source, which
+    # generates its gRPC stubs from proto/ with grpcio-tools; the extras add OpenTelemetry and the
+    # tools of its own test suite (pytest-asyncio, trustme, mypy, pdoc).
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check './controllers/python-sdk[otel,test]'
+    echo "installed: the Python SDK into .venv"
+    # ruff check: every Python file (ruff.toml).
+    .venv/bin/ruff check .
+}
+# The TypeScript SDK (controllers/typescript-sdk): npm ci, the wire types generated from proto/
+# with buf (from npm), tsc, the TSDoc API docs check and the unit tests; its integration tests,
+# which start the devcluster and ctrlhub binaries, run with the suites below.
+typescript_build() {
+    cd controllers/typescript-sdk
+    npm ci --no-audit --no-fund --loglevel=error
+    npm run build
+    npm run docs:check
+    npm run test:unit
+}
+job python-env python_env
+job typescript-build typescript_build
+# buf lint (proto/ctrlhub/v1), and the Grafana dashboards against Grafana's own schema
+# (@grafana/schema from npm; the Prometheus test below runs every panel's query).
+job proto-and-dashboards "bash proto/lint.sh" "bash dashboards/schema/check.sh"
 
 # Gates first, so a formatting slip or a lint fails in minutes, not after the suites.
 banner "cargo fmt --check"
@@ -54,71 +144,73 @@ else
     echo "installed: $(prometheus --version 2>&1 | head -1); $(chromium --version 2>/dev/null | head -1)"
 fi
 
-banner "python environment (.venv)"
-if [[ ! -x .venv/bin/python ]]; then
-    echo "creating .venv with $(python3 --version)"
-    python3 -m venv .venv
-fi
-# One requirements file covers both Python suites (the devcluster client suite and the
-# example controller); pip is quick when everything is already satisfied.
-echo "installing Python test dependencies into .venv (quiet)..."
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -r controllers/python/requirements.txt
-echo "installed: $(.venv/bin/python -c 'import pytest, kubernetes, grpc; print("pytest", pytest.__version__, "/ kubernetes", kubernetes.__version__, "/ grpcio", grpc.__version__)')"
-# The Python SDK (controllers/python-sdk, `import ctrlhub`): pip builds it from source, which
-# generates its gRPC stubs from proto/ with grpcio-tools; the extras add OpenTelemetry and the
-# tools of its own test suite (pytest-asyncio, trustme, mypy, pdoc).
-echo "installing the Python SDK into .venv (quiet)..."
-.venv/bin/python -m pip install --quiet --disable-pip-version-check './controllers/python-sdk[otel,test]'
-
-banner "ruff check (every Python file; ruff.toml)"
-.venv/bin/ruff check .
-
-banner "buf lint (proto/ctrlhub/v1)"
-bash proto/lint.sh
-
-banner "Grafana dashboards against Grafana's own schema (@grafana/schema, npm)"
-# Installs @grafana/schema and TypeScript from dashboards/schema/package-lock.json on first use;
-# the Prometheus test below runs every panel's query.
-bash dashboards/schema/check.sh
-
-banner "cargo build --workspace --bins"
+banner "cargo build --workspace --bins, then every test binary (cargo test --no-run)"
 cargo build --workspace --bins
-
-banner "TypeScript SDK (controllers/typescript-sdk): npm ci, build, typedoc check, node:test"
-# Generates the wire types from proto/ with buf (from npm), compiles with tsc, checks the TSDoc
-# API docs, then runs the unit tests and the integration tests, which start the devcluster and
-# ctrlhub binaries built above. The conformance matrix below builds on this install.
-(cd controllers/typescript-sdk && npm ci --no-audit --no-fund --loglevel=error && npm test)
+cargo test --workspace --no-run --quiet
 
 banner "production build (dev profile): the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
 # The same line without --release proves what the image links and refuses, on the workspace
-# build's dependencies (under a minute: their feature sets are equal, see rand in Cargo.toml).
-# The release build itself and the image's 40 MB size check take 9 minutes of a cold run on
-# 2 cores: \`bash tests/production_build.sh\` runs them
-# (docs/testing.md: "Release checks").
+# build's dependencies. It replaces target/debug/ctrlhub for a moment, so it runs before the
+# suites start. The release build itself and the image's 40 MB size check take 9 minutes of a
+# cold run on 2 cores: \`bash tests/production_build.sh\` runs them (docs/testing.md: "Release
+# checks").
 CTRLHUB_PRODUCTION_PROFILE=dev bash tests/production_build.sh
 
-banner "cargo test --workspace (the SDK conformance matrix runs next, on its own)"
-cargo test --workspace -- --skip conformance_matrix
+banner "installs and checks begun at the start: .venv and ruff, the TypeScript build, buf lint, dashboards"
+await_jobs python-env typescript-build proto-and-dashboards
 
-banner "SDK conformance matrix (tests/conformance/README.md; README.md's table must match)"
+banner "the suites, side by side: Rust suites, SDK conformance matrix, other crates, Python, TypeScript, fuzz"
+# ctrlhub-tests' integration binaries, by job. A new binary under tests/tests must be named in
+# one of these, or this stage fails (so none is left out silently).
+SUITES="manager devcluster artifacts"
+ALONE="adversity"
+for t in tests/tests/*; do
+    t=$(basename "$t" .rs)
+    case " $SUITES conformance $ALONE " in
+        *" $t "*) ;;
+        *) echo "tests/tests/$t is in no job of tests/run.sh: add it to SUITES" >&2; exit 1 ;;
+    esac
+done
+suite_args=()
+for t in $SUITES; do suite_args+=(--test "$t"); done
+rust_suites() {
+    cargo test -p ctrlhub-tests --lib --bins "${suite_args[@]}"
+    cargo test -p ctrlhub-tests --doc
+}
+python_suites() {
+    .venv/bin/python -m pytest -q -p no:cacheprovider tests/python controllers/python/tests
+}
 # Every SDK of tests/conformance/sdks.json against real managers and devcluster; needs the
 # binaries and .venv above. Prints each column's red rows; logs in target/conformance/<sdk>/.
-cargo test -p ctrlhub-tests --test conformance -- --nocapture
+# README.md's table must match (tests/conformance/README.md).
+conformance() {
+    cargo test -p ctrlhub-tests --test conformance -- --nocapture
+}
+# The Python SDK on real managers (its own pytest configuration: asyncio mode, one event loop;
+# mypy --strict), then its API reference as HTML from its docstrings and type hints.
+python_sdk() {
+    (cd controllers/python-sdk && ../../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
+    .venv/bin/python -m pdoc --docformat google -o target/python-sdk-docs ctrlhub
+    echo "API docs: target/python-sdk-docs/ctrlhub.html"
+}
+typescript_integration() {
+    cd controllers/typescript-sdk
+    npm run test:integration
+}
+# The fuzz smoke run (fuzz/: 5 targets, dev profile, fixed seed, stable toolchain via
+# RUSTC_BOOTSTRAP): builds the fuzz package in fuzz/target with libFuzzer instrumentation
+# (cargo-fuzz is installed on first use) and runs each target for 20,000 inputs (FUZZ_RUNS and
+# FUZZ_PROFILE change that). Niced: it builds with the CPU the waiting suites leave.
+fuzz_smoke() {
+    nice -n 19 bash fuzz/smoke.sh
+}
+job rust-suites rust_suites python_suites
+job conformance conformance python_sdk
+job other-crates "cargo test --workspace --exclude ctrlhub-tests" typescript_integration
+job fuzz fuzz_smoke
+await_jobs rust-suites conformance other-crates fuzz
 
-banner "cargo fuzz smoke run (fuzz/: 5 targets, dev profile, fixed seed, stable toolchain via RUSTC_BOOTSTRAP)"
-# Builds the fuzz package in fuzz/target with libFuzzer instrumentation (cargo-fuzz is
-# installed on first use) and runs each target for 20,000 inputs; FUZZ_RUNS and FUZZ_PROFILE change that.
-bash fuzz/smoke.sh
-
-banner "pytest tests/python controllers/python/tests"
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/python controllers/python/tests
-
-banner "pytest controllers/python-sdk/tests (the Python SDK on real managers; mypy --strict), pdoc"
-# Its own pytest configuration (pyproject.toml: asyncio mode, one event loop), hence its own run.
-(cd controllers/python-sdk && ../../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
-# The SDK's API reference as HTML, from its docstrings and type hints.
-.venv/bin/python -m pdoc --docformat google -o target/python-sdk-docs ctrlhub
-echo "API docs: target/python-sdk-docs/ctrlhub.html"
+banner "cargo test -p ctrlhub-tests --test adversity (hostile tenants, faults, strangers; alone, as it measures latency)"
+cargo test -p ctrlhub-tests --test "$ALONE"
 
 banner "all stages passed"

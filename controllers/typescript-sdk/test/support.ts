@@ -62,16 +62,31 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
   }
 }
 
-/** A free loopback TCP port. */
-export async function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
+/** Binds `port` (0: any) on loopback and releases it; its number, or null if taken. */
+function tryPort(port: number): Promise<number | null> {
+  return new Promise((ok) => {
     const server = createServer();
-    server.once("error", fail);
-    server.listen(0, "127.0.0.1", () => {
+    server.once("error", () => ok(null));
+    server.listen(port, "127.0.0.1", () => {
       const address = server.address();
-      server.close(() => (typeof address === "object" && address !== null ? ok(address.port) : fail(new Error("no port"))));
+      server.close(() => ok(typeof address === "object" && address !== null ? address.port : null));
     });
   });
+}
+
+/**
+ * A free loopback TCP port for a process started next, below Linux's ephemeral range
+ * (32768-60999), where no outgoing connection or bind(0) of another process can take it before
+ * that process binds; picked at random so suites running side by side rarely meet.
+ */
+export async function freePort(): Promise<number> {
+  for (let i = 0; i < 64; i++) {
+    const port = await tryPort(20000 + Math.floor(Math.random() * 12768));
+    if (port !== null) return port;
+  }
+  const any = await tryPort(0);
+  if (any === null) throw new Error("no free loopback port");
+  return any;
 }
 
 /** A child process whose stderr goes to a log file; `stop()` sends SIGTERM and waits. */

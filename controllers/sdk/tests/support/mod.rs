@@ -43,12 +43,24 @@ pub(crate) fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A free loopback port (bound and released).
+/// A free loopback port for a process started next (bound and released), below Linux's
+/// ephemeral range (32768-60999): no outgoing connection or `bind(0)` of another process can
+/// take it before that process binds. Picked at random (a `RandomState` hash) so suites running
+/// side by side rarely try the same one.
 pub(crate) fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..64 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(0);
+        let port = 20_000 + (h.finish() % 12_768) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
+        .expect("a free loopback port")
         .local_addr()
-        .unwrap()
+        .expect("a bound address")
         .port()
 }
 
