@@ -183,9 +183,7 @@ pub(crate) fn table(
         .map(|o| {
             let mut cells = vec![json!(meta::name(o))];
             for (path, ty) in &extra {
-                let v = meta::get_path(o, path.trim_start_matches('.'))
-                    .cloned()
-                    .unwrap_or(Value::Null);
+                let v = column_value(o, path);
                 cells.push(if ty == "date" {
                     json!(age(v.as_str()))
                 } else {
@@ -211,6 +209,20 @@ pub(crate) fn table(
         metadata["continue"] = json!(c);
     }
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "columnDefinitions": columns, "rows": rows})
+}
+
+/// A printer column's cell: the first value its JSONPath selects, as kube-apiserver shows it
+/// (`.status.conditions[?(@.type=="Available")].status` filters, not only dotted fields), or
+/// null when nothing matches.
+fn column_value(o: &Value, path: &str) -> Value {
+    use jsonpath_rust::JsonPath as _;
+    // Printer columns are written without the root: ".spec.size" is "$.spec.size".
+    match o.query(&format!("${path}")) {
+        Ok(found) => found.first().map_or(Value::Null, |v| (*v).clone()),
+        Err(_) => meta::get_path(o, path.trim_start_matches('.'))
+            .cloned()
+            .unwrap_or(Value::Null),
+    }
 }
 
 /// kubectl's short human duration ("5s", "3m", "2h", "4d") since an RFC 3339 time.
@@ -251,5 +263,23 @@ mod tests {
             Format::Json
         );
         assert_eq!(negotiate(None, None), Format::Json);
+    }
+
+    #[test]
+    fn printer_columns_follow_jsonpath_filters_and_fields() {
+        let o = json!({"spec": {"size": 3}, "status": {"conditions": [
+            {"type": "Progressing", "status": "False"},
+            {"type": "Available", "status": "True"},
+        ]}});
+        assert_eq!(column_value(&o, ".spec.size"), json!(3));
+        assert_eq!(
+            column_value(&o, r#".status.conditions[?(@.type=="Available")].status"#),
+            json!("True")
+        );
+        assert_eq!(
+            column_value(&o, r#".status.conditions[?(@.type=="Ready")].status"#),
+            Value::Null
+        );
+        assert_eq!(column_value(&o, ".status.missing"), Value::Null);
     }
 }

@@ -310,36 +310,14 @@ fn enqueue_namespace(c: &Controller, namespace: &str) {
 mod tests {
     use super::*;
     use crate::dispatch::dispatcher::{ControllerId, Outbound, Outbox};
-    use crate::dispatch::queue::Backoff;
     use crate::dispatch::scope::Scope;
     use crate::metrics::Metrics;
     use crate::registration::predicate::LabelSelector;
     use serde_json::json;
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
     fn registration() -> Registration {
-        Registration {
-            name: "c".into(),
-            mode: Mode::Reconcile,
-            primary: ResourceRef {
-                group: "".into(),
-                version: "v1".into(),
-                kind: "ConfigMap".into(),
-                plural: "configmaps".into(),
-                namespaced: true,
-            },
-            owns: vec![],
-            watches: vec![],
-            namespaces: NamespaceScope::All,
-            label_selector: None,
-            predicate: None,
-            max_concurrent: 10,
-            deadline: Duration::from_secs(30),
-            resync: None,
-            backoff: Backoff::default(),
-            include_object: false,
-        }
+        Registration::config_maps("c", 10)
     }
 
     /// A controller named `name` within `scope`, with one session to read what it delivers.

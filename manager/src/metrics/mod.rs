@@ -134,7 +134,7 @@ pub(crate) struct Metrics {
 /// from (set by `build.rs`; `unknown` when the build had no git checkout).
 pub(crate) const BUILD: [(&str, &str); 3] = [
     ("version", env!("CARGO_PKG_VERSION")),
-    ("revision", env!("CTRLHUB_REVISION")),
+    ("revision", env!("CTRLHUB_COMMIT")),
     ("rustc", env!("CTRLHUB_RUSTC_VERSION")),
 ];
 

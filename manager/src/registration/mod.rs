@@ -129,6 +129,35 @@ pub struct Registration {
     pub include_object: bool,
 }
 
+#[cfg(test)]
+impl Registration {
+    /// A test registration named `name` on namespaced ConfigMaps in every namespace, with the
+    /// defaults and `max_concurrent`: the fixture dispatch's unit tests start from.
+    pub(crate) fn config_maps(name: &str, max_concurrent: u32) -> Registration {
+        Registration {
+            name: name.into(),
+            mode: Mode::Reconcile,
+            primary: ResourceRef {
+                group: "".into(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+                namespaced: true,
+            },
+            owns: vec![],
+            watches: vec![],
+            namespaces: NamespaceScope::All,
+            label_selector: None,
+            predicate: None,
+            max_concurrent,
+            deadline: Duration::from_secs(30),
+            resync: None,
+            backoff: Backoff::default(),
+            include_object: false,
+        }
+    }
+}
+
 impl Registration {
     /// Whether `resource` is cached metadata-only for this registration: one form per kind,
     /// full unless every entry of the kind asks for metadata only (the primary, and a watch

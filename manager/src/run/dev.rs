@@ -70,6 +70,7 @@ impl DevArgs {
             &kubeconfig,
             controller_traces.tracer(),
             controller_stop.clone(),
+            stop.clone(),
         );
         let client = cluster
             .client()
@@ -81,12 +82,18 @@ impl DevArgs {
 
         say("shutting down: controller drains, manager releases the lease...");
         controller_stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+        let controller_failed = matches!(
+            tokio::time::timeout(Duration::from_secs(10), controller).await,
+            Ok(Ok(Err(_)))
+        );
         controller_traces.shutdown().await;
         manager_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
         cluster.shutdown().await;
         say("stopped");
+        if controller_failed {
+            anyhow::bail!("the memcached controller stopped on an error (above)");
+        }
         if self.exit_when_ready && !ready {
             anyhow::bail!("the sample never became Available");
         }
@@ -129,8 +136,8 @@ impl DevArgs {
             "starting the manager: gRPC {} , HTTP {}",
             self.grpc_addr, self.http_addr
         ));
-        let manager = tokio::spawn(self.manager_args(kubeconfig).run(stop));
-        wait_for_leader(&format!("http://{}/status", self.http_addr), &manager).await?;
+        let mut manager = tokio::spawn(self.manager_args(kubeconfig).run(stop));
+        wait_for_leader(&format!("http://{}/status", self.http_addr), &mut manager).await?;
         say("manager is the leader and accepts controllers");
         Ok(manager)
     }
@@ -198,12 +205,15 @@ impl DevArgs {
         }
     }
 
-    /// Starts the memcached demo controller: it connects over gRPC and installs its CRD.
+    /// Starts the memcached demo controller: it connects over gRPC and installs its CRD. If it
+    /// stops on an error (a bad `CTRLHUB_REVISION` in the environment, say), the error is shown
+    /// and `failed` ends the whole run, instead of a sample that silently never reconciles.
     fn start_controller(
         &self,
         kubeconfig: &Path,
         tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
         stop: CancellationToken,
+        failed: CancellationToken,
     ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
         say("starting the memcached controller (connects over gRPC, installs its CRD)...");
         let args = memcached_controller::Args {
@@ -218,7 +228,14 @@ impl DevArgs {
             log_format: ctrlhub_otel::logs::LogFormat::default(),
             tracer,
         };
-        tokio::spawn(memcached_controller::run(args, stop))
+        tokio::spawn(async move {
+            let result = memcached_controller::run(args, stop).await;
+            if let Err(e) = &result {
+                say(format!("the memcached controller stopped: {e:#}"));
+                failed.cancel();
+            }
+            result
+        })
     }
 
     /// Applies the sample Memcached once the controller's CRD is served.
@@ -370,14 +387,21 @@ fn describe(obj: &serde_json::Value) -> String {
     }
 }
 
+/// Waits until the manager's `/status` says it leads; if the manager stops first, its own error
+/// says why (a port in use names that port: `binding gRPC 127.0.0.1:50051`).
 async fn wait_for_leader(
     url: &str,
-    manager: &tokio::task::JoinHandle<anyhow::Result<()>>,
+    manager: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     for _ in 0..300 {
         if manager.is_finished() {
+            let why = match manager.await {
+                Ok(Err(e)) => format!("{e:#}"),
+                Ok(Ok(())) => "it exited without an error".to_string(),
+                Err(e) => format!("its task failed: {e}"),
+            };
             anyhow::bail!(
-                "the manager stopped during start-up (is {url} already in use? pass --grpc-addr/--http-addr)"
+                "the manager stopped during start-up: {why} (another port: --grpc-addr, --http-addr)"
             );
         }
         if reqwest_status(url)

@@ -625,11 +625,16 @@ impl RunArgs {
                 exposed.join(" and ")
             );
         }
-        tracing::warn!(
-            exposed = %exposed.join(", "),
-            "static token authentication: every controller presenting the token is tenant dev and \
-             allowed everything, and the HTTP port is open; for development only (use --auth kubernetes)"
-        );
+        // Which ports are off loopback, when any are (a field only then: an empty `exposed=`
+        // said nothing).
+        let warning = "static token authentication: every controller presenting the token is \
+                       tenant dev and allowed everything, and the HTTP port is open; for \
+                       development only (use --auth kubernetes)";
+        if exposed.is_empty() {
+            tracing::warn!(listening = "loopback only", "{warning}");
+        } else {
+            tracing::warn!(exposed = %exposed.join(", "), "{warning}");
+        }
         Ok(())
     }
 

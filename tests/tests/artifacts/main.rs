@@ -2,6 +2,7 @@
 //! manifests, the dashboards and alert rules, the docs' promises and their links. One test
 //! binary, a module per artifact.
 
+mod build_scripts;
 mod dashboards;
 mod deploy;
 mod dev_command;

@@ -556,3 +556,48 @@ async fn kubectl_api_resources() {
             .is_empty()
     );
 }
+
+/// A CRD's printer columns show in `kubectl get` as kube-apiserver fills them, JSONPath filters
+/// included: the demo's `AVAILABLE` column (`.status.conditions[?(@.type=="Available")]`) was
+/// empty.
+#[tokio::test]
+async fn kubectl_get_shows_printer_columns_with_jsonpath_filters() {
+    let tc = start_cluster().await;
+    let columns = r#"      additionalPrinterColumns:
+        - name: Size
+          type: integer
+          jsonPath: .spec.size
+        - name: Available
+          type: string
+          jsonPath: .status.conditions[?(@.type=="Available")].status
+      subresources:"#;
+    let crd = write_file(
+        &tc,
+        "crd.yaml",
+        &GIZMO_CRD.replacen("      subresources:", columns, 1),
+    );
+    kubectl(&tc, &["apply", "-f", &crd]).await;
+    let obj = write_file(&tc, "g1.yaml", &gizmo(3));
+    kubectl(&tc, &["apply", "-f", &obj]).await;
+    let status = r#"{"status":{"conditions":[{"type":"Progressing","status":"False"},{"type":"Available","status":"True"}]}}"#;
+    kubectl(
+        &tc,
+        &[
+            "patch",
+            "gizmo",
+            "g1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            status,
+        ],
+    )
+    .await;
+    let out = kubectl(&tc, &["get", "gizmos"]).await;
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("SIZE") && header.contains("AVAILABLE"),
+        "the printer columns are the table's: {out}"
+    );
+    assert_eq!(row(&out, "g1")[1..3], ["3", "True"], "{out}");
+}

@@ -932,3 +932,32 @@ async fn a_first_list_past_its_timeout_refuses_the_registration_and_names_the_fl
     })
     .await;
 }
+
+/// A cluster without the TenantPolicy CRD (the test cluster has none) runs on the flags'
+/// limits: the manager says so once and asks again with a growing backoff, not every 0.8 s (it
+/// did: the watcher's Init before each list reset the backoff, 151 lines in 3 minutes).
+#[tokio::test]
+async fn a_missing_tenant_policy_crd_is_said_once_and_listed_with_backoff() {
+    let (_c, m) = setup().await;
+    let lists = r#"rest_client_requests_total{code="404",resource="tenantpolicies",verb="LIST"}"#;
+    wait_for("the first TenantPolicy list is answered 404", || async {
+        m.metric(lists).await >= 1.0
+    })
+    .await;
+    let first = m.metric(lists).await;
+    // The property is a rate, so it takes a window: 12 s is 15 lists at 0.8 s apart, and at most
+    // 4 (0.8 + 1.6 + 3.2 + 6.4 s) with the watcher's doubling backoff.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let more = m.metric(lists).await - first;
+    assert!(
+        more <= 5.0,
+        "{more} more TenantPolicy lists in 12 s: the missing CRD is not backed off"
+    );
+    let log = std::fs::read_to_string(&m.log).expect("the manager's log");
+    assert_eq!(
+        log.matches("TenantPolicy objects are not served").count(),
+        1,
+        "the missing CRD is said once (log {})",
+        m.log.display()
+    );
+}

@@ -1,32 +1,11 @@
 use super::*;
-use crate::dispatch::queue::{Backoff, Outcome};
+use crate::dispatch::queue::Outcome;
 use crate::dispatch::seats::Weights;
-use crate::registration::{Mode, NamespaceScope, ResourceRef};
 use messages::OUTBOX_CAPACITY;
 use std::time::Duration;
 
 fn registration(max_concurrent: u32) -> Registration {
-    Registration {
-        name: "t".into(),
-        mode: Mode::Reconcile,
-        primary: ResourceRef {
-            group: "".into(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        },
-        owns: vec![],
-        watches: vec![],
-        namespaces: NamespaceScope::All,
-        label_selector: None,
-        predicate: None,
-        max_concurrent,
-        deadline: Duration::from_secs(30),
-        resync: None,
-        backoff: Backoff::default(),
-        include_object: false,
-    }
+    Registration::config_maps("t", max_concurrent)
 }
 
 fn controller(max_concurrent: u32) -> Arc<Controller> {
