@@ -239,6 +239,8 @@ fn set_informer_gauges(m: &Metrics, cache: &Cache) {
             k.group.as_str(),
             k.plural.as_str(),
             k.namespace.as_deref().unwrap_or(""),
+            k.label_selector.as_deref().unwrap_or(""),
+            if k.metadata_only { "metadata" } else { "full" },
         ];
         m.informer_objects
             .with_label_values(&labels)

@@ -130,6 +130,10 @@ pub(crate) struct Metrics {
     pub auth: auth::AuthMetrics,
 }
 
+/// The labels of the per-informer gauges: one series per informer, so two informers on one
+/// resource that differ by label selector or form (full objects or metadata) are not one series.
+const INFORMER_LABELS: [&str; 5] = ["group", "resource", "namespace", "selector", "form"];
+
 /// What `ctrlhub_build_info` reports: the release, the commit and the compiler it was built
 /// from (set by `build.rs`; `unknown` when the build had no git checkout).
 pub(crate) const BUILD: [(&str, &str); 3] = [
@@ -337,19 +341,19 @@ impl Metrics {
                 &r,
                 "ctrlhub_informer_objects",
                 "Objects cached per informer",
-                &["group", "resource", "namespace"],
+                &INFORMER_LABELS,
             ),
             informer_relists: gauge(
                 &r,
                 "ctrlhub_informer_relists",
                 "Lists performed by an informer since it started (1 = only the initial list)",
-                &["group", "resource", "namespace"],
+                &INFORMER_LABELS,
             ),
             informer_watch_restarts: gauge(
                 &r,
                 "ctrlhub_informer_watch_restarts",
                 "List or watch requests of an informer that failed since it started; the watcher restarts after each with backoff",
-                &["group", "resource", "namespace"],
+                &INFORMER_LABELS,
             ),
             informers,
             dispatch_seats,

@@ -456,8 +456,8 @@ async fn metrics_use_controller_runtime_names_and_pass_promtool() {
         r#"workqueue_depth{name="metered",tenant="dev"} 1"#,
         r#"ctrlhub_sessions{controller="metered",tenant="dev"} 1"#,
         r#"leader_election_master_status{name="ctrlhub-leader"} 1"#,
-        r#"ctrlhub_informer_objects{group="",namespace="",resource="configmaps"} 2"#,
-        r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"} 0"#,
+        r#"ctrlhub_informer_objects{form="full",group="",namespace="",resource="configmaps",selector=""} 2"#,
+        r#"ctrlhub_informer_watch_restarts{form="full",group="",namespace="",resource="configmaps",selector=""} 0"#,
         "workqueue_queue_duration_seconds_bucket",
         "workqueue_adds_total",
         "process_resident_memory_bytes",
@@ -543,7 +543,7 @@ async fn failed_watches_are_counted_as_restarts_and_recovered_from() {
     let first = r.expect().await;
     assert_eq!(key(&first), "default/before");
     r.done(&first.id).await;
-    let series = r#"ctrlhub_informer_watch_restarts{group="",namespace="",resource="configmaps"}"#;
+    let series = r#"ctrlhub_informer_watch_restarts{form="full",group="",namespace="",resource="configmaps",selector=""}"#;
     let restarts = || async { m.metric(series).await as u64 };
     wait_for("both failed watches counted", || async {
         restarts().await >= 2
@@ -960,4 +960,33 @@ async fn a_missing_tenant_policy_crd_is_said_once_and_listed_with_backoff() {
         "the missing CRD is said once (log {})",
         m.log.display()
     );
+}
+
+/// Two informers on one resource that differ by label selector are two series of the informer
+/// gauges, each with its own count (they were one series, holding whichever was set last).
+#[tokio::test]
+async fn informers_differing_by_selector_are_separate_series() {
+    let (c, m) = setup().await;
+    put_configmap(&c.client, "default", "plain", &[("v", "0")]).await;
+    let _all = Replica::connect(&m.grpc, register_configmaps("all", 1))
+        .await
+        .expect("registered");
+    let mut stamped = register_configmaps("stamped", 1);
+    stamped.label_selector = Some(pb::LabelSelector {
+        match_labels: [("stamp".to_string(), "yes".to_string())].into(),
+        ..Default::default()
+    });
+    let _stamped = Replica::connect(&m.grpc, stamped)
+        .await
+        .expect("registered");
+    let series = |selector: &str, n: u32| {
+        format!(
+            r#"ctrlhub_informer_objects{{form="full",group="",namespace="",resource="configmaps",selector="{selector}"}} {n}"#
+        )
+    };
+    wait_for("both informers have their own series", || async {
+        let text = m.try_metrics().await.unwrap_or_default();
+        text.contains(&series("", 1)) && text.contains(&series("stamp=yes", 0))
+    })
+    .await;
 }
