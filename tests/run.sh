@@ -4,8 +4,8 @@
 # From a fresh clone it needs only the package registries. In order: the installs that need no
 # Rust build start in the background (.venv for the Python suites, with ruff; the TypeScript
 # SDK's npm install, build and unit tests; buf and the dashboards' schema check); the gates run
-# (fmt, clippy, rustdoc, cargo deny); the workspace and every test binary are built once; the
-# production build check runs; then the suites run side by side (the Rust suites, the SDK
+# (fmt, clippy, rustdoc, cargo deny, the production build check); the workspace and every test
+# binary are built once; then the suites run side by side (the Rust suites, the SDK
 # conformance matrix, the other crates' tests, the Python and TypeScript suites, the fuzz smoke
 # run), and last, alone, the adversity suite, whose hostile-tenant checks measure latency.
 # Each stage's output is on the terminal; each background job's in target/test-logs/NAME.log,
@@ -127,6 +127,13 @@ fi
 cargo fetch --quiet
 cargo deny --offline --log-level error check --hide-inclusion-graph licenses bans sources
 
+banner "production build check: the Dockerfile's cargo command type-checked; no devcluster, demo controller or \`dev\` subcommand"
+# `cargo check` of the Dockerfile's line on clippy's artifacts (seconds) and its dependency
+# graph; tests/production_build.sh says why that proves what the image links and refuses. The
+# built forms (dev profile: about 2 minutes cold; release with the image's 40 MB size check: 9)
+# are in docs/testing.md, "Release checks".
+CTRLHUB_PRODUCTION_PROFILE=check bash tests/production_build.sh
+
 banner "Debian packages (prometheus + promtool, chromium)"
 # prometheus: promtool checks metrics and rules, and the real server runs every dashboard query.
 # chromium: the status page test drives it headless.
@@ -148,34 +155,35 @@ banner "cargo build --workspace --bins, then every test binary (cargo test --no-
 cargo build --workspace --bins
 cargo test --workspace --no-run --quiet
 
-banner "production build (dev profile): the Dockerfile's cargo command; no \`dev\` subcommand, no devcluster or demo controller linked"
-# The same line without --release proves what the image links and refuses, on the workspace
-# build's dependencies. It replaces target/debug/ctrlhub for a moment, so it runs before the
-# suites start. The release build itself and the image's 40 MB size check take 9 minutes of a
-# cold run on 2 cores: \`bash tests/production_build.sh\` runs them (docs/testing.md: "Release
-# checks").
-CTRLHUB_PRODUCTION_PROFILE=dev bash tests/production_build.sh
-
 banner "installs and checks begun at the start: .venv and ruff, the TypeScript build, buf lint, dashboards"
 await_jobs python-env typescript-build proto-and-dashboards
 
 banner "the suites, side by side: Rust suites, SDK conformance matrix, other crates, Python, TypeScript, fuzz"
-# ctrlhub-tests' integration binaries, by job. A new binary under tests/tests must be named in
-# one of these, or this stage fails (so none is left out silently).
-SUITES="manager devcluster artifacts"
-ALONE="adversity"
-for t in tests/tests/*; do
-    t=$(basename "$t" .rs)
-    case " $SUITES conformance $ALONE " in
-        *" $t "*) ;;
-        *) echo "tests/tests/$t is in no job of tests/run.sh: add it to SUITES" >&2; exit 1 ;;
-    esac
-done
-suite_args=()
-for t in $SUITES; do suite_args+=(--test "$t"); done
+# Every cargo command below selects the whole workspace, as the build above did: selecting one
+# package (-p) resolves its dependencies' features differently, and cargo would compile them
+# again. Integration test binaries are chosen by name instead: the end-to-end suites of
+# ctrlhub-tests in one job, the conformance matrix in another, adversity alone at the end, and
+# every other test binary of the workspace (cargo metadata lists them, so a new one is never
+# left out) in a third.
+SUITES=(manager devcluster artifacts)
+ALONE=adversity
+mapfile -t OTHERS < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+named = set(sys.argv[1:])
+for package in json.load(sys.stdin)["packages"]:
+    for target in package["targets"]:
+        if "test" in target["kind"] and target["name"] not in named:
+            print(target["name"])
+' "${SUITES[@]}" conformance "$ALONE")
+tests_named() {
+    local name args=()
+    for name in "$@"; do args+=(--test "$name"); done
+    echo "${args[@]}"
+}
 rust_suites() {
-    cargo test -p ctrlhub-tests --lib --bins "${suite_args[@]}"
-    cargo test -p ctrlhub-tests --doc
+    # shellcheck disable=SC2046 # one word per flag
+    cargo test --workspace --lib --bins $(tests_named "${SUITES[@]}")
+    cargo test --workspace --doc
 }
 python_suites() {
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/python controllers/python/tests
@@ -184,7 +192,7 @@ python_suites() {
 # binaries and .venv above. Prints each column's red rows; logs in target/conformance/<sdk>/.
 # README.md's table must match (tests/conformance/README.md).
 conformance() {
-    cargo test -p ctrlhub-tests --test conformance -- --nocapture
+    cargo test --workspace --test conformance -- --nocapture
 }
 # The Python SDK on real managers (its own pytest configuration: asyncio mode, one event loop;
 # mypy --strict), then its API reference as HTML from its docstrings and type hints.
@@ -192,6 +200,14 @@ python_sdk() {
     (cd controllers/python-sdk && ../../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
     .venv/bin/python -m pdoc --docformat google -o target/python-sdk-docs ctrlhub
     echo "API docs: target/python-sdk-docs/ctrlhub.html"
+}
+# The other crates' test binaries (the Rust SDK's suites, the bench smoke test), then the
+# TypeScript SDK's integration tests.
+other_tests() {
+    [[ ${#OTHERS[@]} -gt 0 ]] || { echo "no other test binaries in the workspace?" >&2; return 1; }
+    echo "test binaries: ${OTHERS[*]}"
+    # shellcheck disable=SC2046 # one word per flag
+    cargo test --workspace $(tests_named "${OTHERS[@]}")
 }
 typescript_integration() {
     cd controllers/typescript-sdk
@@ -206,11 +222,11 @@ fuzz_smoke() {
 }
 job rust-suites rust_suites python_suites
 job conformance conformance python_sdk
-job other-crates "cargo test --workspace --exclude ctrlhub-tests" typescript_integration
+job other-crates other_tests typescript_integration
 job fuzz fuzz_smoke
 await_jobs rust-suites conformance other-crates fuzz
 
-banner "cargo test -p ctrlhub-tests --test adversity (hostile tenants, faults, strangers; alone, as it measures latency)"
-cargo test -p ctrlhub-tests --test "$ALONE"
+banner "cargo test --workspace --test adversity (hostile tenants, faults, strangers; alone, as it measures latency)"
+cargo test --workspace --test "$ALONE"
 
 banner "all stages passed"
