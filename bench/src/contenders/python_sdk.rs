@@ -7,12 +7,12 @@
 //! sources or the protos change. Timing is kopf's: live from the first create once every replica
 //! registered, backlog from starting the Python processes (imports included).
 
+use super::Run;
 use crate::env::{
     Cluster, Collector, Manager, Proc, Reconciled, ScriptController, out_dir, wait_sessions,
 };
 use crate::report::Row;
 use crate::scenarios::LOAD_PATIENCE;
-use crate::scenarios::throughput::Run;
 use anyhow::{Context, Result, bail};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};

@@ -11,8 +11,8 @@
 
 use super::LOAD_PATIENCE;
 use crate::contenders::kopf::{Kopf, KopfMode, kopf_operator};
-use crate::contenders::kube_runtime;
 use crate::contenders::typescript_sdk::TypeScript;
+use crate::contenders::{Run, kube_runtime};
 use crate::env::{Cluster, Collector, Manager, Proc, sdk_controllers, wait_sessions, widget};
 use crate::report::{Outcome, Row, Verdict};
 use anyhow::{Context, Result, bail};
@@ -23,29 +23,6 @@ use std::time::{Duration, Instant};
 
 /// Concurrent creates of the load generator.
 const CREATE_CONCURRENCY: usize = 32;
-
-/// One measured run.
-#[derive(Debug, Clone, Copy)]
-pub struct Run {
-    /// Objects reconciled (distinct keys).
-    pub objects: usize,
-    /// Until the last object's first reconcile.
-    pub elapsed: Duration,
-    /// How long creating the objects took (live runs: the load generator's own pace).
-    pub create: Duration,
-}
-
-impl Run {
-    /// Objects per second.
-    pub fn rate(&self) -> f64 {
-        self.objects as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::json!({"objects": self.objects, "seconds": self.elapsed.as_secs_f64(),
-            "objectsPerSecond": self.rate(), "createSeconds": self.create.as_secs_f64()})
-    }
-}
 
 /// Which side runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
