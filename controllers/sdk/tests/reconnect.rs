@@ -158,7 +158,7 @@ async fn a_manager_shutting_down_is_reconnecting_never_a_rejection() {
     manager.process.signal("TERM");
     eventually("the manager to shut down", PATIENCE, || async {
         let log = std::fs::read_to_string(&manager.process.log).unwrap_or_default();
-        log.contains("shutting down: waiting for attempts")
+        log.contains("shutting down: nothing new goes out")
             .then_some(())
     })
     .await;

@@ -1111,13 +1111,14 @@ async fn shut_down(
         pod_label,
         election,
     } = handover;
+    // Nothing new goes out, but sessions stay open: an attempt that finishes within the grace
+    // reports its result here instead of being done again by the successor. Said after the
+    // fact, so the line means nothing new goes out any more.
+    controllers.quiesce();
     tracing::info!(
         ?grace,
-        "shutting down: waiting for attempts already out, then revoking sessions and releasing the lease"
+        "shutting down: nothing new goes out; waiting for attempts already out, then revoking sessions and releasing the lease"
     );
-    // Nothing new goes out, but sessions stay open: an attempt that finishes within the grace
-    // reports its result here instead of being done again by the successor.
-    controllers.quiesce();
     await_attempts(controllers, grace).await;
     // Closed, not only revoked: a controller told to reconnect must not attach here again in
     // the moments before the gRPC server stops, or it would wait for that server's graceful

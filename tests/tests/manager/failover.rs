@@ -382,6 +382,13 @@ async fn a_shutdown_waits_for_attempts_already_out() {
 
     m.signal("TERM");
     let terminated = std::time::Instant::now();
+    // A change made once the manager has stopped handing work out (as its log says; before
+    // that line, a busy machine may still be delivering the signal).
+    wait_for("the manager says nothing new goes out", || async {
+        std::fs::read_to_string(&m.log)
+            .is_ok_and(|l| l.contains("shutting down: nothing new goes out"))
+    })
+    .await;
     put_configmap(&c.client, "graceful", "later", &[("a", "1")]).await;
     // The handler keeps working for 3 s of the 30 s grace: its session must stay open and
     // nothing new may arrive (before, Revoked came within 200 ms of SIGTERM).
