@@ -36,10 +36,12 @@ job() {
     shift
     (
         set -euo pipefail
+        started=$(date +%s)
         for step in "$@"; do
             printf '\n---- %s ----\n' "$step"
             eval "$step"
         done
+        echo "---- $name took $(($(date +%s) - started))s"
     ) >"$LOGS/$name.log" 2>&1 &
     JOB_PID[$name]=$!
     JOB_START[$name]=$SECONDS
@@ -56,7 +58,7 @@ await_jobs() {
     local name failed=()
     for name in "$@"; do
         if wait "${JOB_PID[$name]}"; then
-            printf '%s passed in %ds [%s]\n' "$name" $((SECONDS - JOB_START[$name])) "$(elapsed)"
+            printf '%s passed (%s) [%s]\n' "$name" "$(sed -n "s/^---- $name //p" "$LOGS/$name.log")" "$(elapsed)"
             grep -E '^(test result:|[0-9]+ passed|# (pass|fail) |.*: Done [0-9]+ runs|installed: |API docs: )' "$LOGS/$name.log" | sed 's/^/    /' || true
         else
             printf '%s FAILED after %ds [%s]; the end of %s:\n' "$name" $((SECONDS - JOB_START[$name])) "$(elapsed)" "$LOGS/$name.log"
@@ -220,8 +222,8 @@ typescript_integration() {
 fuzz_smoke() {
     nice -n 19 bash fuzz/smoke.sh
 }
-job rust-suites rust_suites python_suites
-job conformance conformance python_sdk
+job rust-suites rust_suites python_suites python_sdk
+job conformance conformance
 job other-crates other_tests typescript_integration
 job fuzz fuzz_smoke
 await_jobs rust-suites conformance other-crates fuzz
