@@ -58,7 +58,7 @@ await_jobs() {
     local name failed=()
     for name in "$@"; do
         if wait "${JOB_PID[$name]}"; then
-            printf '%s passed (%s) [%s]\n' "$name" "$(sed -n "s/^---- $name //p" "$LOGS/$name.log")" "$(elapsed)"
+            printf '%s passed (%s) [%s]\n' "$name" "$(sed -n "s/^---- $name took /took /p" "$LOGS/$name.log")" "$(elapsed)"
             grep -E '^(test result:|[0-9]+ passed|# (pass|fail) |.*: Done [0-9]+ runs|installed: |API docs: )' "$LOGS/$name.log" | sed 's/^/    /' || true
         else
             printf '%s FAILED after %ds [%s]; the end of %s:\n' "$name" $((SECONDS - JOB_START[$name])) "$(elapsed)" "$LOGS/$name.log"

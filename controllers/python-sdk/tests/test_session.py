@@ -116,10 +116,19 @@ async def test_deadline_cancels_the_handler_and_its_next_attempt_waits_for_it(
     assert late[0][3] == 1.0, "the sync handler saw `cancelled` set"
     sync = [e for e in events if e[1] == "block" and e[0] in ("start", "end")]
     assert [(e[0], e[2]) for e in sync] == [("start", 1), ("end", 1), ("start", 2), ("end", 2)], f"attempts overlapped: {sync}"
-    lines = [(r.getMessage().split()[1], r.levelname, r.ctrlhub_fields["key"], r.ctrlhub_fields["attempt"], r.ctrlhub_fields.get("outcome"))
-             for r in caplog.records if r.getMessage().startswith(("reconcile start", "reconcile end"))
-             and r.ctrlhub_fields["key"] == f"{ns}/block"]
     block = f"{ns}/block"
+
+    def block_lines() -> list[tuple[str, str, str, int, str | None]]:
+        return [(r.getMessage().split()[1], r.levelname, r.ctrlhub_fields["key"], r.ctrlhub_fields["attempt"], r.ctrlhub_fields.get("outcome"))
+                for r in caplog.records if r.getMessage().startswith(("reconcile start", "reconcile end"))
+                and r.ctrlhub_fields["key"] == block]
+
+    # The end line follows the handler's return on the worker thread's way back: wait for it.
+    def with_second_end() -> list[tuple[str, str, str, int, str | None]] | None:
+        seen = block_lines()
+        return seen if any(line[0] == "end" and line[3] == 2 for line in seen) else None
+
+    lines = await eventually("the second attempt's end line", with_second_end)
     assert lines == [("start", "INFO", block, 1, None), ("end", "WARNING", block, 1, "cancelled"),
                      ("start", "INFO", block, 2, None), ("end", "INFO", block, 2, "success")], lines
     # The second attempts' results travel to the manager after the handlers return: wait for

@@ -12,5 +12,16 @@ install() {
     fi
 }
 
-cd "$sdk" && install && npm run --silent build
+# The SDK is built again only when a source is newer than its build: the test command builds it
+# first, and its integration tests run from its dist/ while this column runs beside them (a
+# build starts by deleting dist/).
+stale() {
+    local built="$sdk/dist/src/index.js"
+    [[ ! -f $built ]] && return 0
+    [[ -n $(find "$sdk/src" "$sdk/test" "$sdk/examples" "$sdk/fixtures" "$sdk/package.json" \
+        "$sdk/package-lock.json" "$sdk/tsconfig.json" "$here/../../../proto" -newer "$built" -print -quit) ]]
+}
+if stale; then
+    (cd "$sdk" && install && npm run --silent build)
+fi
 cd "$here" && install && npm run --silent build
