@@ -14,7 +14,7 @@ import type { Register } from "./gen/ctrlhub/v1/registration_pb.js";
 import { HEALTH_ENV, Health, type HealthOptions } from "./health.js";
 import { StackLimiter, consoleLogger } from "./logs.js";
 import type { RunOptions } from "./options.js";
-import { Session, type SessionEnd } from "./session.js";
+import { type OwnerInternals, Session, type SessionEnd } from "./session.js";
 import { loadOpenTelemetry } from "./traces.js";
 
 /** How long a stop waits for queued Events to be posted. */
@@ -287,16 +287,7 @@ export class Controller<T> {
   }
 
   /** @internal What a session needs of its controller. */
-  get internals(): {
-    readonly register: Register;
-    readonly handlers: Handlers<T>;
-    readonly credit: number;
-    readonly limiter: Limiter;
-    readonly attempts: Attempts;
-    readonly stopping: boolean;
-    readonly retire: boolean;
-    readonly kit: Kit;
-  } {
+  get internals(): OwnerInternals<T> {
     const self = this;
     return {
       get register() {

@@ -68,22 +68,25 @@ export const EXIT_HANDLER_NOT_STOPPED = 70;
  */
 const AFTER_DEADLINE_MS = 25;
 
+/** @internal The controller's parts a session reads: its registration, handlers and limits. */
+export interface OwnerInternals<T> {
+  readonly register: Register;
+  readonly handlers: Handlers<T>;
+  readonly credit: number;
+  readonly limiter: Limiter;
+  readonly attempts: Attempts;
+  readonly stopping: boolean;
+  readonly retire: boolean;
+  readonly kit: Kit;
+}
+
 /**
  * @internal What a session needs of its controller (the controller fits it; the session
  * does not import the controller).
  */
 export interface SessionOwner<T> {
   readonly name: string;
-  readonly internals: {
-    readonly register: Register;
-    readonly handlers: Handlers<T>;
-    readonly credit: number;
-    readonly limiter: Limiter;
-    readonly attempts: Attempts;
-    readonly stopping: boolean;
-    readonly retire: boolean;
-    readonly kit: Kit;
-  };
+  readonly internals: OwnerInternals<T>;
   /** A session's state changed: ready while it is live (`undefined`), else why not. */
   refreshReadiness(liveReason: string | undefined): void;
 }
