@@ -102,3 +102,25 @@ for needle in devcluster memcached_controller /_devcluster/; do
     fi
 done
 echo "  ok: no devcluster or memcached_controller code in $bin ($(du -h "$bin" | cut -f1))"
+
+# The image's binary must also start and serve: rustc 1.95's release build once turned safe
+# code in the gRPC server's set-up into a use-after-free that crashed `ctrlhub run` at start
+# while every (debug) test passed. It runs against devcluster (the workspace build's, built
+# here if missing) and must answer /healthz and still run five seconds later.
+devcluster=target/debug/devcluster
+[[ -x $devcluster ]] || cargo build --quiet --bin devcluster
+state=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$state"' EXIT
+free() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+"$devcluster" --listen "127.0.0.1:$(free)" --kubeconfig "$state/kubeconfig" >"$state/devcluster.log" 2>&1 &
+for _ in $(seq 100); do [[ -s $state/kubeconfig ]] && break; sleep 0.1; done
+http=$(free)
+"$bin" run --kubeconfig "$state/kubeconfig" --grpc-addr "127.0.0.1:$(free)" --http-addr "127.0.0.1:$http" >"$state/ctrlhub.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$http/healthz" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$http/healthz" >/dev/null || fail "'ctrlhub run' did not answer /healthz:
+$(tail -5 "$state/ctrlhub.log")"
+sleep 5
+kill -0 "$pid" 2>/dev/null || fail "'ctrlhub run' stopped after starting:
+$(tail -5 "$state/ctrlhub.log")"
+echo "  ok: 'ctrlhub run' starts, answers /healthz and keeps running"

@@ -938,14 +938,10 @@ impl RunArgs {
         };
         let service =
             ControllerManagerServer::new(service).max_decoding_message_size(self.max_message_bytes);
-        let reflection = |b: tonic_reflection::server::Builder<'static>| {
-            b.register_encoded_file_descriptor_set(ctrlhub_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        };
-        let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        let reflection_v1 = reflection()
             .build_v1()
             .context("building the gRPC reflection service")?;
-        let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        let reflection_v1alpha = reflection()
             .build_v1alpha()
             .context("building the gRPC reflection service")?;
         let task = tokio::spawn(async move {
@@ -965,6 +961,19 @@ impl RunArgs {
         });
         Ok(Server { stop, task })
     }
+}
+
+/// A reflection builder with the manager's and the health service's descriptors.
+///
+/// Not inlined, on purpose: with both builders built inline in `serve_grpc`, rustc 1.95's release
+/// build (opt-level 3) handed the second builder the first one's freed vector, a use-after-free
+/// in safe code that crashed `ctrlhub run` at start (valgrind: an invalid write in
+/// `register_encoded_file_descriptor_set` into the block `ReflectionServiceState::new` freed).
+#[inline(never)]
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ctrlhub_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
 /// The running election: what it reports, how to stop it, and when it has (Lease released).
