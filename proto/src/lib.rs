@@ -120,6 +120,7 @@ mod tests {
             include_object: true,
             revision: 3,
             exclusive_attempts: true,
+            max_batch: 64,
         };
         let message = ControllerMessage {
             message: Some(controller_message::Message::Register(Box::new(

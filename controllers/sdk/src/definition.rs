@@ -432,7 +432,8 @@ impl<K> Controller<K> {
     /// The registration this definition sends. `revision` is the builder's
     /// (0 when unset: [`run`](Controller::run) fills in `CTRLHUB_REVISION`);
     /// `exclusive_attempts` is always set, because the SDK keeps its side of
-    /// that protocol (docs/protocol.md, "Exclusive attempts").
+    /// that protocol (docs/protocol.md, "Exclusive attempts"), and so is
+    /// `max_batch` (docs/protocol.md, "Batches").
     pub fn to_register(&self) -> pb::Register {
         pb::Register {
             controller_name: self.name.clone(),
@@ -454,6 +455,7 @@ impl<K> Controller<K> {
             include_object: self.include_object,
             revision: self.revision.unwrap_or(0),
             exclusive_attempts: true,
+            max_batch: crate::runtime::MAX_BATCH,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! requests out and results in until either side ends.
 
 use super::convert::{
-    Rejection, credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb,
+    Rejection, bundle, credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb,
     readable_to_pb, request_to_pb, result_message, revoked_to_pb,
 };
 use super::registering::{Grant, denied, watched_resources};
@@ -30,6 +30,11 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// session's outbox already buffers requests: a controller that stops reading pins at most this
 /// plus the outbox plus HTTP/2's flow-control window.
 const REPLY_BUFFER: usize = 4;
+
+/// The most requests or events one batch carries, whatever a session asks for: a batch is one
+/// message, and 64 keeps the largest (64 objects of include_object) well under the message limit
+/// while already taking the per-message cost down by more than an order of magnitude.
+pub(crate) const MAX_BATCH: u32 = 64;
 
 /// How long an ending session waits to hand its final status to a controller that is not
 /// reading before giving up on it.
@@ -136,6 +141,7 @@ impl Service {
             session_id,
             tx,
             silence: terms.exclusive.then(|| self.controllers.hold()),
+            max_batch: batch_size(register.max_batch),
         };
         tokio::spawn(pump.run(attached.outbound, inbound, registered, guards));
         Ok(Response::new(Box::pin(
@@ -381,6 +387,12 @@ enum Next {
     Silent,
 }
 
+/// How many pieces of work one message to a session may carry: what it asked for, at most
+/// [`MAX_BATCH`], and at least one (0 and 1 both mean no batches).
+pub(crate) fn batch_size(asked: u32) -> usize {
+    asked.clamp(1, MAX_BATCH) as usize
+}
+
 /// Sleeps until `at`, or for ever when there is none.
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
@@ -412,6 +424,8 @@ struct Pump {
     /// An exclusive session that sends nothing (its heartbeats included) for this long is
     /// ended: its replica is gone or cut off, and stops on its own within the same hold.
     silence: Option<Duration>,
+    /// How many pieces of work one message may carry (1: no batches).
+    max_batch: usize,
 }
 
 impl Pump {
@@ -423,6 +437,7 @@ impl Pump {
         _guards: Vec<AbortOnDrop>,
     ) {
         let registered = pb::manager_message::Message::Registered(Box::new(registered));
+        self.service.metrics.grpc.connect_sent(0);
         let _ = self.tx.send(Ok(msg(registered))).await;
         let mut heard = tokio::time::Instant::now();
         let end = loop {
@@ -437,7 +452,7 @@ impl Pump {
             };
             let step = match next {
                 Next::Control(control) => self.control(control),
-                Next::Work(out) => self.outbound(out, &mut outbox.control).await,
+                Next::Work(out) => self.outbound(out, &mut outbox).await,
                 Next::Inbound(incoming) => {
                     heard = tokio::time::Instant::now();
                     self.inbound(incoming)
@@ -474,29 +489,38 @@ impl Pump {
         }
     }
 
-    /// Forwards one piece of the controller's work, or ends the session. While the controller
-    /// is not reading, the send waits (so its outbox fills and dispatch passes it over), but a
-    /// Revoke still ends it.
-    async fn outbound(
-        &self,
-        out: Option<Outbound>,
-        control: &mut mpsc::UnboundedReceiver<Outbound>,
-    ) -> Step {
-        let Some(message) = self.work_message(out) else {
-            return Step::Continue;
+    /// Forwards the controller's work, or ends the session. While the controller is not
+    /// reading, the wait for room in the transport holds (so its outbox fills and dispatch
+    /// passes it over), but a Revoke still ends it. Whatever reached the outbox during that wait
+    /// leaves with `out` as one batch: batches cost a request no time, because nothing waits for
+    /// one to fill.
+    async fn outbound(&self, out: Option<Outbound>, outbox: &mut Outbox) -> Step {
+        let first = match self.work_message(out) {
+            None => return Step::Continue,
+            Some(Err(step)) => return step,
+            Some(Ok(m)) => m,
         };
-        let message = match message {
-            Ok(m) => m,
-            Err(step) => return step,
-        };
-        tokio::select! {
+        let permit = tokio::select! {
             biased;
-            control = control.recv() => self.control(control),
-            sent = self.tx.send(Ok(msg(message))) => match sent {
-                Ok(()) => Step::Continue,
-                Err(_) => Step::End(None),
+            control = outbox.control.recv() => return self.control(control),
+            permit = self.tx.reserve() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return Step::End(None),
             },
+        };
+        let mut batch = vec![first];
+        while batch.len() < self.max_batch {
+            let Some(next) = outbox.work.try_next() else {
+                break;
+            };
+            match self.work_message(Some(next)) {
+                Some(Ok(m)) => batch.push(m),
+                Some(Err(_)) | None => {}
+            }
         }
+        self.service.metrics.grpc.connect_sent(batch.len());
+        permit.send(Ok(msg(bundle(batch))));
+        Step::Continue
     }
 
     /// The protobuf message for a piece of work; None when it is not to be sent (already past
@@ -546,18 +570,23 @@ impl Pump {
                 return Step::End(None);
             }
         };
+        self.service.metrics.grpc.connect_received(match &m.message {
+            Some(M::Results(batch)) => batch.results.len() + batch.acks.len(),
+            Some(M::Result(_) | M::EventAck(_)) => 1,
+            _ => 0,
+        });
         match m.message {
-            Some(M::Result(result)) => match outcome_from_pb(&result) {
-                Ok(outcome) => {
-                    let message = result_message(&result);
-                    if c.complete(self.session, &result.id, outcome, message)
-                        == Completion::Discarded
-                    {
-                        tracing::debug!(controller = %c.id, id = %result.id, "late or unknown result discarded");
+            Some(M::Result(result)) => return self.result(&result),
+            Some(M::Results(batch)) => {
+                for ack in &batch.acks {
+                    self.ack(ack);
+                }
+                for result in &batch.results {
+                    if let step @ Step::End(_) = self.result(result) {
+                        return step;
                     }
                 }
-                Err(e) => return Step::End(Some(Status::invalid_argument(e.to_string()))),
-            },
+            }
             Some(M::Credit(credit)) => {
                 self.service
                     .controllers
@@ -574,13 +603,11 @@ impl Pump {
                 // stream gets no answer, and stops on its own within the hold.
                 let echo = pb::manager_message::Message::Heartbeat(beat);
                 if self.tx.try_send(Ok(msg(echo))).is_ok() {
+                    self.service.metrics.grpc.connect_sent(0);
                     c.heartbeat_answered(self.session);
                 }
             }
-            Some(M::EventAck(ack)) if c.ack(self.session, &ack.id) == Completion::Discarded => {
-                tracing::debug!(controller = %c.id, id = %ack.id, "late or unknown ack discarded");
-            }
-            Some(M::EventAck(_)) => {}
+            Some(M::EventAck(ack)) => self.ack(&ack),
             Some(M::Register(_)) => {
                 return Step::End(Some(Status::invalid_argument(
                     "register: a session registers once; open a new Connect stream to change the registration",
@@ -590,11 +617,35 @@ impl Pump {
             // ignoring it could stall a key until its deadline, so the proto makes it an error.
             None => {
                 return Step::End(Some(Status::invalid_argument(
-                    "message: empty or unknown ControllerMessage variant; this manager understands register, result, event_ack, credit, drain and heartbeat",
+                    "message: empty or unknown ControllerMessage variant; this manager understands register, result, results, event_ack, credit, drain and heartbeat",
                 )));
             }
         }
         Step::Continue
+    }
+
+    /// Applies one result (alone or from a batch); a result whose outcome cannot be read ends
+    /// the session.
+    fn result(&self, result: &pb::ReconcileResult) -> Step {
+        let c = &self.controller;
+        match outcome_from_pb(result) {
+            Ok(outcome) => {
+                let message = result_message(result);
+                if c.complete(self.session, &result.id, outcome, message) == Completion::Discarded {
+                    tracing::debug!(controller = %c.id, id = %result.id, "late or unknown result discarded");
+                }
+                Step::Continue
+            }
+            Err(e) => Step::End(Some(Status::invalid_argument(e.to_string()))),
+        }
+    }
+
+    /// Applies one event acknowledgement (alone or from a batch).
+    fn ack(&self, ack: &pb::EventAck) {
+        let c = &self.controller;
+        if c.ack(self.session, &ack.id) == Completion::Discarded {
+            tracing::debug!(controller = %c.id, id = %ack.id, "late or unknown ack discarded");
+        }
     }
 
     /// Detaches the session (its in-flight keys are re-queued) and ends the stream with `end`.

@@ -21,6 +21,27 @@ pub(crate) fn msg(m: pb::manager_message::Message) -> pb::ManagerMessage {
     pb::ManagerMessage { message: Some(m) }
 }
 
+/// The message that carries `work` to a session: a piece alone as itself (what a session that
+/// did not opt in to batches always gets), several as one [`pb::WorkBatch`].
+pub(crate) fn bundle(mut work: Vec<pb::manager_message::Message>) -> pb::manager_message::Message {
+    use pb::manager_message::Message as M;
+    if work.len() == 1
+        && let Some(one) = work.pop()
+    {
+        return one;
+    }
+    let mut batch = pb::WorkBatch::default();
+    for piece in work {
+        match piece {
+            M::Reconcile(r) => batch.requests.push(r),
+            M::Event(e) => batch.events.push(e),
+            // Only work is bundled; anything else was never put in.
+            _ => {}
+        }
+    }
+    M::Batch(batch)
+}
+
 /// `register.mode`. MODE_EVENTS delivers the primary's own changes, so it takes no owns or
 /// watches.
 pub(crate) fn mode_from_pb(r: &pb::Register) -> Result<Mode, Invalid> {
@@ -209,6 +230,8 @@ pub(crate) fn effective_to_pb(
     effective.namespaces = Some(effective_namespaces(register, ceiling));
     effective.max_concurrent_reconciles = registration.max_concurrent;
     effective.max_in_flight = credits;
+    // What the manager applies: 0 stays 0 (no batches asked), anything else is capped.
+    effective.max_batch = register.max_batch.min(super::connect::MAX_BATCH);
     effective.request_deadline =
         Some(prost_types::Duration::try_from(registration.deadline).unwrap_or_default());
     effective.resync_period = Some(

@@ -6,11 +6,13 @@
 //!
 //! - `session`: the sessions one after another, and one session as named steps;
 //! - `attempt`: one request, from waiting for its key to sending its result;
+//! - `batches`: the outbound stream, results that are ready together in one message;
 //! - `fence`: heartbeats, the anchor and the hold watchdog (exclusive attempts);
 //! - `keys`: one attempt of a key at a time in the process;
 //! - `info`: what a registration answered ([`SessionInfo`]).
 
 mod attempt;
+mod batches;
 mod fence;
 mod info;
 mod keys;
@@ -27,6 +29,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::transport::Endpoint;
 use tracing::{error, info, warn};
 
+pub(crate) use batches::MAX_BATCH;
 pub use fence::HOLD_EXIT_CODE;
 pub use info::{Readable, SessionInfo};
 

@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ctrlhub_proto::v1 as pb;
@@ -16,12 +17,12 @@ use pb::{controller_message, manager_message};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
+use super::batches::ResultBatches;
 use super::fence::{self, Heartbeats, SessionState, round_ms};
 use super::{Error, SessionEnd, Shared, attempt, classify, classify_status};
 use crate::{
@@ -187,7 +188,8 @@ where
     if shutdown.is_cancelled() {
         return SessionEnd::Stopped;
     }
-    let (tx, mut inbound) = match open(shared, &mut client, shutdown).await {
+    let batches = Arc::new(AtomicBool::new(false));
+    let (tx, mut inbound) = match open(shared, &mut client, &batches, shutdown).await {
         Ok(opened) => opened,
         Err(end) => return end,
     };
@@ -195,6 +197,9 @@ where
         Ok(info) => info,
         Err(end) => return end,
     };
+    // An older manager does not echo max_batch, and would refuse a ResultBatch.
+    let takes_batches = info.effective.as_ref().is_some_and(|e| e.max_batch > 1);
+    batches.store(takes_batches, Ordering::Release);
     let state = fenced(shared, &info);
     // However this function ends (also when its future is dropped), every handler of the
     // session is cancelled and no result is sent on it any more.
@@ -243,6 +248,7 @@ fn message(m: controller_message::Message) -> pb::ControllerMessage {
 async fn open<F, C>(
     shared: &Shared<F, C>,
     client: &mut ControllerManagerClient<Channel>,
+    batches: &Arc<AtomicBool>,
     shutdown: &CancellationToken,
 ) -> Result<(Outbound, Streaming<pb::ManagerMessage>), SessionEnd> {
     let retry = |reason: String| SessionEnd::Retry {
@@ -255,7 +261,7 @@ async fn open<F, C>(
     if tx.send(message(register)).await.is_err() {
         return Err(retry("outbound stream closed".into()));
     }
-    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    let mut request = tonic::Request::new(ResultBatches::new(rx, batches.clone()));
     let auth = shared
         .config
         .authorization()
@@ -491,6 +497,15 @@ where
         };
         match m {
             manager_message::Message::Reconcile(req) => self.request(req),
+            manager_message::Message::Batch(batch) => {
+                for req in batch.requests {
+                    self.request(req);
+                }
+                if !batch.events.is_empty() {
+                    warn!(controller = %name, count = batch.events.len(), "ignoring Events on a reconcile-mode session");
+                }
+                Step::Continue
+            }
             manager_message::Message::Heartbeat(beat) => self.answered(beat.nonce),
             manager_message::Message::Revoked(rev) => self.revoked(rev),
             manager_message::Message::Rejected(rej) => {

@@ -83,11 +83,15 @@ pub(crate) struct WorkOutbox {
 }
 
 impl WorkOutbox {
-    #[cfg(test)]
-    /// The next request or event if one is waiting (unit tests drive dispatch by hand).
+    /// The next request or event that may go out if one is already waiting (the edge fills a
+    /// batch with them; unit tests drive dispatch by hand); wakes the dispatcher if it was
+    /// waiting for room.
     pub(crate) fn try_next(&mut self) -> Option<Outbound> {
         loop {
             let next = self.rx.try_recv().ok()?;
+            if self.starved.swap(false, Ordering::AcqRel) {
+                self.wake.notify_one();
+            }
             if self.may_go(&next) {
                 return Some(next);
             }
