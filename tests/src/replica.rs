@@ -206,6 +206,12 @@ impl Replica {
         .await
     }
 
+    /// The next message of any kind, or None if none arrives within `within` (or the stream
+    /// ends).
+    pub async fn next_message(&mut self, within: Duration) -> Option<pb::manager_message::Message> {
+        self.next_where(within, Some).await
+    }
+
     /// The next EVENTS-mode delivery, or None if none arrives within `within`.
     pub async fn next_event(&mut self, within: Duration) -> Option<pb::Event> {
         self.next_where(within, |m| match m {

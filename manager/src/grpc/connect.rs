@@ -570,11 +570,14 @@ impl Pump {
                 return Step::End(None);
             }
         };
-        self.service.metrics.grpc.connect_received(match &m.message {
-            Some(M::Results(batch)) => batch.results.len() + batch.acks.len(),
-            Some(M::Result(_) | M::EventAck(_)) => 1,
-            _ => 0,
-        });
+        self.service
+            .metrics
+            .grpc
+            .connect_received(match &m.message {
+                Some(M::Results(batch)) => batch.results.len() + batch.acks.len(),
+                Some(M::Result(_) | M::EventAck(_)) => 1,
+                _ => 0,
+            });
         match m.message {
             Some(M::Result(result)) => return self.result(&result),
             Some(M::Results(batch)) => {

@@ -1107,4 +1107,31 @@ mod tests {
             tonic::Code::Cancelled
         );
     }
+
+    #[test]
+    fn one_piece_goes_alone_and_several_go_as_one_batch_in_order() {
+        use pb::manager_message::Message as M;
+        let request = |id: &str| {
+            M::Reconcile(pb::ReconcileRequest {
+                id: id.into(),
+                ..Default::default()
+            })
+        };
+        assert!(matches!(bundle(vec![request("a")]), M::Reconcile(r) if r.id == "a"));
+        let M::Batch(batch) = bundle(vec![request("a"), request("b"), request("c")]) else {
+            panic!("several requests make a batch");
+        };
+        let ids: Vec<&str> = batch.requests.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert!(batch.events.is_empty());
+    }
+
+    #[test]
+    fn the_applied_batch_size_is_what_was_asked_within_the_limit() {
+        use super::super::connect::{MAX_BATCH, batch_size};
+        assert_eq!(batch_size(0), 1, "0 means no batches");
+        assert_eq!(batch_size(1), 1);
+        assert_eq!(batch_size(16), 16);
+        assert_eq!(batch_size(u32::MAX), MAX_BATCH as usize);
+    }
 }

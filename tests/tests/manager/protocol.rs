@@ -443,3 +443,131 @@ async fn cached_reads_stay_within_the_sessions_scope() {
         list.resource_version
     );
 }
+
+/// The requests of one burst as a session sees them: each request once, and how many
+/// messages carried them (a batch is one).
+async fn burst(r: &mut Replica, n: usize) -> (Vec<pb::ReconcileRequest>, usize) {
+    let (mut requests, mut messages) = (Vec::new(), 0);
+    while requests.len() < n {
+        match r.next_message(PATIENCE).await {
+            Some(pb::manager_message::Message::Reconcile(one)) => requests.push(one),
+            Some(pb::manager_message::Message::Batch(batch)) => {
+                assert!(
+                    batch.events.is_empty(),
+                    "events in a reconcile batch: {batch:?}"
+                );
+                requests.extend(batch.requests);
+            }
+            Some(_) => continue,
+            None => panic!("only {} of {n} requests arrived", requests.len()),
+        }
+        messages += 1;
+    }
+    (requests, messages)
+}
+
+/// Makes `n` ConfigMaps while `r` has no credit, waits until all are queued for `name`, then
+/// gives the credit for all at once, so the burst waits for the stream together.
+async fn queued_burst(c: &Cluster, m: &Manager, r: &Replica, name: &str, n: usize) {
+    let credit = |max_in_flight| pb::ControllerMessage {
+        message: Some(pb::controller_message::Message::Credit(pb::Credit {
+            max_in_flight,
+        })),
+    };
+    r.answers().send(credit(0)).await.expect("credit sent");
+    // The pause must hold before the first change, or that change goes out alone at once.
+    wait_for("the session paused", || async {
+        let status = m.status().await;
+        status["controllers"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["name"] == name && c["sessionList"][0]["credits"] == 0)
+        })
+    })
+    .await;
+    for i in 0..n {
+        put_configmap(&c.client, name, &format!("burst-{i}"), &[("v", "1")]).await;
+    }
+    let depth = format!(r#"workqueue_depth{{name="{name}",tenant="dev"}}"#);
+    wait_for("the whole burst queued", || async {
+        m.metric(&depth).await == n as f64
+    })
+    .await;
+    r.answers()
+        .send(credit(n as u32))
+        .await
+        .expect("credit sent");
+}
+
+/// Batches (docs/protocol.md, "Batches"): a session that opts in gets the work that waited for
+/// its stream in fewer messages than requests, each request with its own id; it may answer them
+/// in one ResultBatch, applied result by result; a session that does not opt in never sees a
+/// batch, and the manager caps what is asked at 64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_carry_a_burst_and_single_pieces_stay_alone() {
+    let (c, m) = setup("proto-batches").await;
+    const N: usize = 12;
+    for name in ["batched", "single"] {
+        namespace(&c.client, name, &[]).await;
+    }
+    let asked = pb::Register {
+        max_batch: 1000,
+        max_concurrent_reconciles: 64,
+        ..register("batched", configmaps(), 1, Some("batched"))
+    };
+    let mut batched = Replica::connect(&m.grpc, asked).await.expect("registered");
+    let effective = batched.registered.effective.clone().expect("effective");
+    assert_eq!(effective.max_batch, 64, "the manager applies at most 64");
+    queued_burst(&c, &m, &batched, "batched", N).await;
+    let (requests, messages) = burst(&mut batched, N).await;
+    let mut keys: Vec<String> = requests.iter().map(key).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), N, "every key exactly once: {keys:?}");
+    assert!(
+        messages < N,
+        "{N} requests that waited together came in {messages} messages"
+    );
+
+    let results = pb::ControllerMessage {
+        message: Some(pb::controller_message::Message::Results(pb::ResultBatch {
+            results: requests
+                .iter()
+                .map(|r| pb::ReconcileResult {
+                    id: r.id.clone(),
+                    outcome: Some(Outcome::Done(pb::reconcile_result::Done {})),
+                })
+                .collect(),
+            acks: Vec::new(),
+        })),
+    };
+    batched.answers().send(results).await.expect("results sent");
+    let received = r#"ctrlhub_batch_size_count{direction="received"}"#;
+    wait_for("the ResultBatch counted", || async {
+        m.metric(received).await == 1.0
+    })
+    .await;
+    let succeeded =
+        r#"controller_runtime_reconcile_total{controller="batched",result="success",tenant="dev"}"#;
+    wait_for("every result of the batch applied", || async {
+        m.metric(succeeded).await == N as f64
+    })
+    .await;
+
+    let mut single = Replica::connect(
+        &m.grpc,
+        pb::Register {
+            max_concurrent_reconciles: 64,
+            ..register("single", configmaps(), 1, Some("single"))
+        },
+    )
+    .await
+    .expect("registered");
+    let effective = single.registered.effective.clone().expect("effective");
+    assert_eq!(effective.max_batch, 0, "no batches asked, none applied");
+    queued_burst(&c, &m, &single, "single", N).await;
+    let (_, messages) = burst(&mut single, N).await;
+    assert_eq!(
+        messages, N,
+        "a session that did not opt in gets every request alone"
+    );
+}

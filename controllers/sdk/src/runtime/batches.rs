@@ -97,7 +97,9 @@ mod tests {
 
     fn beat() -> pb::ControllerMessage {
         pb::ControllerMessage {
-            message: Some(controller_message::Message::Heartbeat(pb::Heartbeat { nonce: 7 })),
+            message: Some(controller_message::Message::Heartbeat(pb::Heartbeat {
+                nonce: 7,
+            })),
         }
     }
 
@@ -127,7 +129,11 @@ mod tests {
         }
         assert_eq!(
             ids(&mut stream, 3).await,
-            vec![vec!["a".to_string(), "b".into()], vec!["beat".into()], vec!["c".into()]]
+            vec![
+                vec!["a".to_string(), "b".into()],
+                vec!["beat".into()],
+                vec!["c".into()]
+            ]
         );
     }
 
