@@ -127,6 +127,7 @@ class Manager:
         self.grpc_port = grpc_port or free_port()
         self.http = f"http://127.0.0.1:{free_port()}"
         self.addr = f"127.0.0.1:{self.grpc_port}"
+        self.token = token
         self.log_path = log_dir / f"ctrlhub-{identity}-{self.grpc_port}-{time.monotonic_ns()}.log"
         argv = [str(binary("ctrlhub")), "run", "--kubeconfig", str(cluster.kubeconfig),
                 "--grpc-addr", self.addr, "--http-addr", self.http.removeprefix("http://"),
@@ -144,6 +145,18 @@ class Manager:
                 return json.loads(resp.read())  # type: ignore[no-any-return]
         except (OSError, urllib.error.HTTPError, ValueError):
             return None
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of ``/metrics``, by series (name and labels as exposed)."""
+        req = urllib.request.Request(f"{self.http}/metrics", headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            text = resp.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                series, _, value = line.rpartition(" ")
+                samples[series] = float(value)
+        return samples
 
     def controller(self, name: str) -> dict[str, Any] | None:
         status = self.status() or {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import threading
 import time
@@ -81,12 +82,26 @@ class _Attempt:
         self.inner, self.in_thread = fut, in_thread
         if self.why is not None:
             self.stop(self.why)
-        timer = asyncio.get_running_loop().call_at(stop_at, self.stop, DEADLINE)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(stop_at, self.stop, DEADLINE)
         try:
-            await asyncio.wait((fut,))
+            if not fut.done():
+                # asyncio.wait((fut,)) without its sets and extra coroutine: this is per request.
+                waiter: asyncio.Future[None] = loop.create_future()
+                wake = functools.partial(_wake, waiter)
+                fut.add_done_callback(wake)
+                try:
+                    await waiter
+                finally:
+                    fut.remove_done_callback(wake)
         finally:
             timer.cancel()
             self.inner = None
+
+
+def _wake(waiter: asyncio.Future[None], _: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Attempts:
@@ -156,6 +171,12 @@ class Attempts:
             return session.reader
         return SyncReader(session.reader, asyncio.get_running_loop(), stop_at)
 
+    def _free(self, attempt: _Attempt, stop_at: float) -> bool:
+        """Whether ``_claim`` would not wait: the first heartbeat was answered, no earlier
+        attempt holds the key, a slot is free, and the attempt is neither stopped nor due."""
+        return (attempt.why is None and attempt.session.echoed.is_set() and attempt.key not in self._keys
+                and not self._slots.locked() and asyncio.get_running_loop().time() < stop_at)
+
     async def _claim(self, attempt: _Attempt) -> None:
         """Wait for the first heartbeat answer, for the earlier attempt of the key (of any
         session) to end, and for a free slot; then hold the key and the slot."""
@@ -178,13 +199,18 @@ class Attempts:
         """One request: wait for its turn, run the handler under the deadline, and answer once
         the handler has returned."""
         session, request = attempt.session, attempt.request
-        claim = asyncio.ensure_future(self._claim(attempt))
-        await attempt.until(claim, stop_at)
-        if claim.cancelled() or attempt.why is not None:
-            if not claim.cancelled() and claim.exception() is None:
-                self._release(attempt)
-            self._not_started(attempt, msg)
-            return
+        if self._free(attempt, stop_at):
+            # Nothing to wait for (the usual case): claim now, without a task and a timer.
+            self._keys[attempt.key] = attempt
+            await self._slots.acquire()  # returns at once: a slot is free
+        else:
+            claim = asyncio.ensure_future(self._claim(attempt))
+            await attempt.until(claim, stop_at)
+            if claim.cancelled() or attempt.why is not None:
+                if not claim.cancelled() and claim.exception() is None:
+                    self._release(attempt)
+                self._not_started(attempt, msg)
+                return
         fence = session.fence
         if fence is not None:
             fence.running += 1
@@ -192,9 +218,10 @@ class Attempts:
         attempt.started = time.monotonic()
         try:
             if isinstance(request, _RequestData):
-                reasons = names(request.reasons)
-                self._line(attempt, logging.INFO, f"reconcile start key={attempt.key} reasons={','.join(reasons) or '-'} "
-                           f"attempt={msg.attempt}", reasons=reasons)
+                if self.log.isEnabledFor(logging.INFO):  # the line is built only to be written
+                    reasons = names(request.reasons)
+                    self._line(attempt, logging.INFO, f"reconcile start key={attempt.key} reasons={','.join(reasons) or '-'} "
+                               f"attempt={msg.attempt}", reasons=reasons)
                 if traces.enabled():
                     with traces.reconcile_span(self.name, "reconcile", str(request.key), msg.id, msg.attempt, msg.traceparent, msg.tracestate) as span:
                         request._span_traceparent = span.traceparent or None
@@ -203,8 +230,9 @@ class Attempts:
                 else:
                     value = await self._execute(attempt, stop_at)
             else:
-                self._line(attempt, logging.DEBUG,
-                           f"event start key={attempt.key} type={_type_name(request)} sequence={request.sequence} attempt={msg.attempt}")
+                if self.log.isEnabledFor(logging.DEBUG):
+                    self._line(attempt, logging.DEBUG,
+                               f"event start key={attempt.key} type={_type_name(request)} sequence={request.sequence} attempt={msg.attempt}")
                 value = await self._execute(attempt, stop_at)
         finally:
             attempt.running = False
@@ -327,7 +355,7 @@ class Attempts:
                        f"duration_ms={took} error={error}" + (f" (at {where}; traceback at most once a minute per key)" if where else ""),
                        exc=trace, outcome=label, duration_ms=took, error=error)
             self._post_failure(attempt, value, error)
-        else:
+        elif self.log.isEnabledFor(logging.INFO):
             extra: dict[str, Any] = {"requeue_after_ms": round(result.requeue_after.delay.ToMilliseconds())} if label == "requeue_after" else {}
             self._line(attempt, logging.INFO, f"reconcile end key={key} attempt={msg.attempt} outcome={label} duration_ms={took}"
                        + "".join(f" {k}={v}" for k, v in extra.items()), outcome=label, duration_ms=took, **extra)
@@ -363,8 +391,9 @@ class Attempts:
                        "not acknowledged: the manager sends it again after its deadline", exc=trace,
                        outcome="error", duration_ms=took, error=error)
             return
-        self._line(attempt, logging.DEBUG, f"event end key={attempt.key} outcome=acknowledged duration_ms={took}",
-                   outcome="acknowledged", duration_ms=took)
+        if self.log.isEnabledFor(logging.DEBUG):
+            self._line(attempt, logging.DEBUG, f"event end key={attempt.key} outcome=acknowledged duration_ms={took}",
+                       outcome="acknowledged", duration_ms=took)
         attempt.session.send(pb.ControllerMessage(event_ack=pb.EventAck(id=event.id)))
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, TypedDict, Unpack
 
+from ._batches import MAX_BATCH
 from ._config import revision_from_env
 from ._types import Kind, KindLike, Owns, Predicate, Selector, SelectorLike, Watch, duration, seconds
 from .v1 import registration_pb2
@@ -146,6 +147,8 @@ class Definition:
             exclusive_attempts=reconcile,
             max_in_flight=self.credit if max_in_flight is None else max_in_flight,
             revision=revision if revision is not None else revision_from_env(),
+            # Work may come in batches; answers go in batches only if Registered echoes it.
+            max_batch=MAX_BATCH,
         )
         _scope(reg, o.get("namespaces"))
         if (labels := o.get("labels")) is not None:

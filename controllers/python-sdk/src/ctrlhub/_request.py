@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_CANCEL_LOCK = threading.Lock()
+"""Guards making a request's ``cancelled`` event against setting it (rare, and brief)."""
 
 
 def _decode(raw: bytes, what: str) -> dict[str, Any]:
@@ -95,17 +97,33 @@ class _Delivery:
         self.reader = reader
         self.logger = logger
         """The controller's logger; every line carries this request's key and request id."""
-        self.cancelled = threading.Event()
+        self._cancelled: threading.Event | None = None  # made when first asked for: most never are
+        self._stopped = False
+        self._helpers = helpers
+        self._stop_at = stop_at  # time.monotonic() when the handler is cancelled
+
+    @property
+    def cancelled(self) -> threading.Event:
         """Set when the handler must stop (its deadline is near, its session ended, or the
         manager stopped answering heartbeats); sync handlers, which cannot be interrupted, must
         check it between steps and return soon after it is set: the SDK answers the request only
         once the handler has returned, and exits the process if a handler outlives the hold
         (``Registration.hold``)."""
-        self._helpers = helpers
-        self._stop_at = stop_at  # time.monotonic() when the handler is cancelled
+        event = self._cancelled
+        if event is None:
+            with _CANCEL_LOCK:  # a handler's thread may ask while the event loop cancels
+                if self._cancelled is None:
+                    self._cancelled = threading.Event()
+                    if self._stopped:
+                        self._cancelled.set()
+                event = self._cancelled
+        return event
 
     def _cancel(self) -> None:
-        self.cancelled.set()
+        with _CANCEL_LOCK:
+            self._stopped = True
+            if self._cancelled is not None:
+                self._cancelled.set()
 
     def _kube(self) -> Kube:
         if self._helpers is None:

@@ -1,6 +1,7 @@
 """The session loop of a controller: connect, register, heartbeat, dispatch requests to
 attempts (``_attempt``), reconnect with backoff (``_backoff``), wait out a newer definition,
-and drain.
+and drain. What a session sends goes through its ``Outbox`` (``_batches``), which batches
+answers that are ready together once the manager takes batches.
 
 Attempts are exclusive (docs/protocol.md, "Exclusive attempts"): the SDK registers with
 ``exclusive_attempts``, a handler is cancelled at its deadline and its request answered only
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ._backoff import Backoff
+from ._batches import Outbox
 from ._config import Config, ConfigError
 from ._fence import Fence, Watchdog
 from ._logs import TRACE
@@ -82,7 +84,7 @@ class _Session:
         self.call = call
         self.stub = stub
         self.log = log
-        self.outbox: asyncio.Queue[pb.ControllerMessage | None] = asyncio.Queue()
+        self.outbox = Outbox()
         self.attempts: set[Stoppable] = set()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -101,15 +103,18 @@ class _Session:
         """Queue ``msg`` on this stream; False once it is over (results never go elsewhere)."""
         if self.closed:
             return False
-        self.outbox.put_nowait(msg)
+        self.outbox.put(msg)
         return True
 
     async def write_loop(self) -> None:
+        """Write what is queued, one message at a time (answers queued together as one batch)
+        until the session closes (cancelled) or the stream fails."""
         write = self.call.write
         get = self.outbox.get
         trace = self.log.isEnabledFor(TRACE)
         try:
-            while (msg := await get()) is not None:
+            while True:
+                msg = await get()
                 if trace:
                     self.log.log(TRACE, "sending %s", _describe(msg))
                 await write(msg)
@@ -135,12 +140,20 @@ def _describe(msg: Any) -> str:
     kind = msg.WhichOneof("message")
     inner = getattr(msg, kind) if kind else msg
     if kind in ("reconcile", "event"):
-        return f"{kind} id={inner.id} key={inner.key.namespace}/{inner.key.name} attempt={inner.attempt}"
+        return _describe_piece(kind, inner)
     if kind == "result":
         return f"result id={inner.id} outcome={inner.WhichOneof('outcome')}"
+    if kind == "results":
+        ids = [r.id for r in inner.results] + [a.id for a in inner.acks]
+        return f"results ({len(ids)} in a batch) ids={','.join(ids)}"
     if kind == "register":
         return f"register controller={inner.controller_name} revision={inner.revision}"
     return f"{kind} {' '.join(str(inner).split())[:200]}"
+
+
+def _describe_piece(kind: str, piece: Any) -> str:
+    """A request or event for a TRACE line, alone or from a batch."""
+    return f"{kind} id={piece.id} key={piece.key.namespace}/{piece.key.name} attempt={piece.attempt}"
 
 
 class SessionLoop:
@@ -318,7 +331,7 @@ class SessionLoop:
         try:
             async for msg in call:
                 kind = msg.WhichOneof("message")
-                if trace:
+                if trace and kind != "batch":
                     self.log.log(TRACE, "received %s", _describe(msg))
                 if kind == "reconcile":
                     self._dispatch(session, msg.reconcile)
@@ -328,6 +341,8 @@ class SessionLoop:
                         session.echoed.set()
                 elif kind == "event":
                     self._dispatch(session, msg.event)
+                elif kind == "batch":
+                    self._dispatch_batch(session, msg.batch, trace)
                 elif kind == "registered":
                     self._registered(session, msg.registered, config)
                 elif kind == "revoked":
@@ -348,6 +363,15 @@ class SessionLoop:
             return _End(False, True, "drained")
         return _End(True, session.registered, "the manager ended the stream", transient=True)
 
+    def _dispatch_batch(self, session: _Session, batch: pb.WorkBatch, trace: bool) -> None:
+        """Each request (or event) of a ``WorkBatch`` exactly as if it had come alone, in order."""
+        count = len(batch.requests) + len(batch.events)
+        for kind, pieces in (("reconcile", batch.requests), ("event", batch.events)):
+            for piece in pieces:
+                if trace:
+                    self.log.log(TRACE, "received %s (%d in a batch)", _describe_piece(kind, piece), count)
+                self._dispatch(session, piece)
+
     def _registered(self, session: _Session, r: registration_pb2.Registered, config: Config) -> None:
         readable: dict[Kind, Form] = {
             Kind.from_proto(x.resource): "metadata" if x.metadata_only else "full" for x in r.readable
@@ -356,6 +380,8 @@ class SessionLoop:
         interval = seconds(r.heartbeat_interval.ToTimedelta()) if r.HasField("heartbeat_interval") else 0.0
         session.registered = True
         session.session_id = r.session_id
+        # An older manager does not echo max_batch (0): it would end the stream on a batch.
+        session.outbox.allow(r.effective.max_batch)
         session.reader = Reader(session.stub, config, r.session_id, readable)
         if self.definition.mode == "reconcile" and hold > 0 and interval > 0:
             session.fence = Fence(hold, interval, time.monotonic())
