@@ -8,7 +8,7 @@
  */
 import type { ControllerMessage, EventAck, ReconcileResult } from "./gen/ctrlhub/v1/controller_pb.js";
 
-/** The most answers one `ResultBatch` carries (the manager's own limit for the other direction). */
+/** @internal The most answers one `ResultBatch` carries (the manager's own limit for the other direction). */
 export const MAX_BATCH = 64;
 
 /** @internal One message the session sends (the `message` oneof of a `ControllerMessage`). */
