@@ -4,6 +4,7 @@ import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import {
   type ReconcileResult,
   ReconcileResultSchema,
+  ReconcileResult_DoneSchema,
 } from "./gen/ctrlhub/v1/controller_pb.js";
 import { RetryError, TerminalError } from "./errors.js";
 import { apiStatus } from "./write.js";
@@ -37,13 +38,20 @@ export const Action = {
 
 const DONE: Action = Object.freeze({ type: "done" });
 
+/** The `Done` outcome of a result, shared: results are encoded, never changed. */
+const DONE_OUTCOME: ReconcileResult["outcome"] = Object.freeze({
+  case: "done",
+  value: Object.freeze(create(ReconcileResult_DoneSchema)),
+});
+
 /** The outcome label of a result, as the conformance reports and logs spell it. */
 export type OutcomeLabel = "done" | "requeue" | "error" | "terminal";
 
 /** @internal The wire result of a handler's return value. */
 export function resultOf(id: string, action: Action | void): [ReconcileResult, OutcomeLabel] {
   if (action === undefined || action.type === "done") {
-    return [create(ReconcileResultSchema, { id, outcome: { case: "done", value: {} } }), "done"];
+    // A literal, not create(): this is every successful reconcile's result.
+    return [{ $typeName: "ctrlhub.v1.ReconcileResult", id, outcome: DONE_OUTCOME }, "done"];
   }
   if (action.type === "requeue") {
     return [

@@ -53,6 +53,7 @@ export class Controller<T> {
   private wake: (() => void) | undefined;
   private kit: Kit | undefined;
   private health: Health | undefined;
+  private view: OwnerInternals<T> | undefined;
 
   /** @internal */
   constructor(register: Register, handlers: Handlers<T>) {
@@ -286,20 +287,36 @@ export class Controller<T> {
     }
   }
 
-  /** @internal What a session needs of its controller. */
+  /**
+   * @internal What a session needs of its controller: one object, made once, whose getters
+   * read the controller's state now (sessions read it on every request).
+   */
   get internals(): OwnerInternals<T> {
+    this.view ??= this.makeView();
+    return this.view;
+  }
+
+  private makeView(): OwnerInternals<T> {
     const self = this;
     return {
       get register() {
         return self.registration();
       },
       handlers: this.handlers,
-      credit: this.credit,
+      get credit() {
+        return self.credit;
+      },
       limiter: this.limiter,
       attempts: this.attempts,
-      stopping: this.stopping,
-      retire: this.retire,
-      kit: this.kit as Kit,
+      get stopping() {
+        return self.stopping;
+      },
+      get retire() {
+        return self.retire;
+      },
+      get kit() {
+        return self.kit as Kit;
+      },
     };
   }
 }

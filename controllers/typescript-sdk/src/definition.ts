@@ -7,6 +7,7 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 
+import { MAX_BATCH } from "./batches.js";
 import { Controller } from "./controller.js";
 import { ConfigError } from "./errors.js";
 import { type Register, RegisterSchema, Register_Mode, type WatchedResource } from "./gen/ctrlhub/v1/registration_pb.js";
@@ -328,6 +329,8 @@ function toRegister(d: Definition, mode: Register_Mode, env: NodeJS.ProcessEnv =
     // mode keeps the older rule, because an event whose handler failed has no negative
     // acknowledgement: an exclusive session would hold it until the session ends.
     exclusiveAttempts: mode === Register_Mode.RECONCILE,
+    // Batches both ways (docs/protocol.md, "Batches"): the manager echoes what it applies.
+    maxBatch: MAX_BATCH,
   });
   const ns = d.namespaces;
   if (ns !== undefined) {

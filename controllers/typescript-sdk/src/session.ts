@@ -11,6 +11,7 @@ import { type Timestamp, durationMs, timestampMs } from "@bufbuild/protobuf/wkt"
 import { type ClientDuplexStream, type StatusObject, status as Status } from "@grpc/grpc-js";
 
 import { type OutcomeLabel, describe } from "./action.js";
+import { Outbound, type Outgoing } from "./batches.js";
 import {
   type AttemptHost,
   type Attempts,
@@ -28,8 +29,9 @@ import { DeadlineExceededError, RegistrationRejectedError, SessionEndedError } f
 import { Fence } from "./fence.js";
 import {
   type ControllerMessage,
-  ControllerMessageSchema,
+  type Event,
   type ManagerMessage,
+  type ReconcileRequest,
   type ReconcileResult,
   ReconcileResultSchema,
 } from "./gen/ctrlhub/v1/controller_pb.js";
@@ -103,6 +105,8 @@ export class Session<T> {
   sessionId = "";
   private client: ManagerClient | undefined;
   private call: ClientDuplexStream<ControllerMessage, ManagerMessage> | undefined;
+  /** What the session sends, one message at a time, answers batched (`batches.ts`). */
+  private outbound: Outbound | undefined;
   private reader: CachedReader | undefined;
   private closed = false;
   private draining = false;
@@ -148,9 +152,8 @@ export class Session<T> {
       get kit() {
         return self.owner.internals.kit;
       },
-      get fieldManager() {
-        return self.owner.internals.register.controllerName;
-      },
+      // The controller's name, which never changes (`register` is a fresh copy on every read).
+      fieldManager: this.owner.internals.register.controllerName,
       handlers: this.handlers,
       log: this.log,
       get sessionId() {
@@ -213,6 +216,10 @@ export class Session<T> {
     this.log.info("connecting to manager", { addr: this.connection.display });
     const call = client.connect(metadata);
     this.call = call;
+    this.outbound = new Outbound((message, done) => {
+      // A literal, not create(): every field is set (one write per message on the hot path).
+      call.write({ $typeName: "ctrlhub.v1.ControllerMessage", message }, () => done());
+    });
     call.on("data", (msg: ManagerMessage) => {
       try {
         this.onMessage(msg);
@@ -224,7 +231,7 @@ export class Session<T> {
       // The status that follows ends the session.
     });
     call.on("status", (status: StatusObject) => this.onStatus(status));
-    call.write(create(ControllerMessageSchema, { message: { case: "register", value: this.owner.internals.register } }));
+    this.send({ case: "register", value: this.owner.internals.register });
     return client;
   }
 
@@ -260,13 +267,13 @@ export class Session<T> {
     this.call?.cancel();
   }
 
-  private send(message: ControllerMessage["message"]): boolean {
-    if (this.closed || this.call === undefined) {
-      return false;
+  /** Queues `message` on the stream (answers that wait together leave as one batch). */
+  private send(message: Outgoing): void {
+    if (this.closed || this.outbound === undefined) {
+      return;
     }
     this.log.trace?.(`sending ${message.case ?? "nothing"}`, message.case === "result" ? { id: message.value.id, outcome: message.value.outcome.case } : {});
-    this.call.write(create(ControllerMessageSchema, { message }));
-    return true;
+    this.outbound.send(message);
   }
 
   private onMessage(msg: ManagerMessage): void {
@@ -281,17 +288,20 @@ export class Session<T> {
         this.fence?.answered(m.value.nonce);
         return;
       case "reconcile":
-        this.log.trace?.("received ReconcileRequest", {
-          id: m.value.id,
-          key: `${m.value.key?.namespace ?? ""}/${m.value.key?.name ?? ""}`,
-          attempt: m.value.attempt,
-          object: m.value.object.case ?? "none",
-        });
-        this.dispatch(m.value.id, m.value.deadline, (work) => reconcile(this.host, m.value, work));
+        this.onRequest(m.value);
         return;
       case "event":
-        this.log.trace?.("received Event", { id: m.value.id, sequence: m.value.sequence, type: m.value.type });
-        this.dispatch(m.value.id, m.value.deadline, (work) => event(this.host, m.value, work));
+        this.onEvent(m.value);
+        return;
+      case "batch":
+        // Each piece exactly as if it had come alone.
+        this.log.trace?.("received WorkBatch", { requests: m.value.requests.length, events: m.value.events.length });
+        for (const request of m.value.requests) {
+          this.onRequest(request);
+        }
+        for (const e of m.value.events) {
+          this.onEvent(e);
+        }
         return;
       case "rejected": {
         this.rejected = m.value;
@@ -328,6 +338,21 @@ export class Session<T> {
     }
   }
 
+  private onRequest(request: ReconcileRequest): void {
+    this.log.trace?.("received ReconcileRequest", {
+      id: request.id,
+      key: `${request.key?.namespace ?? ""}/${request.key?.name ?? ""}`,
+      attempt: request.attempt,
+      object: request.object.case ?? "none",
+    });
+    this.dispatch(request.id, request.deadline, (work) => reconcile(this.host, request, work));
+  }
+
+  private onEvent(e: Event): void {
+    this.log.trace?.("received Event", { id: e.id, sequence: e.sequence, type: e.type });
+    this.dispatch(e.id, e.deadline, (work) => event(this.host, e, work));
+  }
+
   private onRegistered(r: Registered): void {
     if (this.registered) {
       this.log.warn("ignoring a second Registered");
@@ -335,6 +360,10 @@ export class Session<T> {
     }
     this.registered = true;
     this.sessionId = r.sessionId;
+    // Results batch only when the manager echoed max_batch: an older one ends the stream on a ResultBatch.
+    if (this.outbound !== undefined) {
+      this.outbound.outbox.batching = (r.effective?.maxBatch ?? 0) > 1;
+    }
     const deadline = r.effective?.requestDeadline;
     if (deadline !== undefined) {
       this.fallbackDeadlineMs = durationMs(deadline);
@@ -436,6 +465,7 @@ export class Session<T> {
       return;
     }
     this.closed = true;
+    this.outbound?.stop();
     clearTimeout(this.drainTimer);
     this.fence?.stop();
     this.abortAll("the session ended");

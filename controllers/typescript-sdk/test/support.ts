@@ -292,6 +292,16 @@ export async function controllerStatus(m: Manager, name: string): Promise<Record
   return (await controllers(m)).find((c) => c["name"] === name);
 }
 
+/**
+ * The value of one sample on the manager's `/metrics` (0 when absent), e.g.
+ * `ctrlhub_batch_size_sum{direction="received"}`: `name` with its labels exactly as printed.
+ */
+export async function metric(m: Manager, name: string): Promise<number> {
+  const text = await (await fetch(`${m.http}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(`${name} `));
+  return line === undefined ? 0 : Number(line.slice(name.length + 1));
+}
+
 /** Merge-patches a ConfigMap. */
 export async function mergePatch(c: Cluster, ns: string, name: string, body: object): Promise<k8s.V1ConfigMap> {
   return c.core.patchNamespacedConfigMap({ name, namespace: ns, body }, k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch));

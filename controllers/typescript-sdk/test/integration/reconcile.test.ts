@@ -24,6 +24,7 @@ import {
   configMap,
   controllerStatus,
   mergePatch,
+  metric,
   namespace,
   runController,
   startDevcluster,
@@ -277,6 +278,57 @@ test("setCredit pauses and resumes dispatch", async () => {
     assert.equal(seen.length, 0, "nothing dispatched without credit");
     c.setCredit(3);
     await waitFor("dispatched after Credit", () => (seen.includes("held") ? true : undefined));
+  } finally {
+    await r.stop();
+  }
+});
+
+test("a burst: every held-back key is reconciled once, and results that finish together go back as one ResultBatch", async (t) => {
+  await namespace(cluster, "burst");
+  const names = Array.from({ length: 12 }, (_, i) => `b${String(i).padStart(2, "0")}`);
+  const seen: string[] = [];
+  let releaseAll: () => void = () => {};
+  const allStarted = new Promise<void>((ok) => (releaseAll = ok));
+  const c = controller("burst")
+    .for(ConfigMaps)
+    .inNamespaces("burst")
+    .concurrency(names.length)
+    .reconcile(async (req) => {
+      seen.push(req.name);
+      if (seen.length === names.length) {
+        releaseAll();
+      }
+      // Every handler ends in the turn the last one starts: their results are ready together.
+      await allStarted;
+    });
+  const r = await runController(c, manager);
+  try {
+    assert.equal(r.registrations[0]?.effective?.maxBatch, 64, "the manager applies the SDK's max_batch");
+    c.setCredit(0);
+    await waitFor("credit 0 at the manager", async () => {
+      const s = await controllerStatus(manager, "burst");
+      const sessions = (s?.["sessionList"] as Array<{ credits: number }> | undefined) ?? [];
+      return sessions[0]?.credits === 0 ? true : undefined;
+    });
+    await Promise.all(names.map((n) => configMap(cluster, "burst", n)));
+    await waitFor("the burst queued", async () => ((await controllerStatus(manager, "burst"))?.["queued"] === names.length ? true : undefined));
+    const batches = async (direction: string): Promise<{ count: number; pieces: number }> => ({
+      count: await metric(manager, `ctrlhub_batch_size_count{direction="${direction}"}`),
+      pieces: await metric(manager, `ctrlhub_batch_size_sum{direction="${direction}"}`),
+    });
+    const [receivedBefore, sentBefore] = [await batches("received"), await batches("sent")];
+    c.setCredit(names.length);
+    await waitFor("every result recorded", async () => ((await controllerStatus(manager, "burst"))?.["done"] === names.length ? true : undefined));
+    assert.deepEqual([...seen].sort(), names, "each key once, however the manager grouped the requests");
+    const received = await batches("received");
+    assert.deepEqual(
+      { count: received.count - receivedBefore.count, pieces: received.pieces - receivedBefore.pieces },
+      { count: 1, pieces: names.length },
+      "the results came back as one ResultBatch",
+    );
+    // How the manager grouped the requests depends on its threads' timing: shown, not asserted.
+    const sent = await batches("sent");
+    t.diagnostic(`${sent.pieces - sentBefore.pieces} of ${names.length} requests arrived in ${sent.count - sentBefore.count} WorkBatch(es)`);
   } finally {
     await r.stop();
   }

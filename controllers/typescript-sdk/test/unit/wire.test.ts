@@ -14,6 +14,7 @@ import {
   ControllerMessageSchema,
   type ManagerMessage,
   ManagerMessageSchema,
+  type ReconcileRequest as ReconcileRequestMessage,
   ReconcileRequestSchema,
   ReconcileRequest_Reason,
   type ReconcileResult,
@@ -25,16 +26,21 @@ type Call = grpc.ServerDuplexStream<ControllerMessage, ManagerMessage>;
 /**
  * A manager that answers Register with `Registered` (a 2 s hold, heartbeats every 400 ms),
  * echoes every heartbeat (the first one `firstEchoMs` late) and hands the call to `script`.
+ * It echoes `max_batch` (takes ResultBatch) unless `batches` is false (a manager that predates
+ * batches); `messages` are the ids each result-carrying message answered, `batched` whether it
+ * was a ResultBatch.
  */
-async function scripted(script: (call: Call) => void, firstEchoMs = 0): Promise<{
+async function scripted(script: (call: Call) => void, firstEchoMs = 0, batches = true): Promise<{
   address: string;
   results: ReconcileResult[];
   resultsAt: number[];
+  messages: Array<{ ids: string[]; batched: boolean }>;
   beats: bigint[];
   close(): void;
 }> {
   const results: ReconcileResult[] = [];
   const resultsAt: number[] = [];
+  const messages: Array<{ ids: string[]; batched: boolean }> = [];
   const beats: bigint[] = [];
   const server = new grpc.Server();
   const serialize = <T>(schema: Parameters<typeof toBinary>[0]) => (m: T) => Buffer.from(toBinary(schema, m as never));
@@ -61,7 +67,7 @@ async function scripted(script: (call: Call) => void, firstEchoMs = 0): Promise<
                   value: {
                     sessionId: "s1",
                     leaderIdentity: "scripted",
-                    effective: { ...m.message.value, revision: 5n },
+                    effective: { ...m.message.value, revision: 5n, maxBatch: batches ? m.message.value.maxBatch : 0 },
                     heartbeatInterval: durationFromMs(400),
                     hold: durationFromMs(2000),
                   },
@@ -72,6 +78,11 @@ async function scripted(script: (call: Call) => void, firstEchoMs = 0): Promise<
           } else if (m.message.case === "result") {
             results.push(m.message.value);
             resultsAt.push(Date.now());
+            messages.push({ ids: [m.message.value.id], batched: false });
+          } else if (m.message.case === "results") {
+            results.push(...m.message.value.results);
+            resultsAt.push(...m.message.value.results.map(() => Date.now()));
+            messages.push({ ids: m.message.value.results.map((r) => r.id), batched: true });
           } else if (m.message.case === "heartbeat") {
             const nonce = m.message.value.nonce;
             beats.push(nonce);
@@ -85,15 +96,15 @@ async function scripted(script: (call: Call) => void, firstEchoMs = 0): Promise<
   const port = await new Promise<number>((ok, fail) =>
     server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? fail(err) : ok(p))),
   );
-  return { address: `127.0.0.1:${port}`, results, resultsAt, beats, close: () => server.forceShutdown() };
+  return { address: `127.0.0.1:${port}`, results, resultsAt, messages, beats, close: () => server.forceShutdown() };
 }
 
 function echo(call: Call, nonce: bigint): void {
   call.write(create(ManagerMessageSchema, { message: { case: "heartbeat", value: { nonce } } }));
 }
 
-function request(call: Call, id: string, object: MessageInitShape<typeof ReconcileRequestSchema>["object"], deadlineMs = 10_000): void {
-  const value = create(ReconcileRequestSchema, {
+function requestMessage(id: string, object: MessageInitShape<typeof ReconcileRequestSchema>["object"], deadlineMs = 10_000): ReconcileRequestMessage {
+  return create(ReconcileRequestSchema, {
     id,
     key: { namespace: "default", name: id },
     attempt: 1,
@@ -101,7 +112,16 @@ function request(call: Call, id: string, object: MessageInitShape<typeof Reconci
     deadline: timestampFromMs(Date.now() + deadlineMs),
     ...(object === undefined ? {} : { object }),
   });
-  call.write(create(ManagerMessageSchema, { message: { case: "reconcile", value } }));
+}
+
+function request(call: Call, id: string, object: MessageInitShape<typeof ReconcileRequestSchema>["object"], deadlineMs = 10_000): void {
+  call.write(create(ManagerMessageSchema, { message: { case: "reconcile", value: requestMessage(id, object, deadlineMs) } }));
+}
+
+/** Requests `ids` in one WorkBatch. */
+function batch(call: Call, ids: string[]): void {
+  const requests = ids.map((id) => requestMessage(id, undefined));
+  call.write(create(ManagerMessageSchema, { message: { case: "batch", value: { requests } } }));
 }
 
 const utf8 = new TextEncoder();
@@ -180,6 +200,45 @@ test("a handler cancelled at its deadline is answered once it has ended and the 
     await waitFor("the late result", () => (m.results.length === 1 ? true : undefined), 10_000);
     assert.equal(m.results[0]?.outcome.case, "error");
     assert.ok((m.resultsAt[0] ?? 0) >= deadline, `sent ${deadline - (m.resultsAt[0] ?? 0)} ms before the deadline`);
+  } finally {
+    c.stop();
+    m.close();
+    await running.catch(() => {});
+  }
+});
+
+test("each request of a WorkBatch runs as if it came alone, and results ready in one turn leave as one ResultBatch", async () => {
+  const ids = ["a", "b", "c", "d", "e"];
+  const m = await scripted((call) => batch(call, ids));
+  const seen: string[] = [];
+  const c = controller("batch").for(kinds.ConfigMap).concurrency(8).reconcile((req) => {
+    seen.push(req.name);
+  });
+  const running = c.run({ address: m.address, handleSignals: false, logger: recordingLogger() });
+  try {
+    await waitFor("five results", () => (m.results.length === 5 ? true : undefined), 10_000);
+    assert.deepEqual([...seen].sort(), ids, "every request of the batch reached the handler once");
+    assert.deepEqual(m.results.map((r) => r.outcome.case), ["done", "done", "done", "done", "done"]);
+    // The handlers all finish in the turn the first heartbeat answer opened the gate.
+    assert.deepEqual(m.messages, [{ ids: [...seen], batched: true }]);
+  } finally {
+    c.stop();
+    m.close();
+    await running.catch(() => {});
+  }
+});
+
+test("a manager that does not echo max_batch never receives a ResultBatch", async () => {
+  const ids = ["a", "b", "c"];
+  const m = await scripted((call) => ids.forEach((id) => request(call, id, undefined)), 0, false);
+  const c = controller("old").for(kinds.ConfigMap).concurrency(8).reconcile(() => {});
+  const running = c.run({ address: m.address, handleSignals: false, logger: recordingLogger() });
+  try {
+    await waitFor("three results", () => (m.results.length === 3 ? true : undefined), 10_000);
+    assert.deepEqual(
+      m.messages.map((x) => x.batched),
+      [false, false, false],
+    );
   } finally {
     c.stop();
     m.close();
