@@ -591,6 +591,47 @@ mod tests {
         assert!((650..=720).contains(&len), "{len} bytes");
     }
 
+    fn run(rate: u64) -> LoopbackRun {
+        LoopbackRun {
+            shape: Shape {
+                total: rate as usize,
+                streams: 1,
+                credit: 16,
+                max_batch: 1,
+            },
+            elapsed: Duration::from_secs(1),
+            server_messages: rate,
+            client_messages: rate,
+        }
+    }
+
+    #[test]
+    fn the_throughput_rates_become_fractions_of_each_ceiling() {
+        let throughput = Outcome {
+            scenario: "throughput".into(),
+            rows: Vec::new(),
+            json: serde_json::json!({"ctrlhub": {"live": {"objectsPerSecond": 5000.0},
+                "backlog": {"objectsPerSecond": 10000.0}}}),
+        };
+        let rates = ThroughputRates::from_outcome(&throughput).expect("rates");
+        let other = Outcome {
+            scenario: "latency".into(),
+            ..throughput.clone()
+        };
+        assert!(ThroughputRates::from_outcome(&other).is_none());
+        let ceiling = Ceiling {
+            unbatched: run(100_000),
+            batched: run(200_000),
+        };
+        let fractions: Vec<_> = rows(&ceiling, Some(rates))
+            .into_iter()
+            .filter(|r| r.metric.contains("fraction"))
+            .map(|r| r.ctrlhub)
+            .collect();
+        assert_eq!(fractions, ["0.025 / 0.050", "0.050 / 0.100"]);
+        assert_eq!(rows(&ceiling, None).len(), 3);
+    }
+
     #[test]
     fn a_run_counts_whole_shares_per_stream() {
         let run = LoopbackRun {
