@@ -51,6 +51,12 @@ enum Cmd {
     Fairness,
     /// Team-b's latency and the manager's peak memory during each attack of the hostile-tenant suite (tests/tests/adversity/hostile.rs).
     Hostile,
+    /// The ceiling: raw Connect-stream requests/s over loopback with empty handlers, unbatched and
+    /// batched; with `all`, the throughput run's rates as a fraction of it.
+    Loopback,
+    /// A second controller's start on a kind the manager already caches, against kube-rs' cold
+    /// start.
+    WarmStart,
     /// Steady 1,000 updates/s for N minutes.
     Soak {
         /// Duration in minutes.
@@ -73,12 +79,22 @@ impl Cmd {
             Cmd::Failover => "failover",
             Cmd::Fairness => "fairness",
             Cmd::Hostile => "hostile",
+            Cmd::Loopback => "loopback",
+            Cmd::WarmStart => "warm-start",
             Cmd::Soak { .. } => "soak",
         }
     }
 }
 
-async fn scenario(cmd: &Cmd, sizes: Sizes, kopf: bool, typescript: bool) -> Result<Outcome> {
+/// Run one scenario; `earlier` holds the outcomes of this invocation so far (the loopback
+/// scenario expresses the throughput run's rates as a fraction of its ceiling).
+async fn scenario(
+    cmd: &Cmd,
+    sizes: Sizes,
+    kopf: bool,
+    typescript: bool,
+    earlier: &[Outcome],
+) -> Result<Outcome> {
     match cmd {
         Cmd::Throughput => {
             scenarios::throughput::run(sizes.pick(10_000, 1_000), kopf, typescript).await
@@ -93,6 +109,15 @@ async fn scenario(cmd: &Cmd, sizes: Sizes, kopf: bool, typescript: bool) -> Resu
             scenarios::fairness::run(sizes.pick(100_000, 5_000), sizes.pick(200, 50)).await
         }
         Cmd::Hostile => scenarios::hostile::run(sizes.pick(100, 20)).await,
+        Cmd::Loopback => {
+            let throughput = earlier
+                .iter()
+                .find_map(scenarios::loopback::ThroughputRates::from_outcome);
+            scenarios::loopback::run(sizes.pick(200_000, 20_000), throughput).await
+        }
+        Cmd::WarmStart => {
+            scenarios::warm_start::run(&sizes.pick(vec![10_000, 100_000], vec![1_000, 5_000])).await
+        }
         Cmd::Soak { minutes, rate } => scenarios::soak::run(*minutes, *rate, 1000).await,
         Cmd::All => unreachable!("expanded by main"),
     }
@@ -105,12 +130,14 @@ async fn main() -> Result<()> {
     let cmds = match &cli.command {
         Cmd::All => vec![
             Cmd::Throughput,
+            Cmd::Loopback,
             Cmd::Latency,
             Cmd::SharedCaches,
             Cmd::Memory,
             Cmd::Failover,
             Cmd::Fairness,
             Cmd::Hostile,
+            Cmd::WarmStart,
         ],
         other => vec![other.clone()],
     };
@@ -119,7 +146,7 @@ async fn main() -> Result<()> {
     for cmd in &cmds {
         let name = cmd.name();
         eprintln!("== {name}");
-        match scenario(cmd, sizes, !cli.no_kopf, !cli.no_typescript).await {
+        match scenario(cmd, sizes, !cli.no_kopf, !cli.no_typescript, &outcomes).await {
             Ok(o) => {
                 if cmds.len() > 1 {
                     eprintln!("\n{}", table(&o.rows));

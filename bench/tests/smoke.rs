@@ -1,7 +1,9 @@
 //! Smoke test of the harness (runs in CI with `cargo test --workspace`): a throughput run of a
 //! few hundred objects through ctrlhub (3 SDK replicas over gRPC) and the in-process kube-rs
 //! controller, live and from a backlog, must reconcile every object on both sides; and the same
-//! through the kopf reference operator, which the harness installs from PyPI on first use.
+//! through the kopf reference operator, which the harness installs from PyPI on first use. The
+//! loopback ceiling answers every request; the warm-start scenario's second controller starts
+//! from the manager's cache.
 
 use std::path::PathBuf;
 
@@ -89,4 +91,32 @@ async fn throughput_smoke_python_sdk_every_object_reconciled() {
         assert_eq!(run.objects, n);
         assert!(run.rate() > 0.0);
     }
+}
+
+/// The loopback ceiling end to end at a small size: every request of every stream is answered,
+/// unbatched one message per request, batched in fewer messages than requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn loopback_smoke_every_request_answered() {
+    let c = ctrlhub_bench::scenarios::loopback::measure_ceiling(3_000)
+        .await
+        .expect("every loopback stream finishes");
+    assert_eq!(c.unbatched.requests(), 3_000);
+    assert_eq!(c.unbatched.server_messages, 3_000);
+    assert_eq!(c.unbatched.client_messages, 3_000);
+    assert_eq!(c.batched.requests(), 3_000);
+    assert!(c.batched.server_messages < 3_000, "{:?}", c.batched);
+    assert!(c.batched.client_messages < 3_000, "{:?}", c.batched);
+}
+
+/// The warm-start scenario end to end at a small size: B and the cold kube-rs Controller each
+/// reconcile every object, and B starts from the manager's cache without a list request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn warm_start_smoke_served_from_the_shared_cache() {
+    ensure_manager();
+    let f = ctrlhub_bench::scenarios::warm_start::measure(300)
+        .await
+        .expect("every object reconciled by A, B and kube-rs");
+    assert_eq!(f.objects, 300);
+    assert_eq!(f.warm_lists, 0, "B's start listed Widgets: {f:?}");
+    assert!(f.warm > std::time::Duration::ZERO && f.cold > std::time::Duration::ZERO);
 }

@@ -5,10 +5,12 @@ pub mod failover;
 pub mod fairness;
 pub mod hostile;
 pub mod latency;
+pub mod loopback;
 pub mod memory;
 pub mod shared_caches;
 pub mod soak;
 pub mod throughput;
+pub mod warm_start;
 
 use std::time::Duration;
 
