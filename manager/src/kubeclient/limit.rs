@@ -112,9 +112,37 @@ impl<S> Limit<S> {
     }
 }
 
+/// Whether a request spends a token. A list's continuation pages do not: a list is one
+/// operation for the limit, its pages go one after another (never two of one list at once), and
+/// charging each page made a 100,000-object first list (1,000 pages of 100) wait 18 s at the
+/// default 50 qps after its burst. Everything else, the first page of every list included, is
+/// charged.
+pub(crate) trait Charged {
+    /// False for a request the limit lets through without a token.
+    fn charged(&self) -> bool;
+}
+
+impl<B> Charged for http::Request<B> {
+    fn charged(&self) -> bool {
+        !continues_a_list(self.method(), self.uri())
+    }
+}
+
+/// A GET whose query carries a non-empty `continue` token: a list's next page.
+fn continues_a_list(method: &http::Method, uri: &http::Uri) -> bool {
+    method == http::Method::GET
+        && uri.query().is_some_and(|q| {
+            q.split('&').any(|pair| {
+                pair.strip_prefix("continue=")
+                    .is_some_and(|t| !t.is_empty())
+            })
+        })
+}
+
 impl<S, Req> tower::Service<Req> for Limit<S>
 where
     S: tower::Service<Req>,
+    Req: Charged,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -129,8 +157,11 @@ where
     }
 
     fn call(&mut self, req: Req) -> S::Future {
-        self.permit = false;
-        self.since = None;
+        // A free request leaves the token for the next call that spends one.
+        if req.charged() {
+            self.permit = false;
+            self.since = None;
+        }
         self.inner.call(req)
     }
 }
@@ -139,6 +170,99 @@ where
 mod tests {
     use super::*;
     use tower::{Service as _, ServiceExt as _};
+
+    /// Test calls: charged unless they say otherwise.
+    #[derive(Clone, Copy)]
+    struct Call {
+        page: bool,
+    }
+
+    impl Charged for Call {
+        fn charged(&self) -> bool {
+            !self.page
+        }
+    }
+
+    fn limited(
+        qps: f64,
+        burst: u32,
+    ) -> Limit<impl tower::Service<Call, Response = Instant, Error = std::convert::Infallible>>
+    {
+        let metrics = crate::metrics::Metrics::new();
+        let limiter = Qps { qps, burst }.limiter().expect("a limit");
+        let layer = LimitLayer::new(Some(limiter), &metrics.api);
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(|_: Call| async {
+                Ok::<_, std::convert::Infallible>(Instant::now())
+            }),
+        )
+    }
+
+    async fn calls(
+        svc: &mut Limit<
+            impl tower::Service<Call, Response = Instant, Error = std::convert::Infallible>,
+        >,
+        n: usize,
+        call: Call,
+    ) -> Vec<Instant> {
+        let mut at = Vec::new();
+        for _ in 0..n {
+            at.push(
+                svc.ready()
+                    .await
+                    .expect("ready")
+                    .call(call)
+                    .await
+                    .expect("call"),
+            );
+        }
+        at
+    }
+
+    #[test]
+    fn only_a_lists_next_pages_are_free() {
+        let get = http::Method::GET;
+        let page = |q: &str| {
+            format!("/apis/g/v1/widgets?{q}")
+                .parse::<http::Uri>()
+                .expect("uri")
+        };
+        assert!(continues_a_list(&get, &page("limit=100&continue=abc")));
+        assert!(continues_a_list(&get, &page("continue=abc&limit=100")));
+        assert!(!continues_a_list(&get, &page("limit=100")), "a first page");
+        assert!(
+            !continues_a_list(&get, &page("limit=100&continue=")),
+            "an empty token"
+        );
+        assert!(!continues_a_list(&get, &page("labelSelector=continue%3Dx")));
+        assert!(!continues_a_list(&get, &page("xcontinue=abc")));
+        assert!(!continues_a_list(
+            &http::Method::POST,
+            &page("continue=abc")
+        ));
+    }
+
+    /// Once the bucket is empty, a list's further pages still go at once, and the token they
+    /// did not spend is there for the next charged call.
+    #[tokio::test]
+    async fn pages_after_the_first_do_not_wait_for_the_rate() {
+        let mut svc = limited(2.0, 2);
+        let start = Instant::now();
+        calls(&mut svc, 2, Call { page: false }).await;
+        let pages = calls(&mut svc, 50, Call { page: true }).await;
+        assert!(
+            pages[49].duration_since(start) < Duration::from_millis(600),
+            "50 pages after an empty bucket took {:?}",
+            pages[49].duration_since(start)
+        );
+        let next = calls(&mut svc, 2, Call { page: false }).await;
+        assert!(
+            next[1].duration_since(start) >= Duration::from_millis(450),
+            "charged calls still keep to the rate: {:?}",
+            next[1].duration_since(start)
+        );
+    }
 
     #[test]
     fn no_limit_for_zero_or_nonsense_rates() {
@@ -152,30 +276,9 @@ mod tests {
     /// A burst goes at once, then calls are spaced by 1/qps.
     #[tokio::test]
     async fn calls_beyond_the_burst_wait_for_the_rate() {
-        let metrics = crate::metrics::Metrics::new();
-        let limiter = Qps {
-            qps: 20.0,
-            burst: 5,
-        }
-        .limiter()
-        .expect("a limit");
-        let layer = LimitLayer::new(Some(limiter), &metrics.api);
-        let mut svc = tower::Layer::layer(
-            &layer,
-            tower::service_fn(|()| async { Ok::<_, std::convert::Infallible>(Instant::now()) }),
-        );
+        let mut svc = limited(20.0, 5);
         let start = Instant::now();
-        let mut at = Vec::new();
-        for _ in 0..15 {
-            at.push(
-                svc.ready()
-                    .await
-                    .expect("ready")
-                    .call(())
-                    .await
-                    .expect("call"),
-            );
-        }
+        let at = calls(&mut svc, 15, Call { page: false }).await;
         let burst_done = at[4].duration_since(start);
         assert!(
             burst_done < Duration::from_millis(40),
