@@ -7,17 +7,20 @@
 //! into queues), invoked under the informer's lock so that a late subscriber's snapshot replay and
 //! the live events that follow it never overlap or leave a gap.
 //!
-//! The store keeps each object as JSON bytes ([`CachedObject`]), not as a parsed tree: events
-//! carry the parsed state subscribers filter and map on, and only transiently.
+//! The store keeps each object as JSON bytes behind its key in one allocation ([`Entry`]), not
+//! as a parsed tree: events carry the parsed state subscribers filter and map on, and only
+//! transiently. A metadata-only informer keeps only each object's metadata.
 //!
-//! Owns: informers, their stores and owner indexes, decoding ([`watched`]), and giving heap back
+//! Owns: informers, their stores ([`entry`]), decoding ([`watched`]), and giving heap back
 //! after bursts ([`heap`]). May call: `key` and the Kubernetes client — nothing that knows about
 //! controllers, so caches stay testable on their own.
 
+pub(crate) mod entry;
 pub(crate) mod heap;
 pub(crate) mod object;
 pub(crate) mod watched;
 
+use crate::informer::entry::{Entry, Form, encode_key};
 use crate::informer::object::CachedObject;
 use crate::informer::watched::WatchedObject;
 use futures::StreamExt;
@@ -27,7 +30,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::watch as signal;
@@ -129,20 +132,22 @@ pub(crate) enum CacheEvent {
 /// back into the cache.
 pub(crate) type Subscriber = Arc<dyn Fn(&CacheEvent) + Send + Sync>;
 
-#[derive(Default)]
 struct Store {
+    /// What is kept of each object: all of it, or its metadata.
+    form: Form,
     /// Ordered by key, so a page of a List is a range, not a scan of the whole cache.
-    objects: BTreeMap<ObjectKey, CachedObject>,
+    objects: BTreeSet<Entry>,
     /// By subscription id: removing one is O(log n) however many a registration made.
     subscribers: BTreeMap<u64, Subscriber>,
-    /// Bytes of the objects held (their JSON): what the informer costs, for tenants' budgets.
+    /// Bytes of the objects held (their stored JSON, see [`Entry::stored_len`]): what the
+    /// informer costs, for tenants' budgets.
     bytes: usize,
     /// The newest resourceVersion among the objects and deletions applied: the consistency point
     /// cached reads report.
     newest_rv: String,
-    /// Objects received since the current (re)list began. Held as bytes too, so that a list of
-    /// 100k objects never has them all parsed at once.
-    relisting: Option<HashMap<ObjectKey, CachedObject>>,
+    /// Objects received since the current (re)list began, in arrival order. Held as bytes too,
+    /// so that a list of 100k objects never has them all parsed at once.
+    relisting: Option<Vec<Entry>>,
 }
 
 /// One informer: its store, its subscribers and its watch task.
@@ -220,6 +225,17 @@ pub(crate) enum SyncError {
 }
 
 impl Store {
+    fn new(form: Form) -> Self {
+        Store {
+            form,
+            objects: BTreeSet::new(),
+            subscribers: BTreeMap::new(),
+            bytes: 0,
+            newest_rv: String::new(),
+            relisting: None,
+        }
+    }
+
     /// Remember `rv` if it is newer than what was seen. resourceVersions are opaque to clients,
     /// but every API server issues them as increasing integers; anything else is taken as is.
     fn note_rv(&mut self, rv: &str) {
@@ -232,22 +248,22 @@ impl Store {
         }
     }
 
-    fn insert(&mut self, key: ObjectKey, obj: CachedObject) -> Option<CachedObject> {
-        self.bytes += obj.json().len();
-        if let Some(old) = self.objects.get_mut(&key) {
-            // Replace in place: the stored key stays where it is (no new allocation per update).
-            let old = std::mem::replace(old, obj);
-            self.bytes -= old.json().len();
-            return Some(old);
-        }
-        self.objects.insert(key, obj);
-        None
+    fn insert(&mut self, entry: Entry) -> Option<Entry> {
+        self.bytes += entry.stored_len();
+        let old = self.objects.replace(entry)?;
+        self.bytes -= old.stored_len();
+        Some(old)
     }
 
-    fn remove(&mut self, key: &ObjectKey) -> Option<CachedObject> {
-        let old = self.objects.remove(key)?;
-        self.bytes -= old.json().len();
+    fn remove(&mut self, key: &ObjectKey) -> Option<Entry> {
+        let old = self.objects.take(encode_key(key).as_slice())?;
+        self.bytes -= old.stored_len();
         Some(old)
+    }
+
+    /// The object `entry` holds, parsed.
+    fn value(&self, entry: &Entry) -> Arc<Value> {
+        Arc::new(entry.object(&self.form).value())
     }
 
     /// Store an object and announce it: Added if new, Modified if its resourceVersion moved,
@@ -255,23 +271,66 @@ impl Store {
     /// stored bytes only when an event needs it.
     fn upsert(
         &mut self,
-        key: ObjectKey,
-        stored: CachedObject,
-        parsed: impl FnOnce(&CachedObject) -> Arc<Value>,
+        stored: Entry,
+        parsed: impl FnOnce(&Self, &Entry) -> Arc<Value>,
         initial: bool,
     ) {
         let rv = stored.resource_version();
         self.note_rv(&rv);
-        match self.insert(key, stored.clone()) {
+        match self.insert(stored.clone()) {
             None => self.emit(&CacheEvent::Added {
-                object: parsed(&stored),
+                object: parsed(self, &stored),
                 initial,
             }),
             Some(old) if old.resource_version() != rv => self.emit(&CacheEvent::Modified {
-                old: Arc::new(old.value()),
-                new: parsed(&stored),
+                old: self.value(&old),
+                new: parsed(self, &stored),
             }),
             Some(_) => {}
+        }
+    }
+
+    /// Apply a complete (re)list: announce as deleted what it no longer has, then store and
+    /// announce what it has. The first list fills the empty store in one go (its nodes full,
+    /// not half full as they are left by inserting keys in order).
+    fn relisted(&mut self, listed: Vec<Entry>) {
+        let listed = last_of_each_key(listed);
+        if self.objects.is_empty() {
+            for entry in &listed {
+                self.note_rv(&entry.resource_version());
+                self.bytes += entry.stored_len();
+            }
+            self.objects = listed.into_iter().collect();
+            for entry in &self.objects {
+                self.emit(&CacheEvent::Added {
+                    object: self.value(entry),
+                    initial: true,
+                });
+            }
+            return;
+        }
+        // Diff the relist against the store so a relist after a 410 neither loses a deletion
+        // nor re-announces unchanged objects as changes.
+        let gone: Vec<ObjectKey> = self
+            .objects
+            .iter()
+            .filter(|e| {
+                listed
+                    .binary_search_by(|l| l.key_bytes().cmp(e.key_bytes()))
+                    .is_err()
+            })
+            .map(Entry::key)
+            .collect();
+        for key in gone {
+            if let Some(old) = self.remove(&key) {
+                self.emit(&CacheEvent::Deleted {
+                    object: self.value(&old),
+                    final_state_unknown: true,
+                });
+            }
+        }
+        for entry in listed {
+            self.upsert(entry, Self::value, true);
         }
     }
 
@@ -354,16 +413,18 @@ impl Informer {
 
     /// One cached object.
     pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<CachedObject> {
-        self.lock()
+        let store = self.lock();
+        store
             .objects
-            .get(&ObjectKey::new(namespace, name))
-            .cloned()
+            .get(encode_key(&ObjectKey::new(namespace, name)).as_slice())
+            .map(|e| e.object(&store.form))
     }
 
     /// At most `limit` cached objects after `after` (from the first when None), in key order,
     /// within `namespace` (None: all); and whether more follow. The cost is the range read,
-    /// `O(log n + limit)` under the informer's lock, whatever the cache holds: the objects are
-    /// shared, not copied.
+    /// `O(log n + limit)` under the informer's lock, whatever the cache holds: the entries are
+    /// shared, not copied (a metadata-only informer's objects are written out after the lock is
+    /// released).
     pub(crate) fn range(
         &self,
         namespace: Option<&str>,
@@ -373,22 +434,21 @@ impl Informer {
         use std::ops::Bound;
         let first_of_namespace = namespace.map(|n| ObjectKey::new(n, ""));
         let start = match (after, &first_of_namespace) {
-            (Some(a), Some(f)) if f > a => Bound::Included(f),
-            (Some(a), _) => Bound::Excluded(a),
-            (None, Some(f)) => Bound::Included(f),
+            (Some(a), Some(f)) if f > a => Bound::Included(encode_key(f)),
+            (Some(a), _) => Bound::Excluded(encode_key(a)),
+            (None, Some(f)) => Bound::Included(encode_key(f)),
             (None, None) => Bound::Unbounded,
         };
-        let store = self.lock();
-        let mut within = store
-            .objects
-            .range((start, Bound::Unbounded))
-            .take_while(|(k, _)| namespace.is_none_or(|n| n == k.namespace));
-        let out: Vec<(ObjectKey, CachedObject)> = within
-            .by_ref()
-            .take(limit)
-            .map(|(k, o)| (k.clone(), o.clone()))
-            .collect();
-        let more = within.next().is_some();
+        let (entries, more, form) = {
+            let store = self.lock();
+            let mut within = store
+                .objects
+                .range::<[u8], _>((start.as_ref().map(Vec::as_slice), Bound::Unbounded))
+                .take_while(|e| namespace.is_none_or(|n| n.as_bytes() == e.namespace_bytes()));
+            let entries: Vec<Entry> = within.by_ref().take(limit).cloned().collect();
+            (entries, within.next().is_some(), store.form.clone())
+        };
+        let out = entries.iter().map(|e| (e.key(), e.object(&form))).collect();
         (out, more)
     }
 
@@ -399,7 +459,7 @@ impl Informer {
 
     /// Keys of every cached object.
     pub(crate) fn keys(&self) -> Vec<ObjectKey> {
-        self.lock().objects.keys().cloned().collect()
+        self.lock().objects.iter().map(Entry::key).collect()
     }
 
     /// Apply one watcher event; false when the informer must stop (its first list overdrew its
@@ -408,13 +468,13 @@ impl Informer {
         let mut store = self.lock();
         match event {
             Event::Init => {
-                store.relisting = Some(HashMap::new());
+                store.relisting = Some(Vec::new());
             }
             Event::InitApply(obj) => {
-                let object = CachedObject::from_value(&obj);
+                let entry = Entry::of_value(&obj, &store.form);
                 if !self.is_synced()
                     && let Some(budget) = &self.budget
-                    && !budget.spend(object.json().len())
+                    && !budget.spend(entry.stored_len())
                 {
                     store.relisting = None;
                     drop(store);
@@ -424,41 +484,21 @@ impl Informer {
                     return false;
                 }
                 if let Some(buf) = store.relisting.as_mut() {
-                    buf.insert(ObjectKey::of(&obj), object);
+                    buf.push(entry);
                 }
             }
             Event::InitDone => {
                 self.relists.fetch_add(1, Ordering::Relaxed);
                 let listed = store.relisting.take().unwrap_or_default();
-                // Diff the relist against the store so a relist after a 410 neither loses a
-                // deletion nor re-announces unchanged objects as changes.
-                let gone: Vec<ObjectKey> = store
-                    .objects
-                    .keys()
-                    .filter(|k| !listed.contains_key(*k))
-                    .cloned()
-                    .collect();
-                for key in gone {
-                    if let Some(old) = store.remove(&key) {
-                        store.emit(&CacheEvent::Deleted {
-                            object: Arc::new(old.value()),
-                            final_state_unknown: true,
-                        });
-                    }
-                }
-                let mut listed: Vec<(ObjectKey, CachedObject)> = listed.into_iter().collect();
-                listed.sort_by(|a, b| a.0.cmp(&b.0));
-                for (key, obj) in listed {
-                    store.upsert(key, obj, |o| Arc::new(o.value()), true);
-                }
+                store.relisted(listed);
                 drop(store);
                 crate::informer::heap::release_after_burst();
                 self.first_list_error.lock().take();
                 self.synced.send_replace(true);
             }
             Event::Apply(obj) => {
-                let stored = CachedObject::from_value(&obj);
-                store.upsert(ObjectKey::of(&obj), stored, |_| Arc::new(obj), false);
+                let stored = Entry::of_value(&obj, &store.form);
+                store.upsert(stored, |_, _| Arc::new(obj), false);
             }
             Event::Delete(obj) => {
                 // The watch event carries the object's final state, newer than the stored one.
@@ -480,6 +520,16 @@ impl Informer {
     }
 }
 
+/// `listed` sorted by key, the last received of each key kept (as a map filled in arrival order
+/// would keep it).
+fn last_of_each_key(mut listed: Vec<Entry>) -> Vec<Entry> {
+    listed.reverse();
+    // Stable: of equal keys, the last received comes first, and dedup keeps the first.
+    listed.sort();
+    listed.dedup();
+    listed
+}
+
 /// Remove what no consumer needs and what would only cost memory: managedFields can be larger
 /// than the rest of the object.
 fn slim(mut v: Value) -> Value {
@@ -494,6 +544,15 @@ fn api_version(key: &InformerKey) -> String {
         key.version.clone()
     } else {
         format!("{}/{}", key.group, key.version)
+    }
+}
+
+/// What an informer for `key` keeps of each object.
+fn store_form(key: &InformerKey) -> Form {
+    if key.metadata_only {
+        Form::metadata(&api_version(key), &key.kind)
+    } else {
+        Form::Full
     }
 }
 
@@ -605,9 +664,9 @@ impl Cache {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut store = informer.lock();
-            for object in store.objects.values() {
+            for entry in &store.objects {
                 subscriber(&CacheEvent::Added {
-                    object: Arc::new(object.value()),
+                    object: store.value(entry),
                     initial: true,
                 });
             }
@@ -650,7 +709,7 @@ impl Cache {
         let (synced, _) = signal::channel(false);
         let informer = Arc::new(Informer {
             key: key.clone(),
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(Store::new(store_form(&key))),
             synced,
             relists: AtomicU64::new(0),
             watch_restarts: Arc::new(AtomicU64::new(0)),
@@ -777,10 +836,15 @@ mod tests {
 
     /// An informer that is not watching anything, fed by hand.
     fn informer(budget: Option<Arc<ListBudget>>) -> Informer {
+        informer_of(key(), budget)
+    }
+
+    /// [`informer`] of `key`.
+    fn informer_of(key: InformerKey, budget: Option<Arc<ListBudget>>) -> Informer {
         let (synced, _) = signal::channel(false);
         Informer {
-            key: key(),
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(Store::new(store_form(&key))),
+            key,
             synced,
             relists: AtomicU64::new(0),
             watch_restarts: Arc::new(AtomicU64::new(0)),
@@ -866,6 +930,180 @@ mod tests {
         let (page, more) = i.range(None, Some(&ObjectKey::new("b", "3")), 10);
         assert_eq!(names(page), ["c/1"]);
         assert!(!more);
+    }
+
+    /// An owned Widget as the API server serves it, managedFields removed: metadata filled in
+    /// by the server, labels, an annotation and a spec.
+    fn served_widget(i: usize, rv: u64) -> Value {
+        json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": format!("w-{i:06}"), "namespace": "mem-100000",
+                "uid": format!("6c0e1b2a-0000-4000-8000-{i:012}"), "resourceVersion": rv.to_string(),
+                "generation": 1, "creationTimestamp": "2026-11-26T19:00:00Z",
+                "labels": {"app.kubernetes.io/name": "widget", "app.kubernetes.io/part-of": "ctrlhub-bench", "tier": "backend"},
+                "annotations": {"bench.ctrlhub.io/ts": "1795000000000000"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "u", "controller": true}]},
+            "spec": {"replicas": 3, "image": "registry.example.com/widgets/widget:1.2.3", "size": "medium",
+                "ports": [{"name": "http", "port": 8080}, {"name": "metrics", "port": 9090}],
+                "env": {"LOG_LEVEL": "info", "REGION": "eu-west-1"}, "paused": false,
+                "owner": "team-widgets", "tags": ["bench", "widget", "ctrlhub"]}})
+    }
+
+    /// What a client reads of a metadata-only object: apiVersion, kind and metadata.
+    fn partial(v: &Value) -> Value {
+        json!({"apiVersion": v["apiVersion"], "kind": v["kind"], "metadata": v["metadata"]})
+    }
+
+    fn metadata_only_informer(budget: Option<Arc<ListBudget>>) -> Informer {
+        informer_of(
+            InformerKey {
+                metadata_only: true,
+                ..key()
+            },
+            budget,
+        )
+    }
+
+    /// Events as (kind, object, final_state_unknown).
+    type Seen = Arc<Mutex<Vec<(&'static str, Value, bool)>>>;
+
+    /// Every event `i` announces from now on.
+    fn record(i: &Informer) -> Seen {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let sub: Subscriber = Arc::new(move |e: &CacheEvent| {
+            let row = match e {
+                CacheEvent::Added { object, .. } => ("added", (**object).clone(), false),
+                CacheEvent::Modified { old, new } => {
+                    ("modified", json!({"old": **old, "new": **new}), false)
+                }
+                CacheEvent::Deleted {
+                    object,
+                    final_state_unknown,
+                } => ("deleted", (**object).clone(), *final_state_unknown),
+            };
+            into.lock().push(row);
+        });
+        i.lock().subscribers.insert(1, sub);
+        seen
+    }
+
+    /// The cost of one metadata-only object, pinned: what it is charged is its metadata, less
+    /// than the PartialObjectMetadata JSON a client reads (the informer's apiVersion and kind
+    /// are kept once, not per object), and nothing of its spec. 100 objects, so that a
+    /// per-object regression shows whatever the fixed costs.
+    #[test]
+    fn a_metadata_only_object_costs_its_metadata_json() {
+        let budget = ListBudget::new(1 << 20, 1 << 20);
+        let i = metadata_only_informer(Some(budget.clone()));
+        assert!(i.apply(Event::Init));
+        for n in 0..100 {
+            assert!(i.apply(Event::InitApply(served_widget(n, 5))));
+        }
+        assert!(i.apply(Event::InitDone));
+        let client = serde_json::to_vec(&partial(&served_widget(0, 5)))
+            .expect("serializes")
+            .len();
+        let metadata = serde_json::to_vec(&served_widget(0, 5)["metadata"])
+            .expect("serializes")
+            .len();
+        let per_object = i.bytes() / 100;
+        assert_eq!(i.bytes() % 100, 0, "every object is charged the same");
+        // `{"metadata":` and `}` around the metadata itself.
+        assert_eq!(per_object, metadata + 13);
+        assert!(
+            per_object + 40 <= client,
+            "{per_object} B charged for a {client} B PartialObjectMetadata"
+        );
+        assert_eq!(
+            budget.left.load(Ordering::Relaxed),
+            (1 << 20) - i64::try_from(i.bytes()).expect("small")
+        );
+        let full = informer(None);
+        assert!(full.apply(Event::Init));
+        assert!(full.apply(Event::InitApply(served_widget(0, 5))));
+        assert!(full.apply(Event::InitDone));
+        assert!(full.bytes() > per_object + 250, "the spec is not kept");
+    }
+
+    #[test]
+    fn metadata_only_reads_and_events_carry_apiversion_kind_and_metadata() {
+        let i = metadata_only_informer(None);
+        let seen = record(&i);
+        assert!(i.apply(Event::Init));
+        for n in 0..3 {
+            assert!(i.apply(Event::InitApply(served_widget(n, 5))));
+        }
+        assert!(i.apply(Event::InitDone));
+        let want = |n, rv| partial(&served_widget(n, rv));
+        let got = i.get("mem-100000", "w-000001").expect("cached");
+        assert_eq!(got.value(), want(1, 5));
+        assert_eq!(got.resource_version(), "5");
+        assert_eq!(
+            got.json(),
+            serde_json::to_vec(&want(1, 5)).expect("serializes"),
+            "apiVersion, kind, metadata in that order"
+        );
+        assert_eq!(
+            got.labels().and_then(|l| l.get("tier").cloned()),
+            Some(json!("backend"))
+        );
+        let (page, more) = i.range(Some("mem-100000"), None, 2);
+        assert!(more);
+        assert_eq!(page.len(), 2);
+        assert_eq!(page[1].0, ObjectKey::new("mem-100000", "w-000001"));
+        assert_eq!(page[1].1, got);
+        assert_eq!(i.newest_resource_version(), "5");
+        // A live change, then a relist after a 410 that misses w-000000 and changed w-000002.
+        assert!(i.apply(Event::Apply(served_widget(1, 6))));
+        assert!(i.apply(Event::Init));
+        assert!(i.apply(Event::InitApply(served_widget(1, 6))));
+        assert!(i.apply(Event::InitApply(served_widget(2, 7))));
+        assert!(i.apply(Event::InitDone));
+        let seen = seen.lock().clone();
+        let kinds: Vec<&str> = seen.iter().map(|(k, _, _)| *k).collect();
+        assert_eq!(
+            kinds,
+            ["added", "added", "added", "modified", "deleted", "modified"]
+        );
+        assert_eq!(seen[3].1["old"], want(1, 5));
+        assert_eq!(
+            seen[3].1["new"],
+            served_widget(1, 6),
+            "the live event's own state"
+        );
+        assert_eq!(seen[4].1, want(0, 5));
+        assert!(
+            seen[4].2,
+            "a deletion seen by a relist is final-state-unknown"
+        );
+        assert_eq!(seen[5].1, json!({"old": want(2, 5), "new": want(2, 7)}));
+        assert_eq!(i.len(), 2);
+        assert_eq!(i.newest_resource_version(), "7");
+        let one = i.bytes() / 2;
+        assert!(i.apply(Event::Delete(served_widget(2, 8))));
+        assert_eq!(i.bytes(), one);
+        assert_eq!(i.keys(), [ObjectKey::new("mem-100000", "w-000001")]);
+    }
+
+    #[test]
+    fn a_list_that_names_an_object_twice_keeps_the_last() {
+        let i = informer(None);
+        assert!(i.apply(Event::Init));
+        assert!(i.apply(Event::InitApply(served_widget(0, 5))));
+        assert!(i.apply(Event::InitApply(served_widget(0, 6))));
+        assert!(i.apply(Event::InitDone));
+        assert_eq!(i.len(), 1);
+        assert_eq!(
+            i.get("mem-100000", "w-000000")
+                .map(|o| o.resource_version()),
+            Some("6".to_string())
+        );
+        assert_eq!(
+            i.bytes(),
+            serde_json::to_vec(&served_widget(0, 6))
+                .expect("serializes")
+                .len()
+        );
     }
 
     #[test]

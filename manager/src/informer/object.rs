@@ -13,11 +13,24 @@ use std::sync::Arc;
 /// A cached object: its JSON in one shared allocation. Cloning it is a reference-count bump.
 ///
 /// Nothing else is kept beside the bytes: a separate resourceVersion would cost another
-/// allocation per object, more than reading it back out of the JSON when it is needed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// allocation per object, more than reading it back out of the JSON when it is needed. The
+/// allocation may begin with what a store keeps before the JSON (its key, see
+/// [`super::entry::Entry`]), so that a store's entry and the object read from it are one
+/// allocation; `json_at` is where the JSON starts.
+#[derive(Debug, Clone)]
 pub(crate) struct CachedObject {
-    json: Arc<[u8]>,
+    bytes: Arc<[u8]>,
+    json_at: usize,
 }
+
+/// Equal when the JSON is, whatever precedes it in the allocation.
+impl PartialEq for CachedObject {
+    fn eq(&self, other: &Self) -> bool {
+        self.json() == other.json()
+    }
+}
+
+impl Eq for CachedObject {}
 
 /// The only fields the store reads back, borrowed from the bytes; serde skips the rest of the
 /// object without building anything.
@@ -52,31 +65,29 @@ impl CachedObject {
     pub(crate) fn from_value(value: &Value) -> Self {
         // Serializing a Value cannot fail: its map keys are strings.
         let json = serde_json::to_vec(value).unwrap_or_default();
-        CachedObject { json: json.into() }
+        CachedObject::shared(json.into(), 0)
+    }
+
+    /// The object whose JSON is `bytes` from `json_at` on (all of them if out of range).
+    pub(crate) fn shared(bytes: Arc<[u8]>, json_at: usize) -> Self {
+        let json_at = if json_at <= bytes.len() { json_at } else { 0 };
+        CachedObject { bytes, json_at }
     }
 
     /// The object's JSON, ready to send.
     pub(crate) fn json(&self) -> &[u8] {
-        &self.json
-    }
-
-    fn identity(&self) -> Identity<'_> {
-        serde_json::from_slice(&self.json).unwrap_or_default()
+        self.bytes.get(self.json_at..).unwrap_or_default()
     }
 
     /// metadata.resourceVersion ("" if the server sent none).
     pub(crate) fn resource_version(&self) -> String {
-        self.identity()
-            .metadata
-            .resource_version
-            .map(|v| v.into_owned())
-            .unwrap_or_default()
+        resource_version_of(self.json())
     }
 
     /// `metadata.labels`, read without building the rest of the object (None when absent or
     /// not a map).
     pub(crate) fn labels(&self) -> Option<serde_json::Map<String, Value>> {
-        serde_json::from_slice::<LabelsOnly>(&self.json)
+        serde_json::from_slice::<LabelsOnly>(self.json())
             .ok()
             .and_then(|o| o.metadata.labels)
     }
@@ -84,8 +95,19 @@ impl CachedObject {
     /// Parse the object. The bytes were written by [`CachedObject::from_value`], so they always
     /// parse; Null stands in should that ever not hold.
     pub(crate) fn value(&self) -> Value {
-        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+        serde_json::from_slice(self.json()).unwrap_or(Value::Null)
     }
+}
+
+/// metadata.resourceVersion of the JSON object `json` ("" if absent or unreadable), read with a
+/// borrowing partial parse.
+pub(crate) fn resource_version_of(json: &[u8]) -> String {
+    serde_json::from_slice::<Identity<'_>>(json)
+        .unwrap_or_default()
+        .metadata
+        .resource_version
+        .map(|v| v.into_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
