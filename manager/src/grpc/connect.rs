@@ -513,9 +513,10 @@ impl Pump {
             let Some(next) = outbox.work.try_next() else {
                 break;
             };
-            match self.work_message(Some(next)) {
-                Some(Ok(m)) => batch.push(m),
-                Some(Err(_)) | None => {}
+            // Past its deadline (None) it was handed out again already; work never ends the
+            // session (Err comes only from a closed channel, which try_next does not report).
+            if let Some(Ok(m)) = self.work_message(Some(next)) {
+                batch.push(m);
             }
         }
         self.service.metrics.grpc.connect_sent(batch.len());
