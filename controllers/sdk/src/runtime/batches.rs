@@ -125,7 +125,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(16);
         let mut stream = ResultBatches::new(rx, Arc::new(AtomicBool::new(true)));
         for m in [result("a"), result("b"), beat(), result("c")] {
-            tx.send(m).await.unwrap();
+            tx.send(m).await.expect("queued");
         }
         assert_eq!(
             ids(&mut stream, 3).await,
@@ -142,7 +142,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(16);
         let mut stream = ResultBatches::new(rx, Arc::new(AtomicBool::new(false)));
         for m in [result("a"), result("b")] {
-            tx.send(m).await.unwrap();
+            tx.send(m).await.expect("queued");
         }
         assert_eq!(
             ids(&mut stream, 2).await,
@@ -155,7 +155,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(200);
         let mut stream = ResultBatches::new(rx, Arc::new(AtomicBool::new(true)));
         for i in 0..(MAX_BATCH + 1) {
-            tx.send(result(&i.to_string())).await.unwrap();
+            tx.send(result(&i.to_string())).await.expect("queued");
         }
         let sizes: Vec<usize> = ids(&mut stream, 2).await.iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![MAX_BATCH as usize, 1]);
