@@ -1124,6 +1124,22 @@ mod tests {
         let ids: Vec<&str> = batch.requests.iter().map(|r| r.id.as_str()).collect();
         assert_eq!(ids, ["a", "b", "c"]);
         assert!(batch.events.is_empty());
+        let event = |id: &str| {
+            M::Event(pb::Event {
+                id: id.into(),
+                ..Default::default()
+            })
+        };
+        let M::Batch(batch) = bundle(vec![event("x"), event("y")]) else {
+            panic!("several events make a batch");
+        };
+        let ids: Vec<&str> = batch.events.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["x", "y"],
+            "MODE_EVENTS work goes in the batch's events"
+        );
+        assert!(batch.requests.is_empty());
     }
 
     #[test]
