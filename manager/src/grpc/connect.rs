@@ -232,6 +232,8 @@ impl Service {
                 inbound_error(e)
             })?
             .ok_or_else(|| Status::cancelled("the stream closed before Register"))?;
+        // Counted like every later message, so the series says all that came in.
+        self.metrics.grpc.connect_received(0);
         match first.message {
             Some(pb::controller_message::Message::Register(r)) => {
                 self.charge_discovery(&tenant, &r)?;

@@ -570,4 +570,8 @@ async fn batches_carry_a_burst_and_single_pieces_stay_alone() {
         messages, N,
         "a session that did not opt in gets every request alone"
     );
+    // Register, two Credits and one ResultBatch, then Register and two Credits: a batch is one
+    // message, and the Register counts like any other.
+    let received = r#"grpc_server_msg_received_total{grpc_method="Connect",grpc_service="ctrlhub.v1.ControllerManager",grpc_type="bidi_stream"}"#;
+    assert_eq!(m.metric(received).await, 7.0);
 }
