@@ -94,6 +94,13 @@ pub struct Manager {
     pub log: PathBuf,
 }
 
+/// How a manager's start ended.
+enum Started {
+    Healthy,
+    /// Another process bound one of its ports first.
+    PortTaken,
+}
+
 impl Manager {
     /// Launches a manager as `launch` says with `extra` args appended (e.g. lease timings,
     /// `--auth`); returns once `/healthz` answers, or an error after [`PATIENCE`].
@@ -115,6 +122,34 @@ impl Manager {
         extra: &[&str],
         launch: &Launch,
     ) -> Result<Manager> {
+        // A free port may be taken by another suite's process before the manager binds it
+        // (the suites run side by side): the manager then says so and exits, and it starts
+        // again on other ports.
+        let mut tries = 3;
+        loop {
+            let m = Self::spawn(cluster, kubeconfig, identity, extra, launch)?;
+            match m.healthy().await {
+                Ok(Started::Healthy) => return Ok(m),
+                Ok(Started::PortTaken) if tries > 1 => tries -= 1,
+                outcome => {
+                    let e = match outcome {
+                        Err(e) => anyhow::Error::from(e),
+                        Ok(_) => anyhow::anyhow!("its ports were taken {} times", 3),
+                    };
+                    return Err(e.context(format!("manager log: {}", m.log.display())));
+                }
+            }
+        }
+    }
+
+    /// Spawns a manager on two free ports (not yet known to answer).
+    fn spawn(
+        cluster: &Cluster,
+        kubeconfig: &Path,
+        identity: &str,
+        extra: &[&str],
+        launch: &Launch,
+    ) -> Result<Manager> {
         let ports = (try_free_port()?, try_free_port()?);
         let log = launch
             .log_dir
@@ -122,7 +157,7 @@ impl Manager {
         let mut cmd = launch.command(kubeconfig, identity, ports);
         cmd.args(extra);
         let secured = kubernetes_auth(extra);
-        let m = Manager {
+        Ok(Manager {
             process: ChildProcess::spawn(&mut cmd, &log)?,
             grpc: format!("http://127.0.0.1:{}", ports.0),
             http: format!(
@@ -134,20 +169,21 @@ impl Manager {
             http_token: secured.then(|| admin_token(cluster)).transpose()?,
             identity: identity.to_string(),
             log,
-        };
-        m.healthy()
-            .await
-            .with_context(|| format!("manager log: {}", m.log.display()))?;
-        Ok(m)
+        })
     }
 
-    /// Waits until `/healthz` answers with success.
-    async fn healthy(&self) -> Result<(), TimedOut> {
+    /// Waits until `/healthz` answers with success, or the manager says a port of its was
+    /// taken (it exits then).
+    async fn healthy(&self) -> Result<Started, TimedOut> {
         let http = &self.http_client;
         let url = format!("{}/healthz", self.http);
         poll_until("manager /healthz", PATIENCE, || async {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if log.contains("Address already in use") {
+                return Ok(Started::PortTaken);
+            }
             match http.get(&url).send().await {
-                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) if r.status().is_success() => Ok(Started::Healthy),
                 Ok(r) => Err(r.status().to_string()),
                 Err(e) => Err(e.to_string()),
             }
