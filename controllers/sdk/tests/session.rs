@@ -324,6 +324,7 @@ async fn invalid_registration_is_fatal() {
         message: "kind 'Nope' not found".into(),
         field: "register.primary.kind".into(),
         outdated: false,
+        ..Default::default()
     }))
     .await;
     let _ = conn
@@ -512,6 +513,7 @@ async fn superseded_and_outdated_wait_then_register_again() {
         code: tonic::Code::FailedPrecondition as i32,
         message: "revision 2 replaced revision 1".into(),
         leader_identity: String::new(),
+        ..Default::default()
     }))
     .await;
     let revoked = Instant::now();
@@ -530,6 +532,7 @@ async fn superseded_and_outdated_wait_then_register_again() {
             message: "controller test runs revision 2".into(),
             field: String::new(),
             outdated: true,
+            ..Default::default()
         }))
         .await;
     let rejected = Instant::now();

@@ -125,6 +125,7 @@ impl Service {
             hold: terms
                 .exclusive
                 .then(|| pb_duration(self.controllers.hold())),
+            member_identity: self.identity.clone(),
         };
         let guards: Vec<AbortOnDrop> = [
             self.spawn_recheck(&identity, &attached),

@@ -345,6 +345,7 @@ impl Rejection {
             message: self.status.message().to_string(),
             field: self.field,
             outdated: self.outdated,
+            ..Default::default()
         };
         [
             Ok(msg(pb::manager_message::Message::Rejected(rejected))),
@@ -387,6 +388,7 @@ pub(crate) fn revoked_to_pb(
         code: status.code() as i32,
         message,
         leader_identity,
+        ..Default::default()
     };
     (revoked, status)
 }

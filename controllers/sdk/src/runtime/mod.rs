@@ -324,6 +324,7 @@ mod tests {
             message: "no".into(),
             field: field.into(),
             outdated,
+            ..Default::default()
         }
     }
 
