@@ -28,6 +28,8 @@ pub(crate) mod informer;
 pub mod key;
 pub(crate) mod kubeclient;
 pub(crate) mod leader;
+// Public for tests and benchmarks, which compute a unit's owner with the manager's own function.
+pub mod members;
 pub(crate) mod metrics;
 pub(crate) mod net;
 pub(crate) mod policy;

@@ -79,6 +79,27 @@ pub(crate) struct Terms {
     pub revision: u64,
     /// `Register.exclusive_attempts`.
     pub exclusive: bool,
+    /// Ring mode: the controller moved here from another member. A moved controller is
+    /// admitted whatever this member's tenant limits say (the overshoot is counted): limits
+    /// govern new controllers, and refusing a moved one would orphan it.
+    pub moved: bool,
+}
+
+/// Where each controller's dispatch gate comes from: one for all while this manager leads
+/// (leader mode), or one per controller from the ring (ring mode).
+pub(crate) trait Gates: Send + Sync {
+    /// The gate of a new controller named `name` of tenant group `group`: it dispatches while
+    /// the gate is open, and stops when the sender goes away.
+    fn gate(&self, group: &str, name: &str) -> watch::Receiver<bool>;
+}
+
+/// Leader mode's gates: every controller dispatches while this manager holds the Lease.
+pub(crate) struct Leading(pub watch::Receiver<bool>);
+
+impl Gates for Leading {
+    fn gate(&self, _group: &str, _name: &str) -> watch::Receiver<bool> {
+        self.0.clone()
+    }
 }
 
 /// A tenant being attached to, its limits, and what the first lists of a registration it
@@ -87,6 +108,8 @@ struct Quota<'a> {
     tenant: &'a str,
     limits: Limits,
     budget: Arc<ListBudget>,
+    /// A moved controller: over a limit is counted, not refused.
+    moved: bool,
 }
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -108,6 +131,8 @@ pub(crate) struct Attached {
     pub credits: u32,
     /// Whether this session's registration created the controller (rather than joining it).
     pub created: bool,
+    /// Whether the controller moved here from another member (exempt from tenant limits).
+    pub moved: bool,
 }
 
 /// Every registered controller of this manager.
@@ -119,6 +144,8 @@ pub(crate) struct ControllerTable {
     /// Set by [`ControllerTable::close`]: no session may attach any more.
     closed: std::sync::atomic::AtomicBool,
     leading: watch::Receiver<bool>,
+    /// Each new controller's dispatch gate.
+    gates: Arc<dyn Gates>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
     /// Replaced whole when tenant policies change (`set_limits`).
@@ -158,7 +185,7 @@ impl ControllerTable {
     pub(crate) fn new(
         cache: Arc<Cache>,
         ceiling: Option<Vec<String>>,
-        leading: watch::Receiver<bool>,
+        (leading, gates): (watch::Receiver<bool>, Arc<dyn Gates>),
         stop: CancellationToken,
         metrics: Arc<crate::metrics::Metrics>,
         sharing: Sharing,
@@ -178,6 +205,7 @@ impl ControllerTable {
             next_session: AtomicU64::new(1),
             closed: std::sync::atomic::AtomicBool::new(false),
             leading,
+            gates,
             stop,
             metrics,
             limits: RwLock::new(limits),
@@ -250,10 +278,15 @@ impl ControllerTable {
         let quota = Quota {
             tenant: &group,
             limits,
-            budget: ListBudget::new(
-                limits.cached_bytes.saturating_sub(held),
-                limits.cached_bytes,
-            ),
+            budget: if terms.moved {
+                ListBudget::new(u64::MAX, u64::MAX)
+            } else {
+                ListBudget::new(
+                    limits.cached_bytes.saturating_sub(held),
+                    limits.cached_bytes,
+                )
+            },
+            moved: terms.moved,
         };
         quota
             .limits
@@ -279,6 +312,7 @@ impl ControllerTable {
         };
         let mut attached = self.open_session(controller, &quota, (credits, terms.exclusive))?;
         attached.created = created;
+        attached.moved = terms.moved;
         Ok(attached)
     }
 
@@ -326,6 +360,10 @@ impl ControllerTable {
         if !attached.created || held <= limits.cached_bytes {
             return Ok(());
         }
+        if attached.moved {
+            self.exempted(tenant, "cached_bytes");
+            return Ok(());
+        }
         self.detach_refused(&attached.controller, attached.session);
         Err(self.refuse(
             tenant,
@@ -345,6 +383,16 @@ impl ControllerTable {
             .filter(|i| seen.insert(i.key().clone()))
             .map(|i| i.bytes() as u64)
             .sum()
+    }
+
+    /// A moved controller went over `limit`: admitted, and counted.
+    fn exempted(&self, tenant: &str, limit: &str) {
+        self.metrics.ring.exempted(tenant);
+        tracing::info!(
+            tenant,
+            limit,
+            "a controller that moved here is admitted over a tenant limit"
+        );
     }
 
     /// Refuse an attach for a tenant limit, and count it.
@@ -396,7 +444,10 @@ impl ControllerTable {
                 "run fewer replicas or ask for a higher limit",
             ));
         }
-        if !controllers.contains_key(id) && mine.len() >= quota.limits.controllers {
+        let over = !controllers.contains_key(id) && mine.len() >= quota.limits.controllers;
+        if over && quota.moved {
+            self.exempted(quota.tenant, "controllers");
+        } else if over {
             return Err(self.refuse(
                 quota.tenant,
                 "controllers",
@@ -501,6 +552,10 @@ impl ControllerTable {
         if allowed {
             return Ok(());
         }
+        if quota.moved {
+            self.exempted(tenant, "registrations");
+            return Ok(());
+        }
         Err(self.refuse(
             tenant,
             "registrations",
@@ -526,6 +581,10 @@ impl ControllerTable {
             .collect();
         informers.extend(routing::needed_informers(registration, namespaces));
         if informers.len() > quota.limits.informers {
+            if quota.moved {
+                self.exempted(quota.tenant, "informers");
+                return Ok(());
+            }
             return Err(self.refuse(
                 quota.tenant,
                 "informers",
@@ -577,11 +636,10 @@ impl ControllerTable {
         controller.apply_limits(&quota.limits);
         controller.set_hold(self.hold);
         routing::wire(&self.cache, &controller, &quota.budget, &self.stop);
-        tokio::spawn(
-            controller
-                .clone()
-                .run(self.leading.clone(), self.stop.child_token()),
-        );
+        tokio::spawn(controller.clone().run(
+            self.gates.gate(quota.tenant, &id.name),
+            self.stop.child_token(),
+        ));
         let primary = &controller.registration.primary;
         tracing::info!(controller = %id, primary = %format!("{}/{}", primary.api_version(), primary.kind), "controller registered");
         controller
@@ -620,6 +678,7 @@ impl ControllerTable {
             outbound: rx,
             credits: credits.max(1),
             created: false,
+            moved: false,
         })
     }
 
@@ -702,6 +761,46 @@ impl ControllerTable {
                 .forget_controller(&controller.id.name, &controller.group);
             tracing::info!(controller = %controller.id, why, "controller removed");
         }
+    }
+
+    /// Ring mode: hand `controller` over to the member that owns it now. Its gate is already
+    /// closed, so nothing more goes out; attempts out may finish within `drain`; then every
+    /// session is told where to go (`UNIT_MOVED`), and once the keys an exclusive session may
+    /// still be working on are free (the hold), the controller leaves the table. Only then may
+    /// this member publish a view without it.
+    pub(crate) async fn seal(&self, controller: &Arc<Controller>, drain: std::time::Duration) {
+        let tick = std::time::Duration::from_millis(20);
+        // Polled: a seal happens once per move, and results arrive on many sessions' tasks.
+        let deadline = Instant::now() + drain;
+        while controller.live_attempts() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(tick).await;
+        }
+        let abandoned = controller.live_attempts();
+        controller.revoke_all(
+            RevokeReason::UnitMoved,
+            "another ctrlhub member owns this controller now: register there (Revoked.owner_address)",
+        );
+        // The sessions end on their own tasks; an exclusive one's keys are fenced from then.
+        let ended = Instant::now() + std::time::Duration::from_secs(2);
+        while controller.session_count() > 0 && Instant::now() < ended {
+            tokio::time::sleep(tick).await;
+        }
+        if let Some(until) = controller.fenced_until() {
+            tokio::time::sleep_until(until.into()).await;
+        }
+        {
+            let mut controllers = self.controllers();
+            if controllers
+                .get(&controller.id)
+                .is_some_and(|c| Arc::ptr_eq(c, controller))
+            {
+                controllers.remove(&controller.id);
+            }
+        }
+        controller.retire();
+        self.metrics
+            .forget_controller(&controller.id.name, &controller.group);
+        tracing::info!(controller = %controller.id, abandoned, "controller handed over to another member");
     }
 
     /// Removes the controllers whose grace period is over (no session since `grace` ago), and

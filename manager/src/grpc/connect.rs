@@ -1,7 +1,8 @@
-//! One Connect stream, in order: authenticate → leader check → read Register → translate →
-//! authorize → attach to the controller → reply Registered → re-check loop (under RBAC) → pump
+//! One Connect stream, in order: authenticate → leader check (leader mode) → read Register →
+//! route to the owning member (ring mode) → translate → authorize → attach to the controller → reply Registered → re-check loop (under RBAC) → pump
 //! requests out and results in until either side ends.
 
+use super::convert;
 use super::convert::{
     Rejection, bundle, credits, effective_to_pb, event_to_pb, inbound_error, msg, outcome_from_pb,
     readable_to_pb, request_to_pb, result_message, revoked_to_pb,
@@ -11,6 +12,7 @@ use super::{ConnectStream, Service, bearer_token};
 use crate::dispatch::controllers::{Attached, Terms};
 use crate::dispatch::dispatcher::{Completion, Controller, Outbound, Outbox, RevokeReason};
 use crate::informer::SyncError;
+use crate::members::Route;
 use crate::registration::{Invalid, Registration};
 use crate::tenancy::namespace_gate::RbacNamespaceGate;
 use crate::tenancy::{Identity, NamespaceGate};
@@ -64,8 +66,10 @@ impl Service {
             .map_err(|s| Refused::Early(s, None))?;
         let tenant = self.controllers.group_of(&identity.tenant);
         let token = bearer_token(req.metadata()).map(str::to_owned).ok();
-        self.require_leader()
-            .map_err(|s| Refused::Early(s, Some(tenant.clone())))?;
+        if self.ring.is_none() {
+            self.require_leader()
+                .map_err(|s| Refused::Early(s, Some(tenant.clone())))?;
+        }
         self.register(req.into_inner(), identity, token)
             .await
             .map_err(|r| Refused::Rejected(r, tenant))
@@ -79,6 +83,9 @@ impl Service {
         token: Option<String>,
     ) -> Result<Response<ConnectStream>, Rejection> {
         let register = self.read_register(&mut inbound, &identity).await?;
+        // Before discovery and authorization: a member that does not own the controller spends
+        // nothing on it.
+        let moved = self.route(&identity, &register.controller_name)?;
         let registration = self.registration(&register, &identity).await?;
         let grant = self.authorize(&identity, &registration).await?;
         let credits = credits(register.max_in_flight);
@@ -90,6 +97,7 @@ impl Service {
         let terms = Terms {
             revision: register.revision,
             exclusive: register.exclusive_attempts,
+            moved,
         };
         let attached = self.controllers.attach_gated(
             &identity.tenant,
@@ -148,6 +156,28 @@ impl Service {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    /// Ring mode: serve here, or send the session to the member that owns its controller.
+    /// Returns whether the controller moved here from another member (then it is admitted
+    /// over tenant limits). Leader mode: always here, never moved.
+    fn route(&self, identity: &Identity, name: &str) -> Result<bool, Rejection> {
+        let Some(ring) = &self.ring else {
+            return Ok(false);
+        };
+        let tenant = self.controllers.group_of(&identity.tenant);
+        let unit = crate::members::hrw::Unit::new(&tenant, name);
+        match ring.route(&unit) {
+            Route::Serve => Ok(ring.moved_in(&unit)),
+            Route::Redirect { identity, address } => {
+                self.metrics.ring.redirected(&tenant);
+                Err(Rejection::redirect(identity, address))
+            }
+            Route::NotReady(why) => Err(Status::unavailable(format!(
+                "{why}; reconnect with backoff (through the Service, which reaches another member)"
+            ))
+            .into()),
+        }
     }
 
     /// Wait until every informer of the session's controller has its first list, so that the
@@ -479,8 +509,8 @@ impl Pump {
     fn control(&self, control: Option<Outbound>) -> Step {
         match control {
             Some(Outbound::Revoke { reason, message }) => {
-                let new_leader = self.service.other_leader();
-                let (revoked, status) = revoked_to_pb(reason, message, new_leader);
+                let next = self.next_member(reason);
+                let (revoked, status) = revoked_to_pb(reason, message, next);
                 // A controller that does not read has no room left: it just loses the stream.
                 let _ = self
                     .tx
@@ -489,6 +519,23 @@ impl Pump {
             }
             Some(Outbound::Drained) => Step::End(Some(Status::ok("drained"))),
             Some(_) | None => Step::End(None),
+        }
+    }
+
+    /// Where a revoked session should go: the new owner of its controller (ring mode), or the
+    /// new leader.
+    fn next_member(&self, reason: RevokeReason) -> convert::Next {
+        if let (RevokeReason::UnitMoved, Some(ring)) = (reason, &self.service.ring) {
+            let unit =
+                crate::members::hrw::Unit::new(&self.controller.group, &self.controller.id.name);
+            return match ring.successor(&unit) {
+                Some((identity, address)) => convert::Next::Owner { identity, address },
+                None => convert::Next::Unknown,
+            };
+        }
+        match self.service.other_leader() {
+            Some(l) => convert::Next::Leader(l),
+            None => convert::Next::Unknown,
         }
     }
 

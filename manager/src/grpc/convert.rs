@@ -295,6 +295,24 @@ pub(crate) struct Rejection {
     pub(crate) field: String,
     /// Another definition runs under a higher or equal revision (`Rejected.outdated`).
     pub(crate) outdated: bool,
+    /// Ring mode: the member that owns the controller (identity, address), where to dial.
+    pub(crate) owner: Option<(String, String)>,
+}
+
+impl Rejection {
+    /// Ring mode: another member owns the controller; dial it instead.
+    pub(crate) fn redirect(identity: String, address: String) -> Self {
+        let mut status = Status::unavailable(format!(
+            "this ctrlhub member does not own this controller; member {identity} does: dial {address} (every ctrlhub SDK follows this at once, up to 3 redirects in a row)"
+        ));
+        owner_trailers(&mut status, &identity, &address);
+        Rejection {
+            status,
+            field: String::new(),
+            outdated: false,
+            owner: Some((identity, address)),
+        }
+    }
 }
 
 impl From<Status> for Rejection {
@@ -303,6 +321,7 @@ impl From<Status> for Rejection {
             status,
             field: String::new(),
             outdated: false,
+            owner: None,
         }
     }
 }
@@ -313,6 +332,7 @@ impl From<Invalid> for Rejection {
             status: Status::invalid_argument(i.to_string()),
             field: i.field,
             outdated: false,
+            owner: None,
         }
     }
 }
@@ -329,6 +349,7 @@ impl From<RegisterError> for Rejection {
                     status: Status::failed_precondition(outdated.to_string()),
                     field: String::new(),
                     outdated: true,
+                    owner: None,
                 };
             }
             closing @ RegisterError::ShuttingDown => Status::unavailable(closing.to_string()),
@@ -345,7 +366,8 @@ impl Rejection {
             message: self.status.message().to_string(),
             field: self.field,
             outdated: self.outdated,
-            ..Default::default()
+            owner_identity: self.owner.as_ref().map(|o| o.0.clone()).unwrap_or_default(),
+            owner_address: self.owner.map(|o| o.1).unwrap_or_default(),
         };
         [
             Ok(msg(pb::manager_message::Message::Rejected(rejected))),
@@ -356,10 +378,41 @@ impl Rejection {
 
 /// The `Revoked` message for `reason`, and the status the stream then ends with.
 /// `new_leader` is the Lease holder when this manager knows it (for LEADERSHIP_LOST).
+/// Where a revoked session goes next, when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Not known: reconnect through the configured address.
+    Unknown,
+    /// Leader mode: the new leader's identity.
+    Leader(String),
+    /// Ring mode: the member that owns the controller now.
+    Owner {
+        /// Its identity.
+        identity: String,
+        /// Its address (host:port).
+        address: String,
+    },
+}
+
+/// The trailers that tell a session where its controller's owner is: `ctrlhub-owner`,
+/// `ctrlhub-owner-addr`, and `ctrlhub-leader` (which older SDKs log).
+pub(crate) fn owner_trailers(status: &mut Status, identity: &str, address: &str) {
+    let md = status.metadata_mut();
+    for (key, value) in [
+        ("ctrlhub-owner", identity),
+        ("ctrlhub-owner-addr", address),
+        ("ctrlhub-leader", identity),
+    ] {
+        if let Ok(v) = value.parse() {
+            md.insert(key, v);
+        }
+    }
+}
+
 pub(crate) fn revoked_to_pb(
     reason: RevokeReason,
     message: String,
-    new_leader: Option<String>,
+    next: Next,
 ) -> (pb::Revoked, Status) {
     use pb::revoked::Reason as R;
     let (r, status) = match reason {
@@ -378,17 +431,23 @@ pub(crate) fn revoked_to_pb(
             R::CredentialsExpired,
             Status::unauthenticated(message.clone()),
         ),
+        RevokeReason::UnitMoved => (R::UnitMoved, Status::unavailable(message.clone())),
     };
-    let leader_identity = match reason {
-        RevokeReason::LeadershipLost => new_leader.unwrap_or_default(),
-        _ => String::new(),
+    let (leader_identity, owner_address) = match (reason, next) {
+        (RevokeReason::LeadershipLost, Next::Leader(l)) => (l, String::new()),
+        (RevokeReason::UnitMoved, Next::Owner { identity, address }) => (identity, address),
+        _ => (String::new(), String::new()),
     };
+    let mut status = status;
+    if !owner_address.is_empty() {
+        owner_trailers(&mut status, &leader_identity, &owner_address);
+    }
     let revoked = pb::Revoked {
         reason: r as i32,
         code: status.code() as i32,
         message,
         leader_identity,
-        ..Default::default()
+        owner_address,
     };
     (revoked, status)
 }
@@ -996,8 +1055,11 @@ mod tests {
 
     #[test]
     fn revocations_carry_the_status_the_stream_ends_with() {
-        let (revoked, status) =
-            revoked_to_pb(RevokeReason::PermissionRevoked, "role removed".into(), None);
+        let (revoked, status) = revoked_to_pb(
+            RevokeReason::PermissionRevoked,
+            "role removed".into(),
+            Next::Unknown,
+        );
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         assert_eq!(revoked.code, tonic::Code::PermissionDenied as i32);
         assert_eq!(
@@ -1008,7 +1070,7 @@ mod tests {
         let (revoked, status) = revoked_to_pb(
             RevokeReason::LeadershipLost,
             String::new(),
-            Some("m2".into()),
+            Next::Leader("m2".into()),
         );
         assert_eq!(revoked.leader_identity, "m2", "names the new leader");
         assert_eq!(
@@ -1016,7 +1078,7 @@ mod tests {
             tonic::Code::Unavailable,
             "reconnect elsewhere"
         );
-        let (_, status) = revoked_to_pb(RevokeReason::QuotaExceeded, String::new(), None);
+        let (_, status) = revoked_to_pb(RevokeReason::QuotaExceeded, String::new(), Next::Unknown);
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     }
 

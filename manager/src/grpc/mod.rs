@@ -57,6 +57,8 @@ pub(crate) struct ServiceState {
     refusal_logs: Mutex<HashMap<(String, String), crate::throttle::LogEvery>>,
     /// How long a registration waits for the first lists of all its caches.
     first_list_timeout: Duration,
+    /// Ring mode: which member owns each controller (None: leader mode).
+    ring: Option<Arc<crate::members::Ring>>,
 }
 
 /// How long a registration waits for its caches' first lists by default (controller-runtime
@@ -134,7 +136,15 @@ impl ServiceState {
             identity: String::new(),
             refusal_logs: Mutex::new(HashMap::new()),
             first_list_timeout: FIRST_LIST_TIMEOUT,
+            ring: None,
         }
+    }
+
+    /// Ring mode: sessions are served by the member that owns their controller and sent there
+    /// from any other.
+    pub(crate) fn with_ring(mut self, ring: Arc<crate::members::Ring>) -> Self {
+        self.ring = Some(ring);
+        self
     }
 
     /// How long a registration waits for the first lists of all its caches before it is

@@ -51,6 +51,8 @@ pub(crate) struct HttpState {
     pub settings: status_page::Settings,
     /// The probes' checks (`/livez`, `/readyz`, `/healthz`), served here and on the probe port.
     pub probes: Arc<probes::Probes>,
+    /// Ring mode: this member's place in the ring (None: leader mode).
+    pub ring: Option<Arc<crate::members::Ring>>,
 }
 
 /// The caller's address, when the connection told it (per-peer throttling of bad tokens).
@@ -129,13 +131,18 @@ async fn page(
 
 fn snapshot(s: &HttpState, viewer: &Viewer) -> Snapshot {
     let leader = s.leader.borrow().clone();
-    Snapshot::collect(
+    let mut snapshot = Snapshot::collect(
         &s.controllers,
         &s.cache,
         &leader,
         (&s.identity, &s.lease_name, &s.settings),
         viewer,
-    )
+    );
+    // The ring names every tenant's controllers: operators only.
+    if matches!(viewer, Viewer::Operator) {
+        snapshot.ring = s.ring.as_ref().map(|r| r.status());
+    }
+    snapshot
 }
 
 /// Every tenant's series: only for callers with the `get /metrics` grant (Prometheus).

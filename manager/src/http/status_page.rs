@@ -57,6 +57,8 @@ pub(crate) struct Snapshot {
     pub(crate) informers: Vec<InformerStatus>,
     /// The tenant whose view this is; `None`: everything (an operator, or an open port).
     pub(crate) tenant_view: Option<String>,
+    /// Ring mode, for operators: the members, this member's units and the latest moves.
+    pub(crate) ring: Option<crate::members::RingStatus>,
 }
 
 /// One controller as the page shows it.
@@ -385,6 +387,7 @@ impl Snapshot {
             controllers,
             informers,
             tenant_view,
+            ring: None,
         }
     }
 
@@ -476,10 +479,99 @@ impl Snapshot {
                 Some(t) => json!({"scope": "tenant", "tenant": t}),
             },
             "auth": if self.settings.static_auth { "static" } else { "kubernetes" },
+            "ring": self.ring.as_ref().map(ring_json),
             // null: all namespaces.
             "namespaceCeiling": self.settings.ceiling,
         })
     }
+}
+
+/// The ring as `/status` shows it.
+fn ring_json(r: &crate::members::RingStatus) -> Value {
+    let members: Vec<Value> = r
+        .members
+        .iter()
+        .map(|m| json!({"identity": m.identity, "address": m.address, "state": m.state, "weight": m.weight, "units": m.units, "renewAgeSeconds": m.renew_age.as_secs_f64(), "live": m.live, "published": m.published}))
+        .collect();
+    let units: Vec<Value> = r
+        .units
+        .iter()
+        .map(|(u, state)| json!({"tenant": u.group, "name": u.name, "state": state}))
+        .collect();
+    let moves: Vec<Value> = r
+        .moves
+        .iter()
+        .map(|m| json!({"tenant": m.unit.group, "name": m.unit.name, "direction": m.direction, "peer": m.peer, "seconds": m.took.as_secs_f64(), "at": m.at}))
+        .collect();
+    json!({
+        "ring": r.ring,
+        "identity": r.identity,
+        "address": r.address,
+        "weight": r.weight,
+        "incarnation": r.incarnation,
+        "held": r.held,
+        "leaving": r.leaving,
+        "view": r.view,
+        "published": r.published,
+        "members": members,
+        "units": units,
+        "moves": moves,
+    })
+}
+
+/// The ring section of the page: the members this member sees, its units, the latest moves.
+fn write_ring(o: &mut String, r: &crate::members::RingStatus) -> fmt::Result {
+    write!(
+        o,
+        "<section id=\"ring\"><h2>Ring <code>{}</code></h2><p class=\"more\">This member: <b>{}</b> at <code>{}</code>, weight {}, {} · view <code>{}</code> · published <code>{}</code></p>",
+        Esc(&r.ring),
+        Esc(&r.identity),
+        Esc(&r.address),
+        r.weight,
+        if r.leaving {
+            "leaving"
+        } else if r.held {
+            "active"
+        } else {
+            "not holding its Lease"
+        },
+        Esc(&r.view),
+        Esc(&r.published)
+    )?;
+    o.push_str("<table><tr><th>member</th><th>address</th><th>state</th><th>units</th><th>renewed</th></tr>");
+    for m in &r.members {
+        write!(
+            o,
+            "<tr class=\"member\"><td>{}</td><td><code>{}</code></td><td>{}{}</td><td>{}</td><td>{:.1} s ago</td></tr>",
+            Esc(&m.identity),
+            Esc(&m.address),
+            m.state,
+            if m.live { "" } else { " (expired)" },
+            m.units,
+            m.renew_age.as_secs_f64()
+        )?;
+    }
+    o.push_str("</table><table><tr><th>controller</th><th>state</th></tr>");
+    for (u, state) in &r.units {
+        write!(
+            o,
+            "<tr class=\"unit\"><td>{}</td><td>{state}</td></tr>",
+            Esc(&u.to_string())
+        )?;
+    }
+    o.push_str("</table><table><tr><th>moved</th><th>direction</th><th>other member</th><th>took</th></tr>");
+    for m in r.moves.iter().rev() {
+        write!(
+            o,
+            "<tr class=\"move\"><td>{}</td><td>{}</td><td>{}</td><td>{:.2} s</td></tr>",
+            Esc(&m.unit.to_string()),
+            m.direction,
+            Esc(m.peer.as_deref().unwrap_or("?")),
+            m.took.as_secs_f64()
+        )?;
+    }
+    o.push_str("</table></section>");
+    Ok(())
 }
 
 /// HTML-escapes text for element content and double- or single-quoted attribute values.
@@ -621,6 +713,9 @@ fn write_page(o: &mut String, s: &Snapshot, refresh_secs: u32) -> fmt::Result {
     o.push_str("</span></header><main>");
 
     write_banner(o, s)?;
+    if let Some(r) = &s.ring {
+        write_ring(o, r)?;
+    }
     write_settings(o, &s.settings)?;
     write_cards(o, s)?;
     write_tenants(o, s)?;
@@ -1130,6 +1225,7 @@ mod tests {
                 relists: 0,
             }],
             tenant_view: None,
+            ring: None,
         }
     }
 

@@ -12,6 +12,7 @@ pub(crate) mod api;
 pub(crate) mod auth;
 pub(crate) mod grpc;
 pub(crate) mod process;
+pub(crate) mod ring;
 
 use prometheus::{
     Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -128,6 +129,8 @@ pub(crate) struct Metrics {
     pub grpc: grpc::GrpcServerMetrics,
     /// `ctrlhub_auth_*`: TokenReview and SubjectAccessReview latency and cache hits.
     pub auth: auth::AuthMetrics,
+    /// Ring mode's series.
+    pub ring: ring::RingMetrics,
 }
 
 /// The labels of the per-informer gauges: one series per informer, so two informers on one
@@ -446,6 +449,7 @@ impl Metrics {
             api,
             grpc: grpc::GrpcServerMetrics::register(&r),
             auth: auth::AuthMetrics::register(&r),
+            ring: ring::RingMetrics::register(&r),
             registry: r,
         }
     }

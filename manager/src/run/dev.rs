@@ -202,6 +202,11 @@ impl DevArgs {
             leader_pod_label: None,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
+            mode: crate::run::Mode::Leader,
+            ring_name: "ctrlhub".into(),
+            member_address: None,
+            member_weight: 100,
+            handover_drain: Duration::from_secs(5),
         }
     }
 

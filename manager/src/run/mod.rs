@@ -3,8 +3,9 @@
 
 #[cfg(feature = "dev")]
 pub mod dev;
+mod ring;
 
-use crate::dispatch::controllers::{ControllerTable, Sharing};
+use crate::dispatch::controllers::{ControllerTable, Gates, Leading, Sharing};
 use crate::dispatch::dispatcher::RevokeReason;
 use crate::dispatch::seats::{SeatPool, Weights};
 use crate::grpc::{Service, ServiceState};
@@ -276,6 +277,36 @@ pub struct RunArgs {
     /// disables pod labelling (dev, tests).
     #[arg(long, env = "CTRLHUB_LEADER_POD_LABEL")]
     pub leader_pod_label: Option<String>,
+    /// `leader`: the Lease holder does every controller's work and the other replicas wait.
+    /// `ring`: every replica is an active member and each controller is owned by one of them
+    /// (rendezvous hashing over the members' Leases); a session reaching another member is sent
+    /// to the owner.
+    #[arg(long, env = "CTRLHUB_MODE", value_enum, default_value_t = Mode::Leader)]
+    pub mode: Mode,
+    /// Ring mode: the ring's name (the label `ctrlhub.io/ring` on every member Lease).
+    #[arg(long, env = "CTRLHUB_RING_NAME", default_value = "ctrlhub")]
+    pub ring_name: String,
+    /// Ring mode: where other members send this member's sessions (host:port); the gRPC
+    /// listen address by default. In a cluster: the pod's stable DNS name
+    /// (`$(POD_NAME).ctrlhub-members.$(POD_NAMESPACE).svc:9090`).
+    #[arg(long, env = "CTRLHUB_MEMBER_ADDRESS")]
+    pub member_address: Option<String>,
+    /// Ring mode: this member's share of controllers, relative to the others' weights.
+    #[arg(long, env = "CTRLHUB_MEMBER_WEIGHT", default_value_t = 100)]
+    pub member_weight: u32,
+    /// Ring mode: how long a controller moving to another member may take to finish the
+    /// attempts already out before they are abandoned (re-done by the new owner).
+    #[arg(long, env = "CTRLHUB_HANDOVER_DRAIN", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub handover_drain: Duration,
+}
+
+/// How replicas share the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// One leader does every controller's work; the others are standbys.
+    Leader,
+    /// Every replica is an active member owning a share of the controllers.
+    Ring,
 }
 
 /// How controllers are authenticated and authorized.
@@ -453,19 +484,33 @@ impl RunArgs {
             p.clear_stale().await;
         }
         let lease_health = LeaseHealth::default();
-        let election = self.start_election(
-            self.kube_config().await?,
-            &identity,
-            liveness.clone(),
-            &metrics,
-            lease_health.clone(),
-        )?;
+        let (election, member) = match self.mode {
+            Mode::Leader => {
+                let election = self.start_election(
+                    self.kube_config().await?,
+                    &identity,
+                    liveness.clone(),
+                    &metrics,
+                    lease_health.clone(),
+                )?;
+                (election, None)
+            }
+            Mode::Ring => {
+                let config = (self.kube_config().await?, self.ring_config(&identity));
+                let m = ring::start(config, liveness.clone(), &metrics, lease_health.clone())?;
+                (m.election, Some(m.ring))
+            }
+        };
+        let gates: Arc<dyn Gates> = match &member {
+            Some(ring) => ring.clone(),
+            None => Arc::new(Leading(election.leading.clone())),
+        };
         let cache = Cache::new(client.clone());
         let seats = sharing.seat_pool.clone();
         let controllers = ControllerTable::new(
             cache.clone(),
             self.ceiling(),
-            election.leading.clone(),
+            (election.leading.clone(), gates),
             stop.child_token(),
             metrics.clone(),
             sharing,
@@ -481,13 +526,22 @@ impl RunArgs {
             };
             crate::policy::watch::spawn(applier, stop.child_token());
         }
-        follow_leadership(
-            controllers.clone(),
-            election.leading.clone(),
-            stop.clone(),
-            pod_label.clone(),
+        match &member {
+            Some(ring) => ring::follow_ring(controllers.clone(), ring.clone(), stop.clone()),
+            None => follow_leadership(
+                controllers.clone(),
+                election.leading.clone(),
+                stop.clone(),
+                pod_label.clone(),
+            ),
+        }
+        let service = self.service(
+            &controllers,
+            &client,
+            (&election.state, member.clone()),
+            &metrics,
+            &identity,
         );
-        let service = self.service(&controllers, &client, &election.state, &metrics, &identity);
         let ports = self.ports(&metrics);
         let grpc_listener = bind("gRPC", self.grpc_addr).await?;
         let http_listener = bind("HTTP", self.http_addr).await?;
@@ -518,6 +572,7 @@ impl RunArgs {
                 ceiling: self.ceiling(),
             },
             probes,
+            ring: member.clone(),
         };
         let http = serve_http(
             http_listener,
@@ -528,6 +583,9 @@ impl RunArgs {
         );
 
         stop.cancelled().await;
+        if let Some(ring) = &member {
+            ring::leave(ring, &controllers, self.shutdown_grace + self.hold()).await;
+        }
         let handover = Handover {
             grace: self.shutdown_grace,
             pod_label: pod_label.as_deref(),
@@ -749,6 +807,24 @@ impl RunArgs {
         })
     }
 
+    /// Ring mode's settings.
+    fn ring_config(&self, identity: &str) -> crate::members::RingConfig {
+        crate::members::RingConfig {
+            ring: self.ring_name.clone(),
+            namespace: self.lease_namespace.clone(),
+            identity: identity.to_string(),
+            address: self
+                .member_address
+                .clone()
+                .unwrap_or_else(|| self.grpc_addr.to_string()),
+            weight: self.member_weight,
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+            drain: self.handover_drain,
+        }
+    }
+
     /// The leader's pod label, when `--leader-pod-label` asks the Service to follow the leader.
     fn pod_label(&self, client: &kube::Client, identity: &str) -> Option<Arc<PodLabel>> {
         self.leader_pod_label.clone().map(|label| {
@@ -810,7 +886,10 @@ impl RunArgs {
         &self,
         controllers: &Arc<ControllerTable>,
         client: &kube::Client,
-        leader: &watch::Receiver<LeaderState>,
+        (leader, ring): (
+            &watch::Receiver<LeaderState>,
+            Option<Arc<crate::members::Ring>>,
+        ),
         metrics: &Arc<Metrics>,
         identity: &str,
     ) -> Service {
@@ -843,6 +922,10 @@ impl RunArgs {
             )
             .with_rbac(self.authz_allow_ttl)
             .with_token_recheck(self.token_cache_ttl),
+        };
+        let state = match ring {
+            Some(ring) => state.with_ring(ring),
+            None => state,
         };
         Service(Arc::new(
             state

@@ -259,6 +259,8 @@ pub(crate) enum RevokeReason {
     QuotaExceeded,
     /// The session's token expired or is no longer accepted.
     CredentialsExpired,
+    /// Ring mode: another member owns the controller now.
+    UnitMoved,
 }
 
 /// What a result did.

@@ -1,0 +1,546 @@
+//! Ring mode: every replica is an active **member**, and each registered controller (a unit,
+//! keyed by tenant group and name) is owned by exactly one member, chosen by weighted
+//! rendezvous hashing ([`hrw`]) over the members that are live.
+//!
+//! Each member renews its own Lease and publishes in it the view of the ring it acts on
+//! ([`keeper`]); what it knows of the others and the rules it dispatches by are pure functions
+//! ([`view`]). A unit moves **release before acquire**: the old owner stops handing it out,
+//! lets attempts in flight finish (up to `--handover-drain`), tells its sessions where to go
+//! (`Revoked(UNIT_MOVED)`), and only then publishes a view without it; the new owner dispatches
+//! it once no live peer's published view claims it. [`Ring`] is the handle the rest of the
+//! manager uses: the owner of a unit (routing), one dispatch gate per unit, and the units to
+//! seal.
+//!
+//! Owns: the member Lease, the view, the per-unit gates, the record of moves. May call:
+//! `metrics`, the Kubernetes client (its own, on its own thread), and `leader` (the runtime
+//! heartbeat and the Lease health readiness reports).
+
+pub mod hrw;
+pub(crate) mod keeper;
+pub(crate) mod view;
+
+use hrw::{Member, Unit, owner};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, watch};
+use view::{Peers, State};
+
+/// Ring settings (`--ring-name`, `--member-address`, `--member-weight`, the Lease timings and
+/// `--handover-drain`).
+#[derive(Debug, Clone)]
+pub(crate) struct RingConfig {
+    /// The ring's name: the label value every member Lease carries, and the hash's salt.
+    pub ring: String,
+    /// Namespace of the member Leases.
+    pub namespace: String,
+    /// This member's identity.
+    pub identity: String,
+    /// Where other members send this member's sessions (host:port).
+    pub address: String,
+    /// This member's relative share of units.
+    pub weight: u32,
+    /// How long a member Lease is valid after its last renewal.
+    pub lease_duration: Duration,
+    /// How long a member keeps trying to renew before it stops dispatching.
+    pub renew_deadline: Duration,
+    /// Interval between renewals.
+    pub retry_period: Duration,
+    /// How long a moving unit's attempts in flight may take to finish before they are abandoned.
+    pub drain: Duration,
+}
+
+impl RingConfig {
+    /// The name of this member's Lease.
+    pub(crate) fn lease_name(&self) -> String {
+        format!("ctrlhub-member-{}", self.identity)
+    }
+}
+
+/// Where a session for a unit belongs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Here.
+    Serve,
+    /// At another member.
+    Redirect {
+        /// Its identity.
+        identity: String,
+        /// Its address (host:port).
+        address: String,
+    },
+    /// Nowhere yet: this member holds no Lease, or is leaving with no one to send to.
+    NotReady(&'static str),
+}
+
+/// One move, for the status page.
+#[derive(Debug, Clone)]
+pub(crate) struct Move {
+    /// The unit.
+    pub unit: Unit,
+    /// `in` or `out`.
+    pub direction: &'static str,
+    /// The other member (the previous owner for `in`, the new one for `out`), when known.
+    pub peer: Option<String>,
+    /// How long the phase took (seal for `out`, acquire for `in`).
+    pub took: Duration,
+    /// When it finished (seconds since the Unix epoch).
+    pub at: u64,
+}
+
+/// A unit's dispatch gate and when it was opened for the first time.
+struct Gate {
+    tx: watch::Sender<bool>,
+    created: Instant,
+    /// The peer that claimed it when it was created here (None: nobody, a fresh unit).
+    from: Option<String>,
+    opened: bool,
+}
+
+/// What the keeper last learnt.
+struct Known {
+    peers: Peers,
+    /// The view as last written in this member's Lease.
+    published: Vec<Member>,
+    /// The one written before it, and when it was replaced.
+    previous: Option<(Vec<Member>, Instant)>,
+    /// The peers were read at least once: until then this member publishes an empty view
+    /// (claims nothing), so a member starting never stalls the others' units.
+    read: bool,
+    /// Renewed within the renew deadline.
+    held: bool,
+    leaving: bool,
+}
+
+/// The shared handle on this member's place in the ring.
+pub(crate) struct Ring {
+    config: RingConfig,
+    incarnation: String,
+    known: Mutex<Known>,
+    gates: Mutex<HashMap<Unit, Gate>>,
+    /// Units being sealed, since when.
+    sealing: Mutex<BTreeMap<Unit, Instant>>,
+    moves: Mutex<VecDeque<Move>>,
+    /// Bumped after every keeper round: the sealer looks at the units again.
+    rounds: watch::Sender<u64>,
+    /// Wakes the keeper for an out-of-cycle renewal (a seal finished, leaving).
+    publish_now: Notify,
+    /// The member Lease is held (for what watches leadership in leader mode).
+    held: watch::Sender<bool>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// Moves kept for the status page.
+const MOVES_KEPT: usize = 50;
+
+impl Ring {
+    /// A member that holds nothing yet.
+    pub(crate) fn new(config: RingConfig, metrics: Arc<crate::metrics::Metrics>) -> Arc<Self> {
+        Arc::new(Ring {
+            config,
+            incarnation: uuid::Uuid::new_v4().to_string()[..8].to_string(),
+            known: Mutex::new(Known {
+                peers: Peers::default(),
+                published: Vec::new(),
+                previous: None,
+                read: false,
+                held: false,
+                leaving: false,
+            }),
+            gates: Mutex::new(HashMap::new()),
+            sealing: Mutex::new(BTreeMap::new()),
+            moves: Mutex::new(VecDeque::new()),
+            rounds: watch::channel(0).0,
+            publish_now: Notify::new(),
+            held: watch::channel(false).0,
+            metrics,
+        })
+    }
+
+    /// The settings.
+    pub(crate) fn config(&self) -> &RingConfig {
+        &self.config
+    }
+
+    fn me(&self) -> Member {
+        Member {
+            identity: self.config.identity.clone(),
+            weight: self.config.weight,
+        }
+    }
+
+    /// Whether the member Lease is held, as a channel (what `leading` is in leader mode).
+    pub(crate) fn held(&self) -> watch::Receiver<bool> {
+        self.held.subscribe()
+    }
+
+    /// Bumped after every keeper round.
+    pub(crate) fn rounds(&self) -> watch::Receiver<u64> {
+        self.rounds.subscribe()
+    }
+
+    /// The view units are assigned over now.
+    fn view(&self, known: &Known, now: Instant) -> Vec<Member> {
+        let me = (!known.leaving).then(|| self.me());
+        known
+            .peers
+            .view(me.as_ref(), now, self.config.renew_deadline)
+    }
+
+    /// Where a session for `unit` belongs now.
+    pub(crate) fn route(&self, unit: &Unit) -> Route {
+        let known = self.known.lock();
+        if !known.held {
+            return Route::NotReady("this member does not hold its member Lease yet");
+        }
+        let view = self.view(&known, Instant::now());
+        match owner(&self.config.ring, unit, &view) {
+            Some(m) if m.identity == self.config.identity => Route::Serve,
+            Some(m) => match known.peers.get(&m.identity) {
+                Some(p) => Route::Redirect {
+                    identity: m.identity.clone(),
+                    address: p.record.address.clone(),
+                },
+                None => Route::NotReady("the owner's Lease was not read yet"),
+            },
+            None => Route::NotReady("this member is leaving and sees no other member"),
+        }
+    }
+
+    /// The owner of `unit` other than this member, for a revoked session's next address.
+    pub(crate) fn successor(&self, unit: &Unit) -> Option<(String, String)> {
+        match self.route(unit) {
+            Route::Redirect { identity, address } => Some((identity, address)),
+            _ => None,
+        }
+    }
+
+    /// Whether this member may dispatch `unit` now (R2 and its own Lease).
+    fn allowed(&self, known: &Known, unit: &Unit, now: Instant) -> bool {
+        known.held
+            && !self.sealing.lock().contains_key(unit)
+            && known.peers.may_dispatch(
+                &self.config.ring,
+                unit,
+                (&self.config.identity, &known.published),
+                now,
+            )
+    }
+
+    /// The dispatch gate of a new controller of `unit`: open while this member may dispatch it.
+    pub(crate) fn gate(&self, unit: &Unit) -> watch::Receiver<bool> {
+        let now = Instant::now();
+        let known = self.known.lock();
+        let allowed = self.allowed(&known, unit, now);
+        let from = known
+            .peers
+            .claimant(&self.config.ring, unit, now)
+            .map(|p| p.record.identity.clone());
+        drop(known);
+        let (tx, rx) = watch::channel(allowed);
+        let gate = Gate {
+            tx,
+            created: now,
+            from,
+            opened: false,
+        };
+        self.gates.lock().insert(unit.clone(), gate);
+        if allowed {
+            self.opened(unit, now);
+        }
+        rx
+    }
+
+    /// A gate opened for the first time: a unit that came from a peer has moved in.
+    fn opened(&self, unit: &Unit, now: Instant) {
+        let mut gates = self.gates.lock();
+        let Some(gate) = gates.get_mut(unit) else {
+            return;
+        };
+        if gate.opened {
+            return;
+        }
+        gate.opened = true;
+        if let Some(from) = gate.from.clone() {
+            let took = now.saturating_duration_since(gate.created);
+            drop(gates);
+            self.record(Move {
+                unit: unit.clone(),
+                direction: "in",
+                peer: Some(from),
+                took,
+                at: unix_now(),
+            });
+            self.metrics.ring.moved("in", "acquire", took);
+        }
+    }
+
+    /// Re-evaluates every gate after a keeper round, drops those of controllers that are gone,
+    /// and updates the series.
+    fn refresh(&self) {
+        let now = Instant::now();
+        let known = self.known.lock();
+        let mut opened = Vec::new();
+        let (mut owned, mut acquiring, mut waiting) = (0, 0, 0);
+        {
+            let mut gates = self.gates.lock();
+            gates.retain(|_, g| g.tx.receiver_count() > 0);
+            for (unit, gate) in gates.iter_mut() {
+                let allowed = self.allowed(&known, unit, now);
+                gate.tx
+                    .send_if_modified(|v| std::mem::replace(v, allowed) != allowed);
+                if allowed {
+                    owned += 1;
+                    if !gate.opened {
+                        opened.push(unit.clone());
+                    }
+                } else if !self.sealing.lock().contains_key(unit) {
+                    acquiring += 1;
+                    if now.saturating_duration_since(gate.created) > self.config.lease_duration {
+                        waiting += 1;
+                    }
+                }
+            }
+        }
+        let members = self.view(&known, now).len();
+        for p in known.peers.all() {
+            let age = now.saturating_duration_since(p.seen);
+            self.metrics
+                .ring
+                .set_peer(&p.record.identity, Some((age, p.record.units)));
+        }
+        drop(known);
+        for unit in opened {
+            self.opened(&unit, now);
+        }
+        let sealing = self.sealing.lock().len();
+        self.metrics
+            .ring
+            .set_shape(members, (owned, acquiring, sealing), waiting);
+        self.rounds.send_modify(|r| *r += 1);
+    }
+
+    /// The units of `present` (the controllers this member runs) that the current view gives
+    /// another member and that are not being sealed yet: they are marked sealing (their gates
+    /// close at once) and returned with their new owner, when known.
+    pub(crate) fn to_seal(&self, present: &[Unit]) -> Vec<(Unit, Option<(String, String)>)> {
+        let known = self.known.lock();
+        let now = Instant::now();
+        let view = self.view(&known, now);
+        let leaving = known.leaving || !known.held;
+        let mut out = Vec::new();
+        let mut sealing = self.sealing.lock();
+        for unit in present {
+            let mine = owner(&self.config.ring, unit, &view)
+                .is_some_and(|m| m.identity == self.config.identity);
+            if (mine && !leaving) || sealing.contains_key(unit) {
+                continue;
+            }
+            sealing.insert(unit.clone(), now);
+            let next = owner(&self.config.ring, unit, &view)
+                .filter(|m| m.identity != self.config.identity)
+                .and_then(|m| known.peers.get(&m.identity))
+                .map(|p| (p.record.identity.clone(), p.record.address.clone()));
+            out.push((unit.clone(), next));
+        }
+        drop(sealing);
+        drop(known);
+        let gates = self.gates.lock();
+        for (unit, _) in &out {
+            if let Some(g) = gates.get(unit) {
+                g.tx.send_if_modified(|v| std::mem::replace(v, false));
+            }
+        }
+        out
+    }
+
+    /// `unit` is released (its controller retired here): it no longer holds back the next
+    /// published view.
+    pub(crate) fn released(&self, unit: &Unit, to: Option<String>) {
+        let since = self.sealing.lock().remove(unit);
+        self.gates.lock().remove(unit);
+        if let Some(since) = since {
+            let took = since.elapsed();
+            self.metrics.ring.moved("out", "seal", took);
+            self.record(Move {
+                unit: unit.clone(),
+                direction: "out",
+                peer: to,
+                took,
+                at: unix_now(),
+            });
+        }
+        self.publish_now.notify_one();
+    }
+
+    /// The view this member may publish now (R1): the current view once no unit it gives
+    /// another member is still here, else the one already published.
+    fn publishable(&self) -> Vec<Member> {
+        let known = self.known.lock();
+        if !known.read {
+            return Vec::new();
+        }
+        let view = self.view(&known, Instant::now());
+        let gates = self.gates.lock();
+        let clear = gates.keys().all(|u| {
+            owner(&self.config.ring, u, &view).is_some_and(|m| m.identity == self.config.identity)
+        });
+        if clear { view } else { known.published.clone() }
+    }
+
+    /// Whether `unit` is moving here from another member: a peer's Lease (live or expired)
+    /// still claims it, or this member's view gave it to another member until recently (within
+    /// twice the lease). A moved unit is admitted whatever this member's tenant limits say.
+    pub(crate) fn moved_in(&self, unit: &Unit) -> bool {
+        let known = self.known.lock();
+        let ring = &self.config.ring;
+        let claimed = known.peers.all().any(|p| p.claims(ring, unit));
+        let recently = known.previous.as_ref().is_some_and(|(view, at)| {
+            at.elapsed() <= self.config.lease_duration * 2
+                && owner(ring, unit, view).is_some_and(|m| m.identity != self.config.identity)
+        });
+        claimed || recently
+    }
+
+    /// What the keeper wrote: the view now published.
+    fn published(&self, view: Vec<Member>) {
+        let mut known = self.known.lock();
+        if known.published != view {
+            let old = std::mem::replace(&mut known.published, view);
+            known.previous = Some((old, Instant::now()));
+        }
+    }
+
+    /// Start leaving: take no more units and publish that at once.
+    pub(crate) fn leave(&self) {
+        self.known.lock().leaving = true;
+        self.publish_now.notify_one();
+    }
+
+    fn record(&self, m: Move) {
+        tracing::info!(unit = %m.unit, direction = m.direction, peer = ?m.peer, took = ?m.took, "unit moved");
+        let mut moves = self.moves.lock();
+        if moves.len() == MOVES_KEPT {
+            moves.pop_front();
+        }
+        moves.push_back(m);
+    }
+
+    /// What `/status` shows of the ring.
+    pub(crate) fn status(&self) -> RingStatus {
+        let now = Instant::now();
+        let known = self.known.lock();
+        let view = self.view(&known, now);
+        let members = known
+            .peers
+            .all()
+            .map(|p| PeerStatus {
+                identity: p.record.identity.clone(),
+                address: p.record.address.clone(),
+                state: p.record.state.as_str(),
+                weight: p.record.weight,
+                units: p.record.units,
+                renew_age: now.saturating_duration_since(p.seen),
+                live: p.live(now),
+                published: view::encode_view(&p.record.view),
+            })
+            .collect();
+        let sealing = self.sealing.lock().clone();
+        let units = self
+            .gates
+            .lock()
+            .iter()
+            .map(|(u, g)| {
+                let state = if sealing.contains_key(u) {
+                    "sealing"
+                } else if *g.tx.borrow() {
+                    "owned"
+                } else {
+                    "acquiring"
+                };
+                (u.clone(), state)
+            })
+            .collect();
+        RingStatus {
+            ring: self.config.ring.clone(),
+            identity: self.config.identity.clone(),
+            address: self.config.address.clone(),
+            weight: self.config.weight,
+            incarnation: self.incarnation.clone(),
+            held: known.held,
+            leaving: known.leaving,
+            view: view::encode_view(&view),
+            published: view::encode_view(&known.published),
+            members,
+            units,
+            moves: self.moves.lock().iter().cloned().collect(),
+        }
+    }
+}
+
+/// A peer as `/status` shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerStatus {
+    /// Identity.
+    pub identity: String,
+    /// Address.
+    pub address: String,
+    /// `active` or `leaving`.
+    pub state: &'static str,
+    /// Weight.
+    pub weight: u32,
+    /// The units it says it owns.
+    pub units: u32,
+    /// Since its Lease was last seen renewed.
+    pub renew_age: Duration,
+    /// Whether its claims still count.
+    pub live: bool,
+    /// The view it published.
+    pub published: String,
+}
+
+/// This member's place in the ring, for `/status` and the page.
+#[derive(Debug, Clone)]
+pub(crate) struct RingStatus {
+    /// The ring's name.
+    pub ring: String,
+    /// This member.
+    pub identity: String,
+    /// Its address.
+    pub address: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Its incarnation.
+    pub incarnation: String,
+    /// Whether it holds its Lease.
+    pub held: bool,
+    /// Whether it is leaving.
+    pub leaving: bool,
+    /// The view it assigns units over.
+    pub view: String,
+    /// The view it last published.
+    pub published: String,
+    /// The other members.
+    pub members: Vec<PeerStatus>,
+    /// Its units and their states.
+    pub units: Vec<(Unit, &'static str)>,
+    /// The latest moves, oldest first.
+    pub moves: Vec<Move>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// State as published by this member.
+fn state_of(leaving: bool) -> State {
+    if leaving {
+        State::Leaving
+    } else {
+        State::Active
+    }
+}

@@ -1,0 +1,321 @@
+//! What one member knows of the others, from their Leases, and the rules it acts on — pure
+//! functions of what was observed and the time, driven by hand in the unit tests.
+//!
+//! - A peer is **live** while its Lease was seen to change within its lease duration, by this
+//!   member's own clock (never by the renewTime another machine wrote).
+//! - The **view** is the set of members that units are assigned over: this member (unless it is
+//!   leaving), and every live peer that is active and was seen renewing within the renew
+//!   deadline (a peer that has not renewed for that long has stopped dispatching by its own
+//!   rule, so its sessions are taken in here and wait).
+//! - A member **publishes** a view in its own Lease only once it has released every unit that
+//!   view does not give it (R1), and **dispatches** a unit only when it owns it under its own
+//!   published view and no live peer's published view gives that peer the unit (R2). Two
+//!   members that both publish, then both read, cannot both pass R2 for one unit: the later
+//!   reader sees the earlier writer's claim.
+
+use super::hrw::{Member, Unit, owner};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// A member's state as it publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Takes units.
+    Active,
+    /// Shutting down: takes no units; its published view still holds its claims until it has
+    /// released them.
+    Leaving,
+}
+
+impl State {
+    /// The annotation value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            State::Active => "active",
+            State::Leaving => "leaving",
+        }
+    }
+
+    /// From the annotation (anything unknown is read as leaving: it takes no units).
+    pub(crate) fn parse(s: &str) -> Self {
+        if s == "active" {
+            State::Active
+        } else {
+            State::Leaving
+        }
+    }
+}
+
+/// What a member's Lease says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The member's identity.
+    pub identity: String,
+    /// Where its sessions are sent (host:port).
+    pub address: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Active or leaving.
+    pub state: State,
+    /// The view it acts on: it may dispatch exactly the units this view gives it.
+    pub view: Vec<Member>,
+    /// How many units it owns, for status and alerts.
+    pub units: u32,
+    /// Random per process start: a restarted member with the same identity is a new one.
+    pub incarnation: String,
+    /// The Lease's resourceVersion: a change is a renewal.
+    pub resource_version: String,
+    /// The Lease's duration.
+    pub lease_duration: Duration,
+}
+
+/// A peer as observed.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    /// What its Lease said last.
+    pub record: Record,
+    /// When this member saw that Lease change last.
+    pub seen: Instant,
+}
+
+impl Peer {
+    /// Whether its claims still count at `now` (R3): a peer unrenewed for its whole lease
+    /// stopped dispatching at its renew deadline, before that.
+    pub(crate) fn live(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.seen) <= self.record.lease_duration
+    }
+
+    /// Whether its published view gives it `unit`.
+    pub(crate) fn claims(&self, ring: &str, unit: &Unit) -> bool {
+        owner(ring, unit, &self.record.view).is_some_and(|m| m.identity == self.record.identity)
+    }
+}
+
+/// Every other member, by identity.
+#[derive(Debug, Default)]
+pub(crate) struct Peers {
+    peers: BTreeMap<String, Peer>,
+}
+
+impl Peers {
+    /// Take a full list of the ring's Leases read at `now` (this member's own left out by the
+    /// caller): a peer whose Lease is gone is gone (it released everything); one whose
+    /// resourceVersion is unchanged keeps the time it was last seen to change.
+    pub(crate) fn observe(&mut self, records: Vec<Record>, now: Instant) {
+        let mut next = BTreeMap::new();
+        for record in records {
+            let seen = match self.peers.get(&record.identity) {
+                Some(p) if p.record.resource_version == record.resource_version => p.seen,
+                _ => now,
+            };
+            next.insert(record.identity.clone(), Peer { record, seen });
+        }
+        self.peers = next;
+    }
+
+    /// Every peer observed, live or not.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Peer> {
+        self.peers.values()
+    }
+
+    /// The peer named `identity`.
+    pub(crate) fn get(&self, identity: &str) -> Option<&Peer> {
+        self.peers.get(identity)
+    }
+
+    /// The members units are assigned over at `now`: `me` unless leaving, and every active
+    /// peer seen renewing within `fresh`, sorted.
+    pub(crate) fn view(&self, me: Option<&Member>, now: Instant, fresh: Duration) -> Vec<Member> {
+        let mut view: Vec<Member> = self
+            .peers
+            .values()
+            .filter(|p| p.record.state == State::Active)
+            .filter(|p| now.saturating_duration_since(p.seen) <= fresh)
+            .map(|p| Member {
+                identity: p.record.identity.clone(),
+                weight: p.record.weight,
+            })
+            .chain(me.cloned())
+            .collect();
+        view.sort();
+        view
+    }
+
+    /// R2 without the own-Lease part: whether `me` may dispatch `unit` at `now`, having
+    /// published `published`. No live peer may claim it under what it published.
+    pub(crate) fn may_dispatch(
+        &self,
+        ring: &str,
+        unit: &Unit,
+        (me, published): (&str, &[Member]),
+        now: Instant,
+    ) -> bool {
+        let mine = owner(ring, unit, published).is_some_and(|m| m.identity == me);
+        mine && !self
+            .peers
+            .values()
+            .any(|p| p.live(now) && p.claims(ring, unit))
+    }
+
+    /// The live peer whose published view claims `unit` (whose release this member waits for).
+    pub(crate) fn claimant(&self, ring: &str, unit: &Unit, now: Instant) -> Option<&Peer> {
+        self.peers
+            .values()
+            .find(|p| p.live(now) && p.claims(ring, unit))
+    }
+}
+
+/// A view as published in the member Lease: `identity=weight` pairs, sorted, comma-separated.
+pub(crate) fn encode_view(view: &[Member]) -> String {
+    view.iter()
+        .map(|m| format!("{}={}", m.identity, m.weight))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A published view read back; a malformed entry is skipped (it can claim nothing), never an
+/// error that would stop this member from reading the others.
+pub(crate) fn decode_view(s: &str) -> Vec<Member> {
+    let mut view: Vec<Member> = s
+        .split(',')
+        .filter_map(|pair| {
+            let (identity, weight) = pair.split_once('=')?;
+            Some(Member {
+                identity: identity.to_string(),
+                weight: weight.parse().ok()?,
+            })
+        })
+        .filter(|m| !m.identity.is_empty())
+        .collect();
+    view.sort();
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RING: &str = "r";
+    const LEASE: Duration = Duration::from_secs(15);
+
+    fn member(id: &str) -> Member {
+        Member {
+            identity: id.into(),
+            weight: 100,
+        }
+    }
+
+    fn record(id: &str, rv: &str, view: &[&str]) -> Record {
+        Record {
+            identity: id.into(),
+            address: format!("{id}:9090"),
+            weight: 100,
+            state: State::Active,
+            view: view.iter().map(|m| member(m)).collect(),
+            units: 0,
+            incarnation: "i".into(),
+            resource_version: rv.into(),
+            lease_duration: LEASE,
+        }
+    }
+
+    /// A unit `a` owns in the ring {a, b} and `b` owns in {b} alone: the one that moves when a
+    /// joins b.
+    fn moving_unit() -> Unit {
+        (0..)
+            .map(|i| Unit::new("t", &format!("c{i}")))
+            .find(|u| {
+                owner(RING, u, &[member("a"), member("b")]).is_some_and(|m| m.identity == "a")
+            })
+            .expect("some unit goes to a")
+    }
+
+    #[test]
+    fn a_joiner_waits_until_the_old_owner_publishes_a_view_without_the_unit() {
+        let t0 = Instant::now();
+        let u = moving_unit();
+        // a joined and published {a, b}; b still publishes {b}: b claims u.
+        let mut at_a = Peers::default();
+        at_a.observe(vec![record("b", "1", &["b"])], t0);
+        let published_a = [member("a"), member("b")];
+        assert!(!at_a.may_dispatch(RING, &u, ("a", &published_a), t0));
+        assert_eq!(
+            at_a.claimant(RING, &u, t0)
+                .map(|p| p.record.identity.as_str()),
+            Some("b")
+        );
+        // b sealed u and published {a, b}: a may go.
+        at_a.observe(
+            vec![record("b", "2", &["a", "b"])],
+            t0 + Duration::from_secs(1),
+        );
+        assert!(at_a.may_dispatch(RING, &u, ("a", &published_a), t0 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn both_publish_then_both_read_and_at_most_one_dispatches() {
+        let t0 = Instant::now();
+        let u = moving_unit();
+        // Each published before reading the other: each sees the other's publication.
+        let (pa, pb) = ([member("a"), member("b")], [member("b")]);
+        let mut at_a = Peers::default();
+        at_a.observe(vec![record("b", "1", &["b"])], t0);
+        let mut at_b = Peers::default();
+        at_b.observe(vec![record("a", "1", &["a", "b"])], t0);
+        let a = at_a.may_dispatch(RING, &u, ("a", &pa), t0);
+        let b = at_b.may_dispatch(RING, &u, ("b", &pb), t0);
+        assert!(!(a && b), "never both");
+        assert!(!a && !b, "both wait until b publishes {{a, b}}");
+    }
+
+    #[test]
+    fn a_silent_peer_leaves_the_view_at_the_renew_deadline_and_its_claims_at_its_lease() {
+        let t0 = Instant::now();
+        let u = moving_unit();
+        let mut at_b = Peers::default();
+        at_b.observe(vec![record("a", "1", &["a", "b"])], t0);
+        let fresh = Duration::from_secs(10);
+        let me = member("b");
+        assert_eq!(
+            at_b.view(Some(&me), t0, fresh),
+            vec![member("a"), member("b")]
+        );
+        // The same resourceVersion again is not a renewal.
+        at_b.observe(
+            vec![record("a", "1", &["a", "b"])],
+            t0 + Duration::from_secs(11),
+        );
+        let t11 = t0 + Duration::from_secs(11);
+        assert_eq!(at_b.view(Some(&me), t11, fresh), vec![member("b")]);
+        // b owns u in its view now, but a's claim holds until a's lease is over.
+        assert!(!at_b.may_dispatch(RING, &u, ("b", &[member("b")]), t11));
+        let t16 = t0 + Duration::from_secs(16);
+        assert!(at_b.may_dispatch(RING, &u, ("b", &[member("b")]), t16));
+    }
+
+    #[test]
+    fn a_leaving_peer_takes_no_units_but_its_claims_hold_until_it_publishes_or_goes() {
+        let t0 = Instant::now();
+        let u = moving_unit();
+        let mut leaving = record("a", "2", &["a", "b"]);
+        leaving.state = State::Leaving;
+        let mut at_b = Peers::default();
+        at_b.observe(vec![leaving], t0);
+        let fresh = Duration::from_secs(10);
+        assert_eq!(at_b.view(Some(&member("b")), t0, fresh), vec![member("b")]);
+        assert!(!at_b.may_dispatch(RING, &u, ("b", &[member("b")]), t0));
+        // Its Lease deleted: it released everything.
+        at_b.observe(vec![], t0 + Duration::from_millis(500));
+        assert!(at_b.may_dispatch(RING, &u, ("b", &[member("b")]), t0));
+    }
+
+    #[test]
+    fn views_round_trip_and_junk_claims_nothing() {
+        let view = vec![member("a"), member("b")];
+        assert_eq!(decode_view(&encode_view(&view)), view);
+        assert_eq!(decode_view(""), vec![]);
+        assert_eq!(decode_view("a=x,=3,b"), vec![]);
+        assert_eq!(State::parse("active"), State::Active);
+        assert_eq!(State::parse("?"), State::Leaving);
+    }
+}
