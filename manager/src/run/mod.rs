@@ -473,7 +473,11 @@ impl RunArgs {
             .clone()
             .unwrap_or_else(|| format!("ctrlhub-{}", &uuid::Uuid::new_v4().to_string()[..8]));
         let liveness = self.liveness();
-        liveness.heartbeat.spawn(stop.child_token());
+        // Beats until the shutdown is over, not only until it starts: a member leaving the
+        // ring renews its Lease while it hands its controllers over.
+        let lifetime = CancellationToken::new();
+        let _end = lifetime.clone().drop_guard();
+        liveness.heartbeat.spawn(lifetime.clone());
         #[cfg(feature = "dev")]
         if let Some(stall) = self.dev_stall_on_sigusr1 {
             dev::stall_on_sigusr1(stall)?;
@@ -527,7 +531,7 @@ impl RunArgs {
             crate::policy::watch::spawn(applier, stop.child_token());
         }
         match &member {
-            Some(ring) => ring::follow_ring(controllers.clone(), ring.clone(), stop.clone()),
+            Some(ring) => ring::follow_ring(controllers.clone(), ring.clone(), lifetime.clone()),
             None => follow_leadership(
                 controllers.clone(),
                 election.leading.clone(),

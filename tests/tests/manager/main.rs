@@ -8,6 +8,7 @@ mod lifecycle;
 mod mtls;
 mod production;
 mod protocol;
+mod ring;
 mod security;
 mod status_page;
 mod traces;
