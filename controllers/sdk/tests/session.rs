@@ -3,8 +3,8 @@
 //! stopped), heartbeats and the anchor, the silence that ends a session, requests held until
 //! the first heartbeat answer, one attempt of a key at a time, empty tombstones, SUPERSEDED and
 //! outdated registrations, the refusals that need a human, and ring mode's redirects between
-//! two or more fake members (at most 3 in a row). The same points but the redirects are tested
-//! against the real manager in `tests/protocol.rs`.
+//! two or more fake members (at most 3 in a row; over TLS too). The same points but the
+//! redirects are tested against the real manager in `tests/protocol.rs`.
 #![allow(clippy::unwrap_used)]
 
 use std::pin::Pin;
@@ -277,6 +277,7 @@ struct Member {
     name: &'static str,
     url: String,
     incoming: tonic::transport::server::TcpIncoming,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Member {
@@ -288,7 +289,21 @@ impl Member {
             name,
             url,
             incoming,
+            tls: None,
         }
+    }
+
+    /// Serves TLS with `cert`.
+    fn with_tls(self, cert: &Cert) -> Self {
+        let identity = tonic::transport::Identity::from_pem(&cert.pem, &cert.key);
+        Self {
+            tls: Some(tonic::transport::ServerTlsConfig::new().identity(identity)),
+            ..self
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.incoming.local_addr().unwrap().port()
     }
 
     /// Serves: hands each connect to the test, or answers it with `redirect_to`.
@@ -307,13 +322,46 @@ impl Member {
             seen,
             conns,
         };
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            server = server.tls_config(tls).unwrap();
+        }
         tokio::spawn(
-            tonic::transport::Server::builder()
+            server
                 .add_service(ControllerManagerServer::new(fake))
                 .serve_with_incoming(self.incoming),
         );
         rx
     }
+}
+
+/// A serving certificate and its key, PEM.
+struct Cert {
+    pem: String,
+    key: String,
+}
+
+/// A CA (PEM) and, signed by it, a serving certificate for each name of `names`.
+fn certificates(names: &[&str]) -> (String, Vec<Cert>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let certs = names
+        .iter()
+        .map(|name| {
+            let key = KeyPair::generate().unwrap();
+            let cert = CertificateParams::new(vec![(*name).to_owned()])
+                .unwrap()
+                .signed_by(&key, &ca)
+                .unwrap();
+            Cert {
+                pem: cert.pem(),
+                key: key.serialize_pem(),
+            }
+        })
+        .collect();
+    (ca.pem(), certs)
 }
 
 async fn next_conn(conns: &mut mpsc::UnboundedReceiver<Conn>) -> Conn {
@@ -953,6 +1001,47 @@ async fn a_redirect_to_nothing_goes_back_to_the_configured_address() {
     assert!(!run.is_finished(), "an unreachable owner is not fatal");
     assert!(probe.sessions.lock().unwrap().is_empty());
     shutdown.cancel();
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
+
+/// Over TLS, the owner is dialled with the configured CA and token, and its certificate must
+/// name the redirect's host, not the configured server name: a's certificate names only
+/// `a.ring.test` (the configured `server_name`), b's only `localhost` (the redirect's host).
+#[tokio::test]
+async fn a_redirect_over_tls_verifies_the_owners_host() {
+    let (ca, certs) = certificates(&["a.ring.test", "localhost"]);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let seen = Arc::new(Seen::default());
+    let a = Member::bind("a").with_tls(&certs[0]);
+    let b = Member::bind("b").with_tls(&certs[1]);
+    let (a_port, b_port) = (a.port(), b.port());
+    let _a = a.serve(
+        seen.clone(),
+        false,
+        Some(Redirect::to("mgr-b", &format!("localhost:{b_port}"))),
+    );
+    let mut at_b = b.serve(seen.clone(), false, None);
+    let shutdown = CancellationToken::new();
+    let (_, run) = start(format!("127.0.0.1:{a_port}"), &shutdown, |c| {
+        c.tls = Some(ctrlhub_sdk::TlsFiles {
+            ca: ca_file.clone(),
+            cert: None,
+            key: None,
+            server_name: Some("a.ring.test".into()),
+        });
+    });
+
+    let mut conn = next_conn(&mut at_b).await;
+    conn.register("s-b", None).await;
+    conn.send(reconcile_msg(request("r-1", "a", PATIENCE)))
+        .await;
+    assert_eq!(result_of(conn.next().await).id, "r-1");
+    assert_eq!(seen.gets_from("b"), 1);
+    shutdown.cancel();
+    drop(conn);
     let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
 }
