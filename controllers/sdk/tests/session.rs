@@ -802,10 +802,24 @@ fn backoff_of(step: Duration) -> ctrlhub_sdk::Backoff {
 /// (a request is reconciled, and its cached read reaches the owner).
 #[tokio::test]
 async fn a_redirect_on_register_dials_the_owner_at_once() {
+    redirect_on_register(false).await;
+}
+
+/// The same when only the status's trailers name the owner.
+#[tokio::test]
+async fn a_redirect_in_the_trailers_alone_dials_the_owner_at_once() {
+    redirect_on_register(true).await;
+}
+
+async fn redirect_on_register(trailers_only: bool) {
     let seen = Arc::new(Seen::default());
     let (a, b) = (Member::bind("a"), Member::bind("b"));
     let (a_url, b_url) = (a.url.clone(), b.url.clone());
-    let _a = a.serve(seen.clone(), false, Some(Redirect::to("mgr-b", &b_url)));
+    let redirect = Redirect {
+        trailers_only,
+        ..Redirect::to("mgr-b", &b_url)
+    };
+    let _a = a.serve(seen.clone(), false, Some(redirect));
     let mut at_b = b.serve(seen.clone(), false, None);
     let step = Duration::from_secs(6);
     let shutdown = CancellationToken::new();
