@@ -115,6 +115,20 @@
 //! each cost one short wait. A manager shutting down, a standby and a leader
 //! change are logged as "reconnecting", never as a rejection.
 //!
+//! In ring mode (`ctrlhub run --mode ring`) one member owns each controller.
+//! A member that does not own it answers the `Register` with
+//! `Rejected(UNAVAILABLE)` naming the owner (also in the trailers
+//! `ctrlhub-owner`, `ctrlhub-owner-addr`), and a session whose controller
+//! moved ends with `Revoked(UNIT_MOVED)` naming the new owner. The next
+//! session dials the owner's `host:port` at once (no backoff, not a failed
+//! attempt) on a new connection with the same token and TLS files (the TLS
+//! server name is the owner's host), logged at INFO. At most 3 redirects in a
+//! row without `Registered` are followed; the 4th, like any other failure
+//! (nothing listening there, another status) or a `UNIT_MOVED` without an
+//! address, goes back to [`Config::addr`] with the normal backoff. The ended
+//! session's reconciles are cancelled as for any ended session, and cached
+//! reads ride the current session's connection, so they reach the owner.
+//!
 //! Cancelling the shutdown token (SIGTERM) sends `Drain` and cancels
 //! nothing: running reconciles finish (each at most until its deadline) and
 //! answer, the manager closes the stream, and `run` returns once no

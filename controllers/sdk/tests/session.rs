@@ -2,8 +2,9 @@
 //! reconnecting after a standby's UNAVAILABLE, results (late ones too, once the handler has
 //! stopped), heartbeats and the anchor, the silence that ends a session, requests held until
 //! the first heartbeat answer, one attempt of a key at a time, empty tombstones, SUPERSEDED and
-//! outdated registrations, and the refusals that need a human. The same points are tested
-//! against the real manager in `tests/protocol.rs`.
+//! outdated registrations, the refusals that need a human, and ring mode's redirects between
+//! two or more fake members (at most 3 in a row; over TLS too). The same points but the
+//! redirects are tested against the real manager in `tests/protocol.rs`.
 #![allow(clippy::unwrap_used)]
 
 use std::pin::Pin;
@@ -88,9 +89,102 @@ impl Conn {
 }
 
 struct Fake {
+    /// Which fake member this is, in [`Seen`].
+    name: &'static str,
     connects: AtomicUsize,
     refuse_first: bool,
+    /// Ring mode: answer every Register with a redirect to this member instead of handing the
+    /// connect to the test.
+    redirect_to: Option<Redirect>,
+    seen: Arc<Seen>,
     conns: mpsc::UnboundedSender<Conn>,
+}
+
+/// A ring member's redirect to the owner.
+#[derive(Clone)]
+struct Redirect {
+    identity: String,
+    /// `host:port`.
+    addr: String,
+    /// Only the status's trailers name the owner (no `Rejected` first).
+    trailers_only: bool,
+}
+
+impl Redirect {
+    fn to(identity: &str, url: &str) -> Self {
+        Self {
+            identity: identity.into(),
+            addr: host_port(url),
+            trailers_only: false,
+        }
+    }
+
+    /// UNAVAILABLE with the owner in its trailers, as a member that does not own the
+    /// controller ends the stream.
+    fn status(&self) -> Status {
+        let mut status = Status::unavailable(format!("{} owns controller test", self.identity));
+        let md = status.metadata_mut();
+        md.insert("ctrlhub-leader", self.identity.parse().unwrap());
+        md.insert("ctrlhub-owner", self.identity.parse().unwrap());
+        md.insert("ctrlhub-owner-addr", self.addr.parse().unwrap());
+        status
+    }
+
+    /// What the member sends: `Rejected(UNAVAILABLE)` naming the owner, then the status.
+    async fn answer(&self, to: &Reply) {
+        if !self.trailers_only {
+            let rejected = manager_message::Message::Rejected(pb::Rejected {
+                code: tonic::Code::Unavailable as i32,
+                message: format!("{} owns controller test", self.identity),
+                owner_identity: self.identity.clone(),
+                owner_address: self.addr.clone(),
+                ..Default::default()
+            });
+            let _ = to
+                .send(Ok(pb::ManagerMessage {
+                    message: Some(rejected),
+                }))
+                .await;
+        }
+        let _ = to.send(Err(self.status())).await;
+    }
+}
+
+/// `host:port` of a fake's `http://host:port`: the form a redirect names.
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://").to_owned()
+}
+
+/// What every fake member of one test saw, in order: each Connect (its first message is the
+/// Register) and each cached Get, by member.
+#[derive(Default)]
+struct Seen {
+    connects: Mutex<Vec<(&'static str, Instant)>>,
+    gets: Mutex<Vec<&'static str>>,
+}
+
+impl Seen {
+    fn connects(&self) -> Vec<(&'static str, Instant)> {
+        self.connects.lock().unwrap().clone()
+    }
+
+    fn connects_to(&self, member: &str) -> Vec<Instant> {
+        let connects = self.connects();
+        connects
+            .iter()
+            .filter(|(m, _)| *m == member)
+            .map(|(_, at)| *at)
+            .collect()
+    }
+
+    fn gets_from(&self, member: &str) -> usize {
+        self.gets
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| **m == member)
+            .count()
+    }
 }
 
 #[tonic::async_trait]
@@ -106,8 +200,18 @@ impl ControllerManager for Fake {
             .get("authorization")
             .and_then(|v| v.to_str().ok());
         assert_eq!(auth, Some("Bearer s3cret"));
+        self.seen
+            .connects
+            .lock()
+            .unwrap()
+            .push((self.name, Instant::now()));
         if self.connects.fetch_add(1, Ordering::SeqCst) == 0 && self.refuse_first {
             return Err(Status::unavailable("standby; the leader is mgr-1"));
+        }
+        if let Some(redirect) = &self.redirect_to {
+            return Ok(tonic::Response::new(
+                self.redirect(redirect, req.into_inner()).await,
+            ));
         }
         let (to, rx) = mpsc::channel(64);
         let _ = self.conns.send(Conn {
@@ -123,6 +227,7 @@ impl ControllerManager for Fake {
         &self,
         _: tonic::Request<pb::GetRequest>,
     ) -> Result<tonic::Response<pb::GetResponse>, Status> {
+        self.seen.gets.lock().unwrap().push(self.name);
         Err(Status::not_found("nothing cached"))
     }
 
@@ -134,23 +239,129 @@ impl ControllerManager for Fake {
     }
 }
 
+impl Fake {
+    /// Reads the Register (the stream's first message) and answers with `redirect`; the rest
+    /// of what the controller sends is read until it closes.
+    async fn redirect(
+        &self,
+        redirect: &Redirect,
+        mut from: Streaming<pb::ControllerMessage>,
+    ) -> Out {
+        let first = tokio::time::timeout(PATIENCE, from.message()).await;
+        assert!(
+            matches!(
+                first,
+                Ok(Ok(Some(pb::ControllerMessage {
+                    message: Some(controller_message::Message::Register(_))
+                })))
+            ),
+            "expected a Register first, got {first:?}"
+        );
+        tokio::spawn(async move { while let Ok(Some(_)) = from.message().await {} });
+        let (to, rx) = mpsc::channel(4);
+        redirect.answer(&to).await;
+        Box::pin(ReceiverStream::new(rx))
+    }
+}
+
 /// The fake manager's address and the connects it accepts.
 async fn serve(refuse_first: bool) -> (String, mpsc::UnboundedReceiver<Conn>) {
-    let (conns, rx) = mpsc::unbounded_channel();
-    let fake = Fake {
-        connects: AtomicUsize::new(0),
-        refuse_first,
-        conns,
-    };
-    let incoming =
-        tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = incoming.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ControllerManagerServer::new(fake))
-            .serve_with_incoming(incoming),
-    );
-    (format!("http://{addr}"), rx)
+    let member = Member::bind("mgr-0");
+    let addr = member.url.clone();
+    let conns = member.serve(Arc::default(), refuse_first, None);
+    (addr, conns)
+}
+
+/// A fake ring member whose port is bound, so that others can redirect to it before it serves.
+struct Member {
+    name: &'static str,
+    url: String,
+    incoming: tonic::transport::server::TcpIncoming,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+impl Member {
+    fn bind(name: &'static str) -> Self {
+        let incoming =
+            tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let url = format!("http://{}", incoming.local_addr().unwrap());
+        Self {
+            name,
+            url,
+            incoming,
+            tls: None,
+        }
+    }
+
+    /// Serves TLS with `cert`.
+    fn with_tls(self, cert: &Cert) -> Self {
+        let identity = tonic::transport::Identity::from_pem(&cert.pem, &cert.key);
+        Self {
+            tls: Some(tonic::transport::ServerTlsConfig::new().identity(identity)),
+            ..self
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.incoming.local_addr().unwrap().port()
+    }
+
+    /// Serves: hands each connect to the test, or answers it with `redirect_to`.
+    fn serve(
+        self,
+        seen: Arc<Seen>,
+        refuse_first: bool,
+        redirect_to: Option<Redirect>,
+    ) -> mpsc::UnboundedReceiver<Conn> {
+        let (conns, rx) = mpsc::unbounded_channel();
+        let fake = Fake {
+            name: self.name,
+            connects: AtomicUsize::new(0),
+            refuse_first,
+            redirect_to,
+            seen,
+            conns,
+        };
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            server = server.tls_config(tls).unwrap();
+        }
+        tokio::spawn(
+            server
+                .add_service(ControllerManagerServer::new(fake))
+                .serve_with_incoming(self.incoming),
+        );
+        rx
+    }
+}
+
+/// A serving certificate and its key, PEM.
+struct Cert {
+    pem: String,
+    key: String,
+}
+
+/// A CA (PEM) and, signed by it, a serving certificate for each name of `names`.
+fn certificates(names: &[&str]) -> (String, Vec<Cert>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let certs = names
+        .iter()
+        .map(|name| {
+            let key = KeyPair::generate().unwrap();
+            let cert = CertificateParams::new(vec![(*name).to_owned()])
+                .unwrap()
+                .signed_by(&key, &ca)
+                .unwrap();
+            Cert {
+                pem: cert.pem(),
+                key: key.serialize_pem(),
+            }
+        })
+        .collect();
+    (ca.pem(), certs)
 }
 
 async fn next_conn(conns: &mut mpsc::UnboundedReceiver<Conn>) -> Conn {
@@ -211,6 +422,16 @@ impl Probe {
     }
 }
 
+/// Notes `stopped` for its key when dropped: a handler that never returns stops only when it is
+/// cancelled.
+struct NoteOnDrop(Arc<Probe>, String);
+
+impl Drop for NoteOnDrop {
+    fn drop(&mut self) {
+        self.0.note(&self.1, "stopped");
+    }
+}
+
 /// Handlers by key name: `slow` never finishes (only cancellation ends it), `block` blocks for
 /// 600 ms in `ctrlhub_sdk::blocking` whatever its cancellation says, `gone` answers done
 /// exactly when the request says the object was deleted, anything else requeues after 5 s.
@@ -218,7 +439,10 @@ async fn reconcile(req: Request<ConfigMap>, probe: Arc<Probe>) -> Result<Action,
     let name = req.name().to_owned();
     probe.note(&name, "start");
     match name.as_str() {
-        "slow" => std::future::pending::<()>().await,
+        "slow" => {
+            let _stopped = NoteOnDrop(probe.clone(), name.clone());
+            std::future::pending::<()>().await
+        }
         "block" => {
             ctrlhub_sdk::blocking(|| std::thread::sleep(Duration::from_millis(600))).await?;
             probe.note(&name, "unblocked");
@@ -551,6 +775,287 @@ async fn superseded_and_outdated_wait_then_register_again() {
     let drain = third.next().await;
     assert!(matches!(drain, controller_message::Message::Drain(_)));
     drop((conn, again, third));
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
+
+/// Waits (at most [`PATIENCE`]) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not in time"));
+}
+
+/// A reconnect backoff whose every step waits at least `step / 2`: a session that follows a
+/// redirect sooner than that did not back off.
+fn backoff_of(step: Duration) -> ctrlhub_sdk::Backoff {
+    ctrlhub_sdk::Backoff::new(step, step, Duration::from_secs(300))
+}
+
+/// A member that does not own the controller answers its Register with `Rejected(UNAVAILABLE)`
+/// naming the owner and ends the stream with the owner in its trailers: the controller
+/// registers at the owner at once, on a new connection with the same token, and works there
+/// (a request is reconciled, and its cached read reaches the owner).
+#[tokio::test]
+async fn a_redirect_on_register_dials_the_owner_at_once() {
+    redirect_on_register(false).await;
+}
+
+/// The same when only the status's trailers name the owner.
+#[tokio::test]
+async fn a_redirect_in_the_trailers_alone_dials_the_owner_at_once() {
+    redirect_on_register(true).await;
+}
+
+async fn redirect_on_register(trailers_only: bool) {
+    let seen = Arc::new(Seen::default());
+    let (a, b) = (Member::bind("a"), Member::bind("b"));
+    let (a_url, b_url) = (a.url.clone(), b.url.clone());
+    let redirect = Redirect {
+        trailers_only,
+        ..Redirect::to("mgr-b", &b_url)
+    };
+    let _a = a.serve(seen.clone(), false, Some(redirect));
+    let mut at_b = b.serve(seen.clone(), false, None);
+    let step = Duration::from_secs(6);
+    let shutdown = CancellationToken::new();
+    let (probe, run) = start(a_url, &shutdown, |c| c.reconnect = backoff_of(step));
+
+    let mut conn = next_conn(&mut at_b).await;
+    let connects = seen.connects();
+    assert_eq!(
+        connects.iter().map(|(m, _)| *m).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let followed_in = connects[1].1 - connects[0].1;
+    assert!(
+        followed_in < step / 2,
+        "the redirect waited {followed_in:?}"
+    );
+    conn.register("s-b", None).await;
+    conn.send(reconcile_msg(request("r-1", "a", PATIENCE)))
+        .await;
+    let result = result_of(conn.next().await);
+    assert_eq!(result.id, "r-1");
+    assert!(matches!(
+        result.outcome,
+        Some(pb::reconcile_result::Outcome::RequeueAfter(_))
+    ));
+    assert_eq!(seen.gets_from("b"), 1, "the cached read went to the owner");
+    assert_eq!(seen.gets_from("a"), 0);
+    assert_eq!(probe.sessions.lock().unwrap().len(), 1);
+
+    shutdown.cancel();
+    assert!(matches!(
+        conn.next().await,
+        controller_message::Message::Drain(_)
+    ));
+    drop(conn);
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
+
+/// A live session whose controller moved to another member (`Revoked(UNIT_MOVED)` with the new
+/// owner's address, then UNAVAILABLE): its running handler is cancelled as with any ended
+/// session, the next session registers at the new owner at once, and cached reads go there.
+#[tokio::test]
+async fn a_moved_controller_registers_at_its_new_owner_at_once() {
+    let seen = Arc::new(Seen::default());
+    let (a, b) = (Member::bind("a"), Member::bind("b"));
+    let (a_url, b_url) = (a.url.clone(), b.url.clone());
+    let mut at_a = a.serve(seen.clone(), false, None);
+    let mut at_b = b.serve(seen.clone(), false, None);
+    let step = Duration::from_secs(6);
+    let shutdown = CancellationToken::new();
+    let (probe, run) = start(b_url, &shutdown, |c| c.reconnect = backoff_of(step));
+
+    let mut old = next_conn(&mut at_b).await;
+    old.register("s-b", None).await;
+    old.send(reconcile_msg(request("r-1", "slow", PATIENCE)))
+        .await;
+    until("the slow handler starts", || {
+        !probe.when("slow", "start").is_empty()
+    })
+    .await;
+    old.send(manager_message::Message::Revoked(pb::Revoked {
+        reason: pb::revoked::Reason::UnitMoved as i32,
+        code: tonic::Code::Unavailable as i32,
+        message: "the ring changed: mgr-a owns controller test".into(),
+        leader_identity: "mgr-a".into(),
+        owner_address: host_port(&a_url),
+    }))
+    .await;
+    let moved = Instant::now();
+    let _ = old.to.send(Err(Status::unavailable("unit moved"))).await;
+
+    let mut new = next_conn(&mut at_a).await;
+    assert!(
+        moved.elapsed() < step / 2,
+        "the move waited {:?}",
+        moved.elapsed()
+    );
+    until("the old session's handler is cancelled", || {
+        !probe.when("slow", "stopped").is_empty()
+    })
+    .await;
+    new.register("s-a", None).await;
+    new.send(reconcile_msg(request("r-2", "a", PATIENCE))).await;
+    let result = result_of(new.next().await);
+    assert_eq!(
+        result.id, "r-2",
+        "only the new session's request is answered on it"
+    );
+    assert_eq!(
+        seen.gets_from("a"),
+        1,
+        "the cached read went to the new owner"
+    );
+    assert_eq!(seen.gets_from("b"), 0);
+    assert_eq!(
+        seen.connects().iter().map(|(m, _)| *m).collect::<Vec<_>>(),
+        ["b", "a"]
+    );
+
+    shutdown.cancel();
+    assert!(matches!(
+        new.next().await,
+        controller_message::Message::Drain(_)
+    ));
+    drop((old, new));
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
+
+/// Two members that each say the other owns the controller: the controller follows 3
+/// redirects in a row (a → b → a → b), does not follow the 4th, and goes back to the
+/// configured address (a) after its backoff, again and again: each round is 4 Registers, and
+/// rounds are a backoff apart.
+#[tokio::test]
+async fn members_redirecting_to_each_other_are_followed_3_times_then_backed_off() {
+    let seen = Arc::new(Seen::default());
+    let (a, b) = (Member::bind("a"), Member::bind("b"));
+    let (a_url, b_url) = (a.url.clone(), b.url.clone());
+    let _a = a.serve(seen.clone(), false, Some(Redirect::to("mgr-b", &b_url)));
+    let _b = b.serve(seen.clone(), false, Some(Redirect::to("mgr-a", &a_url)));
+    let step = Duration::from_secs(2);
+    let shutdown = CancellationToken::new();
+    let (probe, run) = start(a_url, &shutdown, |c| c.reconnect = backoff_of(step));
+
+    let rounds = 3;
+    until("three rounds of redirects", || {
+        seen.connects().len() >= 4 * rounds
+    })
+    .await;
+    shutdown.cancel();
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+
+    let connects = seen.connects();
+    let members: Vec<&str> = connects.iter().map(|(m, _)| *m).collect();
+    let round = ["a", "b", "a", "b"];
+    assert_eq!(
+        members[..4 * rounds],
+        round.repeat(rounds)[..],
+        "3 redirects followed, then back to a"
+    );
+    assert!(
+        members.len() <= 4 * rounds + 1,
+        "connected on during the shutdown: {members:?}"
+    );
+    for (n, pair) in connects[..4 * rounds].windows(2).enumerate() {
+        let gap = pair[1].1 - pair[0].1;
+        if n % 4 == 3 {
+            assert!(
+                gap >= step / 2,
+                "no backoff before round {}: {gap:?}",
+                n / 4 + 2
+            );
+        } else {
+            assert!(gap < step / 2, "redirect {} waited {gap:?}", n % 4 + 1);
+        }
+    }
+    assert!(probe.sessions.lock().unwrap().is_empty());
+}
+
+/// A redirect to an address where nothing listens is an ordinary failure: back to the
+/// configured address, after the backoff. (This member names the owner in the status's
+/// trailers only.)
+#[tokio::test]
+async fn a_redirect_to_nothing_goes_back_to_the_configured_address() {
+    let nowhere = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let seen = Arc::new(Seen::default());
+    let a = Member::bind("a");
+    let a_url = a.url.clone();
+    let redirect = Redirect {
+        trailers_only: true,
+        ..Redirect::to("mgr-gone", &nowhere)
+    };
+    let _a = a.serve(seen.clone(), false, Some(redirect));
+    let step = Duration::from_secs(1);
+    let shutdown = CancellationToken::new();
+    let (probe, run) = start(a_url, &shutdown, |c| c.reconnect = backoff_of(step));
+
+    until("a second Register at the configured address", || {
+        seen.connects_to("a").len() >= 2
+    })
+    .await;
+    let at_a = seen.connects_to("a");
+    assert!(
+        at_a[1] - at_a[0] >= step / 2,
+        "back to the configured address without a backoff: {:?}",
+        at_a[1] - at_a[0]
+    );
+    assert!(!run.is_finished(), "an unreachable owner is not fatal");
+    assert!(probe.sessions.lock().unwrap().is_empty());
+    shutdown.cancel();
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
+
+/// Over TLS, the owner is dialled with the configured CA and token, and its certificate must
+/// name the redirect's host, not the configured server name: a's certificate names only
+/// `a.ring.test` (the configured `server_name`), b's only `localhost` (the redirect's host).
+#[tokio::test]
+async fn a_redirect_over_tls_verifies_the_owners_host() {
+    let (ca, certs) = certificates(&["a.ring.test", "localhost"]);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let seen = Arc::new(Seen::default());
+    let a = Member::bind("a").with_tls(&certs[0]);
+    let b = Member::bind("b").with_tls(&certs[1]);
+    let (a_port, b_port) = (a.port(), b.port());
+    let _a = a.serve(
+        seen.clone(),
+        false,
+        Some(Redirect::to("mgr-b", &format!("localhost:{b_port}"))),
+    );
+    let mut at_b = b.serve(seen.clone(), false, None);
+    let shutdown = CancellationToken::new();
+    let (_, run) = start(format!("127.0.0.1:{a_port}"), &shutdown, |c| {
+        c.tls = Some(ctrlhub_sdk::TlsFiles {
+            ca: ca_file.clone(),
+            cert: None,
+            key: None,
+            server_name: Some("a.ring.test".into()),
+        });
+    });
+
+    let mut conn = next_conn(&mut at_b).await;
+    conn.register("s-b", None).await;
+    conn.send(reconcile_msg(request("r-1", "a", PATIENCE)))
+        .await;
+    assert_eq!(result_of(conn.next().await).id, "r-1");
+    assert_eq!(seen.gets_from("b"), 1);
+    shutdown.cancel();
+    drop(conn);
     let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
 }

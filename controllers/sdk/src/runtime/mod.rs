@@ -9,6 +9,7 @@
 //! - `batches`: the outbound stream, results that are ready together in one message;
 //! - `fence`: heartbeats, the anchor and the hold watchdog (exclusive attempts);
 //! - `keys`: one attempt of a key at a time in the process;
+//! - `redirect`: ring mode, following a member's redirect to the owner of the controller;
 //! - `info`: what a registration answered ([`SessionInfo`]).
 
 mod attempt;
@@ -16,6 +17,7 @@ mod batches;
 mod fence;
 mod info;
 mod keys;
+mod redirect;
 mod session;
 
 use std::future::Future;
@@ -38,6 +40,7 @@ use crate::health::Health;
 use crate::request::Kit;
 use crate::{Action, Config, ConfigError, Controller, ReconcileError, Request};
 use keys::Attempts;
+use redirect::Owner;
 
 /// Why [`Controller::run`] gave up. Everything else (manager restarts, leader changes, network
 /// errors, a newer definition running) is waited out.
@@ -108,6 +111,9 @@ pub(crate) enum SessionEnd {
     /// A newer (or conflicting) definition runs: take no work, register again after
     /// [`Config::outdated_wait`].
     Outdated { reason: String },
+    /// Ring mode: another member owns this controller; the next session dials `owner` at once
+    /// (see `redirect`). `registered` as in `Retry`.
+    Redirect { owner: Owner, registered: bool },
 }
 
 /// What every session and reconcile of one `run` shares.
@@ -249,8 +255,11 @@ async fn wait_for_reconciles<F, C>(shared: &Shared<F, C>) {
     }
 }
 
-/// How a stream's status ends the session.
+/// How a stream's status ends the session: a redirect when its trailers name the owner.
 fn classify_status(status: &tonic::Status, registered: bool) -> SessionEnd {
+    if let Some(owner) = Owner::from_status(status) {
+        return SessionEnd::Redirect { owner, registered };
+    }
     classify_code(
         status.code(),
         status.message(),
@@ -268,8 +277,9 @@ fn leader_hint(status: &tonic::Status) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// How a `Rejected` ends the session: outdated (a newer or conflicting definition runs), fatal
-/// before registration for refusals only a human can fix, otherwise retried.
+/// How a `Rejected` ends the session: outdated (a newer or conflicting definition runs), a
+/// redirect when another ring member owns the controller, fatal before registration for
+/// refusals only a human can fix, otherwise retried.
 fn classify(rej: &pb::Rejected, registered: bool) -> SessionEnd {
     if rej.outdated {
         return SessionEnd::Outdated {
@@ -278,6 +288,9 @@ fn classify(rej: &pb::Rejected, registered: bool) -> SessionEnd {
                 rej.message
             ),
         };
+    }
+    if let Some(owner) = Owner::from_rejected(rej) {
+        return SessionEnd::Redirect { owner, registered };
     }
     let code = tonic::Code::from_i32(rej.code);
     classify_code(code, &rej.message, &rej.field, None, registered)
@@ -383,5 +396,29 @@ mod tests {
             panic!("expected retry");
         };
         assert!(reason.contains("mgr-0"), "{reason}");
+    }
+
+    #[test]
+    fn a_ring_members_redirect_names_the_owner() {
+        let rej = pb::Rejected {
+            code: Code::Unavailable as i32,
+            message: "mgr-1 owns this controller".into(),
+            owner_identity: "mgr-1".into(),
+            owner_address: "10.0.0.2:9090".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            classify(&rej, false),
+            SessionEnd::Redirect { ref owner, registered: false } if owner.addr == "10.0.0.2:9090" && owner.identity == "mgr-1"
+        ));
+        let mut status = tonic::Status::unavailable("not the owner");
+        status.metadata_mut().insert(
+            "ctrlhub-owner-addr",
+            tonic::metadata::MetadataValue::from_static("10.0.0.2:9090"),
+        );
+        assert!(matches!(
+            classify_status(&status, true),
+            SessionEnd::Redirect { ref owner, registered: true } if owner.addr == "10.0.0.2:9090"
+        ));
     }
 }

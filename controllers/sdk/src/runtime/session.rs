@@ -1,6 +1,7 @@
 //! The sessions of a run, as named steps, the way the manager's side reads
 //! (`manager/src/grpc/connect.rs`): [`sessions`] one after another ([`connect`] → one
-//! [`session`] → [`reconnect_delay`] or [`outdated_wait`] → [`pause_unless_shutdown`]); one
+//! [`session`] → [`reconnect_delay`], [`outdated_wait`] or [`follow`] a ring member's redirect
+//! → [`pause_unless_shutdown`]); one
 //! session is [`open`] the stream with the Register → [`registered`] waits for the answer →
 //! [`fenced`] starts the hold's watchdog → [`Session::serve`] runs requests, heartbeats, the
 //! drain and the end.
@@ -24,14 +25,15 @@ use tracing::{debug, info, warn};
 
 use super::batches::ResultBatches;
 use super::fence::{self, Heartbeats, SessionState, round_ms};
+use super::redirect::{Follow, Owner, Redirects, owner_uri};
 use super::{Error, SessionEnd, Shared, attempt, classify, classify_status};
 use crate::{
     Action, Backoff, CachedReader, Config, ConfigError, ReconcileError, Request, SessionInfo,
 };
 
 /// Sessions one after another until a shutdown (`Ok`) or a refusal that needs a human (`Err`):
-/// connect and run one session, then reconnect after a backoff, or wait while a newer
-/// definition runs.
+/// connect and run one session, then reconnect after a backoff, wait while a newer definition
+/// runs, or dial the owner a ring member named at once (see [`follow`]).
 pub(super) async fn sessions<K, C, F, Fut>(
     shared: &Arc<Shared<F, C>>,
     endpoint: &Endpoint,
@@ -44,9 +46,15 @@ where
     Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
 {
     let mut backoff = shared.config.reconnect.clone();
+    let mut redirects = Redirects::default();
     loop {
         let started = Instant::now();
-        let pause = match connect::<K, C, F, Fut>(shared, endpoint, shutdown).await {
+        let target = redirects.target().cloned();
+        let end = connect::<K, C, F, Fut>(shared, endpoint, target.as_ref(), shutdown).await;
+        if !matches!(end, SessionEnd::Redirect { .. }) {
+            redirects.back_to_configured();
+        }
+        let pause = match end {
             SessionEnd::Stopped => return Ok(()),
             SessionEnd::Fatal(err) => {
                 shared.health.not_ready(format!("giving up: {err}"));
@@ -59,6 +67,14 @@ where
                 backoff.reset();
                 outdated_wait(shared, &reason)
             }
+            SessionEnd::Redirect { owner, registered } => {
+                match follow(shared, &mut redirects, &mut backoff, owner, registered) {
+                    Some(reason) => {
+                        reconnect_delay(shared, &mut backoff, started.elapsed(), &reason, false)
+                    }
+                    None => continue,
+                }
+            }
         };
         if !pause_unless_shutdown(&shared.name, pause, shutdown).await {
             return Ok(());
@@ -66,13 +82,16 @@ where
     }
 }
 
-/// Dials a new connection and runs one session on it. A new connection for every session: a
-/// Kubernetes Service picks the backend per TCP connection, so re-opening the stream on the old
-/// one would keep asking a manager that stepped down (and answers UNAVAILABLE) instead of
-/// reaching the new leader.
+/// Dials a new connection (to the configured `endpoint`, or to the `owner` a ring member
+/// named) and runs one session on it. A new connection for every session: a Kubernetes Service
+/// picks the backend per TCP connection, so re-opening the stream on the old one would keep
+/// asking a manager that stepped down (and answers UNAVAILABLE) instead of reaching the new
+/// leader. Cached reads ride the session's channel, so they reach the member it registered
+/// with.
 async fn connect<K, C, F, Fut>(
     shared: &Arc<Shared<F, C>>,
     endpoint: &Endpoint,
+    owner: Option<&Owner>,
     shutdown: &CancellationToken,
 ) -> SessionEnd
 where
@@ -81,15 +100,58 @@ where
     F: Fn(Request<K>, Arc<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
 {
-    match dial(endpoint, &shared.config) {
+    let config = &shared.config;
+    let dialled = match owner {
+        None => dial(endpoint, config, None),
+        Some(owner) => dial_owner(config, owner),
+    };
+    let addr = owner.map_or(config.addr.as_str(), |o| o.addr.as_str());
+    match dialled {
         Ok(channel) => {
-            session::<K, C, F, Fut>(shared, ControllerManagerClient::new(channel), shutdown).await
+            let client = ControllerManagerClient::new(channel);
+            session::<K, C, F, Fut>(shared, client, addr, shutdown).await
         }
-        // Certificates may not be mounted yet, or be mid-rotation: retry with backoff.
+        // Certificates may not be mounted yet, or be mid-rotation (or a redirect named an
+        // address that is not one): retry with backoff, through the configured address.
         Err(e) => SessionEnd::Retry {
             reason: e.to_string(),
             registered: false,
         },
+    }
+}
+
+/// After a session that ended with a redirect to `owner`: `None` to dial it at once (no
+/// backoff, and not a failure: a redirect that followed a `Registered` resets the backoff as
+/// any registered session does), or, for the redirect after [`MAX_REDIRECTS`] in a row, the
+/// reason to reconnect through the configured address with the normal backoff.
+///
+/// [`MAX_REDIRECTS`]: super::redirect::MAX_REDIRECTS
+fn follow<F, C>(
+    shared: &Shared<F, C>,
+    redirects: &mut Redirects,
+    backoff: &mut Backoff,
+    owner: Owner,
+    registered: bool,
+) -> Option<String> {
+    let name = shared.name.as_str();
+    let Owner { identity, addr } = owner.clone();
+    match redirects.redirected(owner, registered) {
+        Follow::Dial(in_a_row) => {
+            if registered {
+                backoff.reset();
+            }
+            info!(controller = %name, owner = %identity, addr = %addr, in_a_row, "redirected: {identity} owns this controller; dialling it at {addr}");
+            shared
+                .health
+                .not_ready(format!("redirected to the owner {identity} at {addr}"));
+            None
+        }
+        Follow::TooMany => Some(format!(
+            "redirected {} times in a row without registering (the last to {identity} at \
+             {addr}): the ring members' views may differ for a moment; going back to {}",
+            super::redirect::MAX_REDIRECTS + 1,
+            shared.config.addr
+        )),
     }
 }
 
@@ -148,8 +210,13 @@ async fn pause_unless_shutdown(name: &str, pause: Duration, shutdown: &Cancellat
 
 /// The manager's endpoint with this SDK's connection settings.
 pub(super) fn endpoint(config: &Config) -> Result<Endpoint, ConfigError> {
-    let endpoint = Endpoint::from_shared(config.uri()).map_err(|e| ConfigError::InvalidAddr {
-        addr: config.addr.clone(),
+    endpoint_at(config, config.uri(), &config.addr)
+}
+
+/// The endpoint at `uri` (from `addr`) with this SDK's connection settings.
+fn endpoint_at(config: &Config, uri: String, addr: &str) -> Result<Endpoint, ConfigError> {
+    let endpoint = Endpoint::from_shared(uri).map_err(|e| ConfigError::InvalidAddr {
+        addr: addr.to_owned(),
         reason: e.to_string(),
     })?;
     Ok(endpoint
@@ -160,16 +227,30 @@ pub(super) fn endpoint(config: &Config) -> Result<Endpoint, ConfigError> {
         .tcp_nodelay(true))
 }
 
-/// A lazily connecting channel to the manager, with TLS read from its files now.
-fn dial(endpoint: &Endpoint, config: &Config) -> Result<Channel, Error> {
+/// A lazily connecting channel to the manager, with TLS read from its files now; its
+/// certificate must name `server_name` when given (else the configured name or the host).
+fn dial(endpoint: &Endpoint, config: &Config, server_name: Option<&str>) -> Result<Channel, Error> {
     let endpoint = match config.client_tls()? {
-        Some(tls) => endpoint
-            .clone()
-            .tls_config(tls)
-            .map_err(|e| ConfigError::InvalidTls(e.to_string()))?,
+        Some(tls) => {
+            let tls = match server_name {
+                Some(name) => tls.domain_name(name),
+                None => tls,
+            };
+            endpoint
+                .clone()
+                .tls_config(tls)
+                .map_err(|e| ConfigError::InvalidTls(e.to_string()))?
+        }
         None => endpoint.clone(),
     };
     Ok(endpoint.connect_lazy())
+}
+
+/// A new channel to the `owner` a ring member named: the configured scheme, connection
+/// settings, credentials and TLS files, with the owner's host as the TLS server name.
+fn dial_owner(config: &Config, owner: &Owner) -> Result<Channel, Error> {
+    let (uri, host) = owner_uri(config, &owner.addr)?;
+    dial(&endpoint_at(config, uri, &owner.addr)?, config, Some(&host))
 }
 
 /// One session, in order: open the stream with the Register → wait until registered → start
@@ -177,6 +258,7 @@ fn dial(endpoint: &Endpoint, config: &Config) -> Result<Channel, Error> {
 async fn session<K, C, F, Fut>(
     shared: &Arc<Shared<F, C>>,
     mut client: ControllerManagerClient<Channel>,
+    addr: &str,
     shutdown: &CancellationToken,
 ) -> SessionEnd
 where
@@ -189,7 +271,7 @@ where
         return SessionEnd::Stopped;
     }
     let batches = Arc::new(AtomicBool::new(false));
-    let (tx, mut inbound) = match open(shared, &mut client, &batches, shutdown).await {
+    let (tx, mut inbound) = match open(shared, &mut client, addr, &batches, shutdown).await {
         Ok(opened) => opened,
         Err(end) => return end,
     };
@@ -244,10 +326,11 @@ fn message(m: controller_message::Message) -> pb::ControllerMessage {
     pb::ControllerMessage { message: Some(m) }
 }
 
-/// Opens the Connect stream with the Register as its first message.
+/// Opens the Connect stream (to the manager at `addr`) with the Register as its first message.
 async fn open<F, C>(
     shared: &Shared<F, C>,
     client: &mut ControllerManagerClient<Channel>,
+    addr: &str,
     batches: &Arc<AtomicBool>,
     shutdown: &CancellationToken,
 ) -> Result<(Outbound, Streaming<pb::ManagerMessage>), SessionEnd> {
@@ -267,7 +350,7 @@ async fn open<F, C>(
         .authorization()
         .map_err(|e| retry(e.to_string()))?;
     request.metadata_mut().insert("authorization", auth);
-    info!(controller = %shared.name, addr = %shared.config.addr, "connecting to manager");
+    info!(controller = %shared.name, addr = %addr, "connecting to manager");
     let response = tokio::select! {
         _ = shutdown.cancelled() => return Err(SessionEnd::Stopped),
         r = client.connect(request) => r,
@@ -304,11 +387,13 @@ async fn registered<F, C>(
         Ok(None) => return Err(retry("stream ended before Registered".into())),
         Err(status) => return Err(classify_status(&status, false)),
     };
+    let member = registered.member_identity.clone();
     let info = SessionInfo::new(registered, shared.register.revision);
     info!(
         controller = %name,
         session_id = %info.session_id,
         leader = %info.leader_identity,
+        member = %member,
         revision = info.revision,
         readable = %info.readable_summary(),
         "registered with manager"
@@ -551,14 +636,20 @@ where
         Step::Continue
     }
 
-    /// The manager ended the session.
+    /// The manager ended the session. `UNIT_MOVED` with the new owner's address is a redirect;
+    /// without one (not yet known) a retry through the configured address.
     fn revoked(&mut self, rev: pb::Revoked) -> Step {
         let reason = pb::revoked::Reason::try_from(rev.reason).unwrap_or_default();
         let code = tonic::Code::from_i32(rev.code);
         // A manager shutting down or stepping down revokes sessions in the normal course of a
         // rollout; the reconnect line follows.
-        info!(controller = %self.shared.name, ?reason, ?code, leader = %rev.leader_identity, "session revoked by the manager: {}", rev.message);
-        let end = if reason == pb::revoked::Reason::Superseded {
+        info!(controller = %self.shared.name, ?reason, ?code, leader = %rev.leader_identity, owner_address = %rev.owner_address, "session revoked by the manager: {}", rev.message);
+        let end = if let Some(owner) = Owner::from_revoked(&rev) {
+            SessionEnd::Redirect {
+                owner,
+                registered: true,
+            }
+        } else if reason == pb::revoked::Reason::Superseded {
             SessionEnd::Outdated {
                 reason: format!(
                     "a newer definition of this controller replaced this one (revision {}): {}",
