@@ -1,8 +1,8 @@
-"""Following a ring member's redirect (docs/sdks.md, "Ring mode: following a redirect"), against
-fake ``ControllerManager`` servers on loopback built from the generated stubs: ring members are
-not something one ``ctrlhub run`` can play, and these rules are the SDK's alone. Each fake
-answers a ``Register`` as a test scripts it (a redirect, or ``Registered`` and then work, a
-``Revoked(UNIT_MOVED)``, a cached read) and records what it saw, with when.
+"""Following a ring member's redirect (the README's section of that name, and docs/sdks.md), against
+fake ``ControllerManager`` servers on loopback built from the generated stubs, with no manager
+process (the rules are the SDK's own). Each fake answers a ``Register`` as its test scripts it
+(a redirect, or ``Registered`` and then work, a ``Revoked(UNIT_MOVED)``, a cached read) and
+records each ``Register`` it saw, with when, on a timeline the fakes of a test share.
 
 The configured reconnect backoff is long (at least ``BACKOFF_FLOOR``) wherever a test proves
 that a redirect is followed without it."""
@@ -16,11 +16,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ctrlhub
 import grpc
 import pytest
+import trustme
 from conftest import Running, eventually
 from ctrlhub._redirect import MAX_REDIRECTS, Redirect, Redirects
 from ctrlhub.v1 import controller_pb2 as pb
@@ -38,6 +40,7 @@ class Seen:
 
     server: str
     at: float
+    authorization: str
 
 
 @dataclass
@@ -78,10 +81,15 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
     def registers(self) -> int:
         return sum(1 for s in self.timeline if s.server == self.name)
 
-    async def start(self) -> FakeMember:
+    async def start(self, cert: trustme.LeafCert | None = None) -> FakeMember:
+        """Listens on loopback, with TLS when given a certificate."""
         self._server = grpc.aio.server()
         pb_grpc.add_ControllerManagerServicer_to_server(self, self._server)  # type: ignore[no-untyped-call]
-        port = self._server.add_insecure_port("127.0.0.1:0")
+        if cert is None:
+            port = self._server.add_insecure_port("127.0.0.1:0")
+        else:
+            pair = (cert.private_key_pem.bytes(), cert.cert_chain_pems[0].bytes())
+            port = self._server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([pair]))
         await self._server.start()
         self.addr = f"127.0.0.1:{port}"
         return self
@@ -94,7 +102,8 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
         first = await context.read()
         if first is grpc.aio.EOF or first.WhichOneof("message") != "register":
             return
-        self.timeline.append(Seen(self.name, time.monotonic()))
+        metadata = dict(context.invocation_metadata() or ())
+        self.timeline.append(Seen(self.name, time.monotonic(), str(metadata.get("authorization", ""))))
         if self.redirect_to is not None:
             owner, address = self.redirect_to
             rejected = registration_pb2.Rejected(code=UNAVAILABLE, message=f"{self.name} does not own this controller",
@@ -220,6 +229,30 @@ async def test_a_register_redirected_to_the_owner_registers_there_at_once_and_re
     assert len(redirected) == 1 and redirected[0].levelno == logging.INFO and b.addr in redirected[0].getMessage()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a redirect is not a failure"
     await running.stop()
+
+
+async def test_a_redirect_over_tls_keeps_the_token_and_verifies_the_owners_host(
+    serve: Callable[..., Running], tmp_path: Path
+) -> None:
+    """The configured address's certificate names a.example (``TLS.server_name``), the owner's
+    names only localhost, the host of the redirect: the owner's name is what is verified."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    timeline: list[Seen] = []
+    a = await FakeMember("A", timeline).start(ca.issue_cert("a.example"))
+    b = await FakeMember("B", timeline).start(ca.issue_cert("localhost"))
+    try:
+        a.redirect_to = ("B", f"localhost:{b.addr.rpartition(':')[2]}")
+        op = ctrlhub.Operator()
+        op.reconcile("v1/ConfigMap", name="tls-redirected")(lambda: None)
+        tls = ctrlhub.TLS(ca_file=tmp_path / "ca.pem", server_name="a.example")
+        running = serve(op, ctrlhub.Config(addr=a.addr, tls=tls, token="s3cret", reconnect_initial=10, reconnect_max=10))
+        await eventually("a session at B over TLS", lambda: b.sessions)
+        assert [(s.server, s.authorization) for s in timeline] == [("A", "Bearer s3cret"), ("B", "Bearer s3cret")]
+        await running.stop()
+    finally:
+        await a.stop()
+        await b.stop()
 
 
 async def test_a_moved_controller_cancels_its_handlers_and_registers_at_the_new_owner_at_once(

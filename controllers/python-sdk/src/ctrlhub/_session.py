@@ -1,6 +1,6 @@
 """The session loop of a controller: connect, register, heartbeat, dispatch requests to
-attempts (``_attempt``), reconnect with backoff (``_backoff``), wait out a newer definition,
-and drain. What a session sends goes through its ``Outbox`` (``_batches``), which batches
+attempts (``_attempt``), reconnect with backoff (``_backoff``) or at once to the owner a ring
+member named (``_redirect``), wait out a newer definition, and drain. What a session sends goes through its ``Outbox`` (``_batches``), which batches
 answers that are ready together once the manager takes batches.
 
 Attempts are exclusive (docs/protocol.md, "Exclusive attempts"): the SDK registers with
