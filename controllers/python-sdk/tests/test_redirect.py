@@ -72,6 +72,7 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
         self.name = name
         self.timeline = timeline
         self.redirect_to: tuple[str, str] | None = None
+        self.rejected_too = True  # False: the redirect is the status's trailers alone
         self.sessions: list[FakeSession] = []
         self.reads: list[read_pb2.GetRequest] = []
         self.addr = ""
@@ -108,7 +109,8 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
             owner, address = self.redirect_to
             rejected = registration_pb2.Rejected(code=UNAVAILABLE, message=f"{self.name} does not own this controller",
                                                  owner_identity=owner, owner_address=address)
-            await context.write(pb.ManagerMessage(rejected=rejected))
+            if self.rejected_too:
+                await context.write(pb.ManagerMessage(rejected=rejected))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{owner} owns this controller",
                                 (("ctrlhub-leader", owner), ("ctrlhub-owner", owner), ("ctrlhub-owner-addr", address)))
         session = FakeSession(f"{self.name}-{len(self.sessions) + 1}")
@@ -203,11 +205,12 @@ def test_registered_resets_the_count_and_other_ends_go_back() -> None:
 # ---- the session against fake ring members -----------------------------------------------------
 
 
+@pytest.mark.parametrize("rejected_too", [True, False], ids=["rejected-and-trailers", "trailers-alone"])
 async def test_a_register_redirected_to_the_owner_registers_there_at_once_and_reads_there(
-    members: Callable[[int], Any], serve: Callable[..., Running], caplog: pytest.LogCaptureFixture
+    members: Callable[[int], Any], serve: Callable[..., Running], caplog: pytest.LogCaptureFixture, rejected_too: bool
 ) -> None:
     timeline, (a, b) = await members(2)
-    a.redirect_to = ("B", b.addr)
+    a.redirect_to, a.rejected_too = ("B", b.addr), rejected_too
     op = ctrlhub.Operator()
     seen: list[tuple[str, Any]] = []
 

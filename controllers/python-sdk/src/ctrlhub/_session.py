@@ -77,8 +77,7 @@ def _classify(code: grpc.StatusCode, message: str, registered: bool, field: str 
         return _End(True, registered, f"another identity of the tenant holds this controller name: {message}", held=True)
     if code == grpc.StatusCode.UNAVAILABLE:
         if redirect is not None:
-            return _End(True, registered, f"{redirect.owner or 'another member'} owns this controller: {message}",
-                        transient=True, redirect=redirect)
+            return _End(True, registered, message, transient=True, redirect=redirect)
         return _End(True, registered, f"manager unavailable{f' (the leader is {leader})' if leader else ''}: {message}",
                     transient=True)
     return _End(True, registered, f"{code.name}: {message}")
@@ -473,8 +472,10 @@ class SessionLoop:
             return _End(True, True, f"superseded by a newer definition of controller {self.name}: {r.message}", outdated=True)
         if r.reason == _UNIT_MOVED:  # the ring changed; an empty owner_address is "not yet known"
             redirect = Redirect(r.leader_identity, r.owner_address) if r.owner_address else None
-            where = str(redirect) if redirect else f"{r.leader_identity or 'another member'} (address not yet known)"
-            return _End(True, True, f"the controller moved to {where}: {r.message}", transient=True, redirect=redirect)
+            if redirect is not None:
+                return _End(True, True, f"the controller moved: {r.message}", transient=True, redirect=redirect)
+            moved_to = r.leader_identity or "another member"
+            return _End(True, True, f"the controller moved to {moved_to} (address not yet known): {r.message}", transient=True)
         if r.reason in _TRANSIENT_REVOCATIONS:
             return _End(True, True, f"the manager ended the session ({reason}): {r.message}{leader}", transient=True)
         self.log.warning("session revoked: %s: %s%s", reason, r.message, leader)
