@@ -73,6 +73,7 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
         self.timeline = timeline
         self.redirect_to: tuple[str, str] | None = None
         self.rejected_too = True  # False: the redirect is the status's trailers alone
+        self.redirects_left: int | None = None  # how many Registers to redirect (None: all)
         self.sessions: list[FakeSession] = []
         self.reads: list[read_pb2.GetRequest] = []
         self.addr = ""
@@ -105,7 +106,9 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
             return
         metadata = dict(context.invocation_metadata() or ())
         self.timeline.append(Seen(self.name, time.monotonic(), str(metadata.get("authorization", ""))))
-        if self.redirect_to is not None:
+        if self.redirect_to is not None and self.redirects_left != 0:
+            if self.redirects_left is not None:
+                self.redirects_left -= 1
             owner, address = self.redirect_to
             rejected = registration_pb2.Rejected(code=UNAVAILABLE, message=f"{self.name} does not own this controller",
                                                  owner_identity=owner, owner_address=address)
@@ -341,7 +344,7 @@ async def test_a_redirect_to_an_address_where_nothing_listens_goes_back_to_the_c
 ) -> None:
     timeline, (a,) = await members(1)
     nowhere = dead_addr()
-    a.redirect_to = ("B", nowhere)
+    a.redirect_to, a.redirects_left = ("B", nowhere), 1
     op = ctrlhub.Operator()
 
     @op.reconcile("v1/ConfigMap", name="nowhere")
@@ -350,9 +353,9 @@ async def test_a_redirect_to_an_address_where_nothing_listens_goes_back_to_the_c
 
     caplog.set_level(logging.INFO, logger="ctrlhub")
     running = serve(op, config(a.addr, initial=0.4, maximum=0.4))
-    await eventually("the redirect to be followed", lambda: any(r.getMessage().startswith(f"redirected to B at {nowhere}")
-                                                                for r in caplog.records))
-    a.redirect_to = None
     await eventually("a session at the configured address", lambda: a.sessions)
     assert [s.server for s in timeline] == ["A", "A"] and gaps(timeline)[0] >= 0.2, "the normal backoff (at least half of 0.4 s)"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"redirected to B at {nowhere} ") for m in messages), "the redirect was followed"
+    assert any(m.startswith("session ended: manager unavailable") for m in messages), "then the owner's address failed"
     await running.stop()
