@@ -50,7 +50,6 @@ class FakeSession:
     session_id: str
     outgoing: asyncio.Queue[pb.ManagerMessage | None] = field(default_factory=asyncio.Queue)
     results: list[pb.ReconcileResult] = field(default_factory=list)
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     def reconcile(self, request_id: str, namespace: str, name: str) -> None:
         key = resource_pb2.ObjectKey(namespace=namespace, name=name)
@@ -65,8 +64,9 @@ class FakeSession:
 
 
 class FakeMember(pb_grpc.ControllerManagerServicer):
-    """A ring member on a loopback port: it redirects every ``Register`` to ``redirect_to``
-    (an ``(identity, address)``) while that is set, else accepts it."""
+    """A ring member on a loopback port: it redirects each ``Register`` to ``redirect_to`` (an
+    ``(identity, address)``) while that is set (only the first ``redirects_left`` when that
+    is), and accepts the others."""
 
     def __init__(self, name: str, timeline: list[Seen]) -> None:
         self.name = name
@@ -131,7 +131,6 @@ class FakeMember(pb_grpc.ControllerManagerServicer):
                                          ("ctrlhub-owner-addr", msg.revoked.owner_address)))
         finally:
             reading.cancel()
-            session.ended.set()
 
     async def _read(self, context: grpc.aio.ServicerContext[Any, Any], session: FakeSession) -> None:
         """Records results; ends the session (status OK) on a Drain or when the client goes."""
