@@ -227,13 +227,22 @@ class Config:
         """Call metadata carrying the current token."""
         return (("authorization", self.authorization()),)
 
-    def channel(self) -> grpc.aio.Channel:
-        """A new channel on a new connection (TLS files read now).
+    def channel(self, target: str | None = None) -> grpc.aio.Channel:
+        """A new channel on a new connection (TLS files read now), to the configured address,
+        or to ``target``: a ring member's owner address (``host:port``) that a redirect named.
+        A redirect's channel has the same credentials and TLS settings, with its own host as the
+        TLS server name (``TLS.server_name`` names the configured address's certificate).
 
         A local subchannel pool makes it a new TCP connection even when another channel to the
         same target exists: gRPC C-core otherwise shares connections between channels, and a
         session re-opened on the old connection keeps reaching a manager that stepped down.
         """
+        server_name = self.tls.server_name if self.tls is not None else None
+        if target is not None:
+            target, _ = parse_addr(target)  # the scheme, if any, is ignored: TLS is the configured one
+            server_name = None
+        else:
+            target = self.target
         options: list[tuple[str, int | str]] = [
             ("grpc.use_local_subchannel_pool", 1),
             ("grpc.keepalive_time_ms", int(self.keepalive * 1000)),
@@ -243,11 +252,10 @@ class Config:
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ]
         if not self.secure:
-            return grpc.aio.insecure_channel(self.target, options=options)
-        tls = self.tls or TLS()
-        if tls.server_name:
-            options.append(("grpc.ssl_target_name_override", tls.server_name))
-        return grpc.aio.secure_channel(self.target, tls.credentials(), options=options)
+            return grpc.aio.insecure_channel(target, options=options)
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        return grpc.aio.secure_channel(target, (self.tls or TLS()).credentials(), options=options)
 
 
 def revision_from_env(env: Mapping[str, str] | None = None) -> int:

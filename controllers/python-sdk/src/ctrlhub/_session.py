@@ -1,6 +1,6 @@
 """The session loop of a controller: connect, register, heartbeat, dispatch requests to
-attempts (``_attempt``), reconnect with backoff (``_backoff``), wait out a newer definition,
-and drain. What a session sends goes through its ``Outbox`` (``_batches``), which batches
+attempts (``_attempt``), reconnect with backoff (``_backoff``) or at once to the owner a ring
+member named (``_redirect``), wait out a newer definition, and drain. What a session sends goes through its ``Outbox`` (``_batches``), which batches
 answers that are ready together once the manager takes batches.
 
 Attempts are exclusive (docs/protocol.md, "Exclusive attempts"): the SDK registers with
@@ -24,6 +24,7 @@ from ._config import Config, ConfigError
 from ._fence import Fence, Watchdog
 from ._logs import TRACE
 from ._reader import Reader
+from ._redirect import MAX_REDIRECTS, OWNER_ADDR_TRAILER, OWNER_TRAILER, Redirect, Redirects
 from ._stop import SESSION_ENDED, SHUTDOWN, Stoppable
 from ._types import FatalError, Form, Kind, Registration, seconds
 from .v1 import controller_pb2 as pb
@@ -45,6 +46,7 @@ _FATAL_BEFORE_REGISTERED = {
 }
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _SUPERSEDED = registration_pb2.Revoked.REASON_SUPERSEDED
+_UNIT_MOVED = registration_pb2.Revoked.REASON_UNIT_MOVED
 # Revocations that are a manager's normal life (a leader change, a shutdown): reconnect quietly.
 _TRANSIENT_REVOCATIONS = {registration_pb2.Revoked.REASON_LEADERSHIP_LOST, registration_pb2.Revoked.REASON_SHUTTING_DOWN}
 SETTLE_AFTER_GRACE = 1.0
@@ -61,9 +63,11 @@ class _End:
     outdated: bool = False  # a newer (or conflicting) definition runs: wait longer
     transient: bool = False  # a leader change or a manager shutting down: logged at INFO
     held: bool = False  # another identity of the tenant holds the name: ask again every outdated_retry
+    redirect: Redirect | None = None  # a ring member named this controller's owner: dial it next (_redirect)
 
 
-def _classify(code: grpc.StatusCode, message: str, registered: bool, field: str = "", leader: str = "") -> _End:
+def _classify(code: grpc.StatusCode, message: str, registered: bool, field: str = "", leader: str = "",
+              redirect: Redirect | None = None) -> _End:
     if code in _FATAL_BEFORE_REGISTERED and not registered:
         where = f" (field {field})" if field else ""
         raise FatalError(f"the manager refused the registration: {code.name}{where}: {message}", code.name, field)
@@ -72,6 +76,8 @@ def _classify(code: grpc.StatusCode, message: str, registered: bool, field: str 
         # replica of ours asks again every 30 s rather than exiting.
         return _End(True, registered, f"another identity of the tenant holds this controller name: {message}", held=True)
     if code == grpc.StatusCode.UNAVAILABLE:
+        if redirect is not None:
+            return _End(True, registered, message, transient=True, redirect=redirect)
         return _End(True, registered, f"manager unavailable{f' (the leader is {leader})' if leader else ''}: {message}",
                     transient=True)
     return _End(True, registered, f"{code.name}: {message}")
@@ -183,6 +189,7 @@ class SessionLoop:
     async def _serve(self, config: Config, stop: asyncio.Event) -> None:
         self.to_register()  # a bad CTRLHUB_REVISION is a ConfigError now, not on every connect
         backoff = Backoff(config.reconnect_initial, config.reconnect_max)
+        redirects = Redirects()
         self._slots = asyncio.Semaphore(self.definition.max_concurrent)
         self._idle = asyncio.Event()
         self._idle.set()
@@ -193,26 +200,16 @@ class SessionLoop:
         self._not_ready = f"connecting to the manager at {config.target}"
         try:
             while not stop.is_set():
-                end = await self._run_session(config, stop)
+                end = await self._run_session(config, stop, redirects.target)
                 if not end.retry or stop.is_set():
                     break
-                if end.outdated:
-                    self.outdated = True
-                    delay = config.outdated_retry
-                    self._not_ready = f"outdated: {end.reason}"
-                    self.log.warning(
-                        "%s; taking no work and registering again in %.0f s (a rollout replaces this replica, or the newer "
-                        "definition's replicas go away)", end.reason, delay,
-                    )
-                elif end.held:
-                    delay = config.outdated_retry
-                    self._not_ready = f"waiting for the name: {end.reason}"
-                    self.log.warning("%s; registering again in %.0f s", end.reason, delay)
-                else:
-                    delay = backoff.next_delay(end.registered)
-                    self._not_ready = f"reconnecting: {end.reason}"
-                    self.log.log(logging.INFO if end.transient else logging.WARNING,
-                                 "session ended: %s; reconnecting in %.0f ms", end.reason, delay * 1000)
+                if redirects.follow(end.registered, end.redirect):
+                    assert end.redirect is not None
+                    self._not_ready = f"redirected to {end.redirect}"
+                    self.log.info("redirected to %s (%s); connecting to it now (redirect %d of at most %d in a row)",
+                                  end.redirect, end.reason, redirects.in_a_row, MAX_REDIRECTS)
+                    continue  # at once: following a redirect is not a failed attempt
+                delay = self._delay_after(end, config, backoff)
                 try:
                     await asyncio.wait_for(stop.wait(), delay)
                 except TimeoutError:
@@ -221,6 +218,33 @@ class SessionLoop:
             await self._settle(self._grace(config))
         finally:
             self._watchdog.stop()
+
+    def _delay_after(self, end: _End, config: Config, backoff: Backoff) -> float:
+        """How long to wait before the next session (at the configured address), logged with
+        why; the readiness reason says the same."""
+        if end.outdated:
+            self.outdated = True
+            self._not_ready = f"outdated: {end.reason}"
+            self.log.warning(
+                "%s; taking no work and registering again in %.0f s (a rollout replaces this replica, or the newer "
+                "definition's replicas go away)", end.reason, config.outdated_retry,
+            )
+            return config.outdated_retry
+        if end.held:
+            self._not_ready = f"waiting for the name: {end.reason}"
+            self.log.warning("%s; registering again in %.0f s", end.reason, config.outdated_retry)
+            return config.outdated_retry
+        delay = backoff.next_delay(end.registered)
+        self._not_ready = f"reconnecting: {end.reason}"
+        if end.redirect is not None:  # one redirect too many in a row (Redirects.follow said no)
+            self.log.warning(
+                "not following the redirect to %s after %d in a row without registering (the ring members' views "
+                "differ); reconnecting through %s in %.0f ms", end.redirect, MAX_REDIRECTS, config.target, delay * 1000,
+            )
+        else:
+            self.log.log(logging.INFO if end.transient else logging.WARNING,
+                         "session ended: %s; reconnecting in %.0f ms", end.reason, delay * 1000)
+        return delay
 
     def _grace(self, config: Config) -> float:
         """When (loop time) the handlers' time is up: ``shutdown_grace`` after the stop was
@@ -254,11 +278,13 @@ class SessionLoop:
             self.log.info("drained: the manager ended the stream")
         self.log.info("stopped")
 
-    async def _run_session(self, config: Config, stop: asyncio.Event) -> _End:
+    async def _run_session(self, config: Config, stop: asyncio.Event, target: str | None) -> _End:
+        """One session, at ``target`` (a redirect's owner address) or else the configured
+        address, on a channel of its own: its cached reads go where its stream went."""
         try:
-            channel = config.channel()
+            channel = config.channel(target)
             metadata = config.metadata()
-        except ConfigError as err:  # a file missing mid-rotation: retry, it may come back
+        except ConfigError as err:  # a file missing mid-rotation (retry, it may come back), a bad redirect address
             return _End(True, False, str(err))
         stub = pb_grpc.ControllerManagerStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Connect(metadata=metadata)
@@ -356,8 +382,11 @@ class SessionLoop:
                 if err.code() != grpc.StatusCode.CANCELLED:
                     self.log.warning("the draining session ended: %s: %s", err.code().name, err.details())
                 return _End(False, True, "drained")
-            leader = dict(err.trailing_metadata() or ()).get("ctrlhub-leader", "")
-            return _classify(err.code(), err.details() or "", session.registered, leader=str(leader))
+            trailers = dict(err.trailing_metadata() or ())
+            owner_addr = str(trailers.get(OWNER_ADDR_TRAILER, ""))
+            redirect = Redirect(str(trailers.get(OWNER_TRAILER, "")), owner_addr) if owner_addr else None
+            return _classify(err.code(), err.details() or "", session.registered, leader=str(trailers.get("ctrlhub-leader", "")),
+                             redirect=redirect)
         if session.draining:
             self._drained = True  # logged once no handler runs any more
             return _End(False, True, "drained")
@@ -410,7 +439,9 @@ class SessionLoop:
             effective=r.effective,
         )
         self.registration = registration
-        self.log.info("registered: session %s with leader %s, revision %d", r.session_id, r.leader_identity or "-", registration.revision)
+        member = f" (ring member {r.member_identity})" if r.member_identity and r.member_identity != r.leader_identity else ""
+        self.log.info("registered: session %s with leader %s%s, revision %d", r.session_id, r.leader_identity or "-", member,
+                      registration.revision)
         if readable != self._readable_logged:
             self._readable_logged = readable
             self.log.info("readable through the manager's cache: %s", registration.describe_readable())
@@ -439,6 +470,12 @@ class SessionLoop:
             return _End(False, True, "revoked while draining")
         if r.reason == _SUPERSEDED:
             return _End(True, True, f"superseded by a newer definition of controller {self.name}: {r.message}", outdated=True)
+        if r.reason == _UNIT_MOVED:  # the ring changed; an empty owner_address is "not yet known"
+            redirect = Redirect(r.leader_identity, r.owner_address) if r.owner_address else None
+            if redirect is not None:
+                return _End(True, True, f"the controller moved: {r.message}", transient=True, redirect=redirect)
+            moved_to = r.leader_identity or "another member"
+            return _End(True, True, f"the controller moved to {moved_to} (address not yet known): {r.message}", transient=True)
         if r.reason in _TRANSIENT_REVOCATIONS:
             return _End(True, True, f"the manager ended the session ({reason}): {r.message}{leader}", transient=True)
         self.log.warning("session revoked: %s: %s%s", reason, r.message, leader)
@@ -453,4 +490,5 @@ class SessionLoop:
             return _End(True, session.registered, f"registration refused as outdated: {code.name}{field}: {r.message}", outdated=True)
         if code != grpc.StatusCode.UNAVAILABLE:  # a shutting-down or not-yet-ready manager: reconnecting, not "rejected"
             self.log.warning("rejected: %s%s: %s", code.name, field, r.message)
-        return _classify(code, r.message, session.registered, r.field)
+        redirect = Redirect(r.owner_identity, r.owner_address) if r.owner_address else None
+        return _classify(code, r.message, session.registered, r.field, redirect=redirect)
