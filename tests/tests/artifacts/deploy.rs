@@ -1076,6 +1076,47 @@ async fn switching_to_the_namespaced_overlay_leaves_no_cluster_wide_read() {
     }
 }
 
+/// docs/operating.md's upgrade to ring mode, as written, over an install from before it: the
+/// old Deployment is gone (it would dispatch beside the members), the StatefulSet is there, and
+/// the block runs again without error (on a fresh cluster too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_upgrade_to_ring_mode_replaces_the_deployment() {
+    let c = start_cluster().await;
+    let k = Kubectl::new(&c);
+    // The Deployment of the release before ring mode, as far as the upgrade cares.
+    k.ok(&["create", "namespace", "ctrlhub-system"]).await;
+    k.ok(&[
+        "-n",
+        "ctrlhub-system",
+        "create",
+        "deployment",
+        "ctrlhub",
+        "--image",
+        "ctrlhub:0.0.9",
+        "--replicas",
+        "2",
+    ])
+    .await;
+    let blocks = doc_blocks("docs/operating.md", "ring-upgrade");
+    let [upgrade] = blocks.as_slice() else {
+        panic!("one block: {blocks:?}");
+    };
+    k.documented(upgrade).await;
+    let (found, _, err) = k
+        .run(
+            &["-n", "ctrlhub-system", "get", "deployment", "ctrlhub"],
+            None,
+        )
+        .await;
+    assert!(
+        !found && err.contains("NotFound"),
+        "the Deployment is gone: {err}"
+    );
+    k.ok(&["-n", "ctrlhub-system", "get", "statefulset", "ctrlhub"])
+        .await;
+    k.documented(upgrade).await;
+}
+
 /// A TCP forwarder standing in for `kubectl port-forward`, which needs a kubelet: it listens on
 /// `port` and, for each connection, waits for the stand-in `kubectl` function to record which
 /// pod and ports the command named, then forwards to that replica's loopback port.
