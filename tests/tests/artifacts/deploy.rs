@@ -663,9 +663,11 @@ async fn members_run_with_the_statefulsets_args_env_and_their_own_service_accoun
                 Ok(r) => r.text().await.unwrap_or_default(),
                 Err(e) => return Err(e.to_string()),
             };
-            match gauge(&text, "ctrlhub_ring_members") {
-                Some(n) if n == 2.0 => Ok(()),
-                other => Err(format!("{}: ctrlhub_ring_members {other:?}", m.pod)),
+            let members = gauge(&text, "ctrlhub_ring_members");
+            if members == Some(2.0) {
+                Ok(())
+            } else {
+                Err(format!("{}: ctrlhub_ring_members {members:?}", m.pod))
             }
         })
         .await;
