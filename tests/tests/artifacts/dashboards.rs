@@ -134,6 +134,9 @@ fn every_alert_has_promtool_unit_tests() {
         "CtrlhubManagerDown",
         "CtrlhubWatchRestarts",
         "CtrlhubDeadlineMisses",
+        "CtrlhubMemberStoppedRenewing",
+        "CtrlhubUnitsWaitingForRelease",
+        "CtrlhubRedirectStorm",
     ] {
         assert!(alerts.contains(name), "alert {name} is missing: {alerts:?}");
     }
@@ -343,8 +346,9 @@ fn check_filters(dash: &str, title: &str, expr: &str) {
     {
         need.extend([r#"tenant=~"$tenant""#, r#"controller=~"$controller""#]);
     }
-    // Dispatch seats are shared by a tenant's controllers: per tenant only.
-    if expr.contains("ctrlhub_dispatch_seat") {
+    // Dispatch seats are shared by a tenant's controllers, and a redirect answers a tenant's
+    // session before it names a controller: per tenant only.
+    if expr.contains("ctrlhub_dispatch_seat") || expr.contains("ctrlhub_ring_redirects") {
         need.push(r#"tenant=~"$tenant""#);
     }
     if expr.contains("workqueue_") {
@@ -723,9 +727,13 @@ fn rules_with_short_for(dir: &Path) -> PathBuf {
     path
 }
 
-/// Alerts the test fires for real (a killed controller, a killed leader), and the `for:` of
-/// its copy of the rules.
-const FIRED: [&str; 2] = ["CtrlhubControllerWithoutSessions", "CtrlhubNoLeader"];
+/// Alerts the real-Prometheus tests fire for real (a killed controller, a killed leader, a
+/// killed ring member), and the `for:` of their copy of the rules.
+const FIRED: [&str; 3] = [
+    "CtrlhubControllerWithoutSessions",
+    "CtrlhubNoLeader",
+    "CtrlhubMemberStoppedRenewing",
+];
 const FIRED_FOR: &str = "5s";
 
 /// Every dashboard variable resolved to `expected`'s value, or what went wrong.
@@ -765,19 +773,41 @@ async fn resolve_variables(
     vars
 }
 
-/// Runs every panel query with `vars`: each must return a series; with `values`, not only NaN
-/// and never `-0` (an idle controller's percentiles and ratios are NaN, 0 / 0, but exist).
+/// Which managers a real-Prometheus test runs, and so which panels must show data.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// `--mode leader`: every panel but the Ring row's, whose series a leader does not report
+    /// (its queries must still be valid PromQL that Prometheus runs).
+    Leader,
+    /// `--mode ring`: the Ring row's panels.
+    Ring,
+}
+
+/// Whether a panel query reads ring-mode series (the overview's Ring row).
+fn is_ring(expr: &str) -> bool {
+    expr.contains("ctrlhub_ring_")
+}
+
+/// Runs every panel query with `vars` that `mode` covers: each must return a series; with
+/// `values`, not only NaN and never `-0` (an idle controller's percentiles and ratios are NaN,
+/// 0 / 0, but exist).
 async fn check_panels(
     prom: &Prometheus,
     http: &reqwest::Client,
     vars: &BTreeMap<String, BTreeMap<String, String>>,
+    mode: Mode,
     values: bool,
     failures: &mut Vec<String>,
 ) {
     for (dash, title, expr) in prometheus_targets() {
         let what = format!("{dash} / {title}");
         let query = substitute(&expr, &vars[dash.as_str()]);
+        let ring = is_ring(&expr);
+        if mode == Mode::Ring && !ring {
+            continue;
+        }
         match prom.query(http, &query).await {
+            Ok(_) if mode == Mode::Leader && ring => {}
             Ok(r) if r.is_empty() => failures.push(describe(&what, &query, "empty result")),
             Ok(r) if values && r.iter().all(|s| s["value"][1] == "NaN") => {
                 failures.push(describe(&what, &query, "only NaN"))
@@ -988,7 +1018,7 @@ async fn every_dashboard_query_returns_data_from_real_prometheus() {
             let mut failures = Vec::new();
             let vars = resolve_variables(&prom, &http, &busy, &mut failures).await;
             if failures.is_empty() {
-                check_panels(&prom, &http, &vars, true, &mut failures).await;
+                check_panels(&prom, &http, &vars, Mode::Leader, true, &mut failures).await;
             }
             check_rules(&prom, &http, &mut failures).await;
             failures
@@ -1009,7 +1039,7 @@ async fn every_dashboard_query_returns_data_from_real_prometheus() {
             let mut failures = Vec::new();
             let vars = resolve_variables(&prom, &http, &idle, &mut failures).await;
             if failures.is_empty() {
-                check_panels(&prom, &http, &vars, false, &mut failures).await;
+                check_panels(&prom, &http, &vars, Mode::Leader, false, &mut failures).await;
             }
             failures
         },
@@ -1043,6 +1073,182 @@ async fn every_dashboard_query_returns_data_from_real_prometheus() {
     .await;
     println!("CtrlhubNoLeader fired {took:?} after the leader was killed (for: {FIRED_FOR})");
     quiet.abort();
+}
+
+/// The Ring row and the ring alerts on real members (`--mode ring`) scraped by a real
+/// Prometheus: member `ring-a` takes four controllers alone, `ring-b` joins with a thousand
+/// times its weight, so units move to it (sealed on `ring-a`, acquired on `ring-b`), and every
+/// controller registers again through `ring-a`, as through the `ctrlhub` Service, so the moved
+/// ones are redirected. Every Ring panel then has series, no ring alert fires on the healthy
+/// ring, and once `ring-b` is SIGKILLed `CtrlhubMemberStoppedRenewing` fires for it.
+#[tokio::test]
+async fn ring_panels_return_data_from_real_members() {
+    let c = cluster().await;
+    let member = |weight: &'static str| {
+        let mut args: Vec<&str> = rbac::RBAC_ARGS.to_vec();
+        args.extend(["--mode", "ring", "--member-weight", weight]);
+        args
+    };
+    let a = Manager::start(&c, "ring-a", &member("1")).await;
+    let auth = rbac::tenant(&c, "ring", "ctl").await;
+    rbac::grant_configmaps(&c, "ring", "ctl", Some("ring")).await;
+    put_configmap(&c.client, "ring", "one", &[("v", "0")]).await;
+    const CONTROLLERS: [&str; 4] = ["ring-0", "ring-1", "ring-2", "ring-3"];
+    let mut first = Vec::new();
+    for name in CONTROLLERS {
+        let replica =
+            Replica::connect_with(&a.grpc, rbac::configmaps_in(name, &["ring"]), Some(&auth))
+                .await
+                .expect("the only member owns every controller");
+        first.push(tokio::spawn(serve(replica)));
+    }
+    let mut b = Manager::start(&c, "ring-b", &member("1000")).await;
+    wait_until(
+        "a controller's session on ring-a ends as its unit moves",
+        || {
+            let done = first.iter().any(|h| h.is_finished());
+            async move { done }
+        },
+    )
+    .await;
+    // Every controller again, first through ring-a: a moved one is redirected to ring-b.
+    let mut redirected = 0;
+    let mut served = Vec::new();
+    for name in CONTROLLERS {
+        let register = || rbac::configmaps_in(name, &["ring"]);
+        let replica = match Replica::connect_with(&a.grpc, register(), Some(&auth)).await {
+            Ok(r) => r,
+            Err(_) => {
+                redirected += 1;
+                Replica::connect_with(&b.grpc, register(), Some(&auth))
+                    .await
+                    .expect("the owner accepts")
+            }
+        };
+        served.push(tokio::spawn(serve(replica)));
+    }
+    assert!(redirected > 0, "a moved controller is redirected by ring-a");
+
+    let token_file = tempfile::NamedTempFile::new().expect("token file");
+    std::fs::write(token_file.path(), prometheus_token(&c).await).expect("token written");
+    let targets: Vec<String> = [&a, &b]
+        .iter()
+        .map(|m| m.http.split("://").nth(1).expect("host:port").to_string())
+        .collect();
+    let rules_dir = tempfile::tempdir().expect("rules dir");
+    let prom = Prometheus::start(
+        &targets,
+        &scrape_settings(token_file.path()),
+        &rules_with_short_for(rules_dir.path()),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let expected = BTreeMap::from([
+        ("job", JOB),
+        ("namespace", NAMESPACE),
+        ("tenant", "system:serviceaccounts:ring"),
+        ("controller", CONTROLLERS[0]),
+    ]);
+    settle(
+        "the Ring row's panels",
+        Duration::from_secs(120),
+        || async {
+            let mut failures = Vec::new();
+            let vars = resolve_variables(&prom, &http, &expected, &mut failures).await;
+            if failures.is_empty() {
+                // Series, not values: a handover's rate is 0 (its quantile NaN) once the move is
+                // older than the rate window.
+                check_panels(&prom, &http, &vars, Mode::Ring, false, &mut failures).await;
+            }
+            for (what, query) in [
+                (
+                    "units moved in",
+                    r#"sum(ctrlhub_ring_unit_moves_total{direction="in"}) > 0"#,
+                ),
+                (
+                    "units moved out",
+                    r#"sum(ctrlhub_ring_unit_moves_total{direction="out"}) > 0"#,
+                ),
+                ("redirects", "sum(ctrlhub_ring_redirects_total) > 0"),
+                (
+                    "handovers sealed",
+                    r#"sum(ctrlhub_ring_handover_seconds_count{phase="seal"}) > 0"#,
+                ),
+                (
+                    "handovers acquired",
+                    r#"sum(ctrlhub_ring_handover_seconds_count{phase="acquire"}) > 0"#,
+                ),
+                (
+                    "both members in each view",
+                    "min(ctrlhub_ring_members) == 2",
+                ),
+            ] {
+                match prom.query(&http, query).await {
+                    Ok(r) if r.is_empty() => failures.push(describe(what, query, "empty result")),
+                    Ok(_) => {}
+                    Err(e) => failures.push(describe(what, query, &e)),
+                }
+            }
+            for r in ring_alerts() {
+                let (alert, expr) = (
+                    r["alert"].as_str().unwrap_or_default(),
+                    r["expr"].as_str().unwrap_or_default(),
+                );
+                match prom.query(&http, expr).await {
+                    Ok(res) if !res.is_empty() => failures.push(describe(
+                        &format!("alert {alert}"),
+                        expr,
+                        &format!("fires on a healthy ring: {res:?}"),
+                    )),
+                    Ok(_) => {}
+                    Err(e) => failures.push(describe(&format!("alert {alert}"), expr, &e)),
+                }
+            }
+            failures
+        },
+    )
+    .await;
+
+    // ring-b SIGKILLed while it owns units: ring-a sees its Lease age past twice the lease.
+    b.kill().await;
+    let took = wait_firing(
+        &prom,
+        &http,
+        "CtrlhubMemberStoppedRenewing",
+        r#", peer="ring-b""#,
+    )
+    .await;
+    println!(
+        "CtrlhubMemberStoppedRenewing fired {took:?} after ring-b was killed (for: {FIRED_FOR})"
+    );
+    for h in first.into_iter().chain(served) {
+        h.abort();
+    }
+}
+
+/// The alerting rules of the `ctrlhub.ring` group.
+fn ring_alerts() -> Vec<Yaml> {
+    let doc = yaml(&rules_file());
+    doc["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["name"] == "ctrlhub.ring")
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r["alert"].is_string())
+        .collect()
+}
+
+/// Answers every request Done until the session ends (revoked, e.g. as its unit moves, or
+/// closed).
+async fn serve(mut replica: Replica) {
+    while let Ok(request) = replica.recv().await {
+        if let Some(req) = request {
+            replica
+                .reply(&req.id, Outcome::Done(pb::reconcile_result::Done {}))
+                .await;
+        }
+    }
 }
 
 /// Tenant `calm`'s controller `quiet`: registered over namespace `calm`, which holds nothing,

@@ -1,10 +1,12 @@
 //! deploy/ as docs/operating.md tells a platform engineer to use it, against devcluster with kubectl:
 //! both documented `kubectl apply --server-side -k` commands exit 0 on a cluster without the
-//! Prometheus Operator, monitoring is a separate opt-in apply, an overlay of one's own sets the
-//! image and adds cert-manager TLS, the manager runs from the rendered Deployment's args and env
-//! with its own ServiceAccount's token (so the shipped RBAC is proven sufficient), the
-//! no-Secrets overlay really cannot read Secrets, and a tenant following docs/multi-tenancy.md
-//! gets its Memcached reconciled.
+//! Prometheus Operator and render ring mode (three StatefulSet members, addressable through a
+//! headless Service, all behind the controllers' Service), monitoring is a separate opt-in
+//! apply, an overlay of one's own sets the image and adds cert-manager TLS (with the members'
+//! names), members run from the rendered StatefulSet's args and env with their own
+//! ServiceAccount's token (so the shipped RBAC is proven sufficient) and form one ring, the
+//! leader-mode component still runs a leader, the no-Secrets overlay really cannot read
+//! Secrets, and a tenant following docs/multi-tenancy.md gets its Memcached reconciled.
 
 use ctrlhub_tests::prometheus::Prometheus;
 use ctrlhub_tests::readme::doc_blocks;
@@ -155,6 +157,106 @@ async fn install_crds(k: &Kubectl, group: &str, kinds: &[(&str, &str)]) {
 
 const OVERLAYS: [&str; 3] = ["cluster-wide", "cluster-wide-no-secrets", "namespaced"];
 
+/// One Service of `services` (a `kubectl get services -o json` list) by name.
+fn service<'a>(services: &'a Value, name: &str) -> &'a Value {
+    services["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|s| s["metadata"]["name"] == name))
+        .unwrap_or_else(|| panic!("Service {name} in {services}"))
+}
+
+/// The pod's environment as the kubelet resolves it: `fieldRef`s to the pod's name and
+/// namespace, and `$(VAR)` in a value expanded from the variables defined before it (a
+/// reference to a later or unknown one stays as written, as the kubelet leaves it).
+fn resolve_env_list(pod: &str, namespace: &str, env: &Value) -> Vec<(String, String)> {
+    let mut resolved: Vec<(String, String)> = Vec::new();
+    for entry in env.as_array().expect("env") {
+        let name = entry["name"].as_str().expect("env name").to_string();
+        let mut value = resolve_env(pod, namespace, entry);
+        for (earlier, v) in &resolved {
+            value = value.replace(&format!("$({earlier})"), v);
+        }
+        resolved.push((name, value));
+    }
+    resolved
+}
+
+/// Ring mode as an overlay renders it: three members of a StatefulSet whose `serviceName` is a
+/// headless Service that publishes starting members, each member publishing its own name under
+/// it as its address; the controllers' Service selects every member (no leader label); the PDB
+/// lets one member go at a time.
+fn assert_ring_members(overlay: &str, statefulset: &Value, services: &Value, pdb: &Value) {
+    let spec = &statefulset["spec"];
+    assert_eq!(spec["replicas"], 3, "{overlay}: three members");
+    assert_eq!(spec["podManagementPolicy"], "Parallel", "{overlay}");
+    let headless_name = spec["serviceName"].as_str().expect("serviceName");
+    assert_eq!(headless_name, "ctrlhub-members", "{overlay}");
+    let headless = service(services, headless_name);
+    assert_eq!(
+        headless["spec"]["clusterIP"], "None",
+        "{overlay}: the StatefulSet's Service is headless: {headless}"
+    );
+    assert_eq!(
+        headless["spec"]["publishNotReadyAddresses"], true,
+        "{overlay}: a starting member is addressable: {headless}"
+    );
+    let pod_labels = &spec["template"]["metadata"]["labels"];
+    for name in ["ctrlhub", headless_name] {
+        let selector = service(services, name)["spec"]["selector"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !selector.is_empty() && selector.iter().all(|(k, v)| &pod_labels[k] == v),
+            "{overlay}: Service {name} selects every member, not a leader: {selector:?}"
+        );
+    }
+    let pod = &spec["template"]["spec"];
+    let spread = &pod["topologySpreadConstraints"];
+    assert!(
+        spread.as_array().is_some_and(|s| s
+            .iter()
+            .any(|t| t["topologyKey"] == "kubernetes.io/hostname")),
+        "{overlay}: members spread over nodes: {spread}"
+    );
+    let container = &pod["containers"][0];
+    let grpc = container["ports"]
+        .as_array()
+        .and_then(|ports| ports.iter().find(|p| p["name"] == "grpc"))
+        .and_then(|p| p["containerPort"].as_u64())
+        .expect("a grpc container port");
+    let env: HashMap<String, String> =
+        resolve_env_list("ctrlhub-1", "ctrlhub-system", &container["env"])
+            .into_iter()
+            .collect();
+    assert_eq!(
+        env.get("CTRLHUB_MODE").map(String::as_str),
+        Some("ring"),
+        "{overlay}"
+    );
+    assert_eq!(
+        env.get("CTRLHUB_MEMBER_ADDRESS"),
+        Some(&format!(
+            "ctrlhub-1.{headless_name}.ctrlhub-system.svc:{grpc}"
+        )),
+        "{overlay}: the member address is the pod's name under the headless Service (POD_NAME \
+         and POD_NAMESPACE defined before it, or the kubelet leaves $(VAR) unexpanded)"
+    );
+    assert_eq!(
+        env.get("CTRLHUB_IDENTITY").map(String::as_str),
+        Some("ctrlhub-1"),
+        "{overlay}: the member's identity is its pod's name"
+    );
+    assert!(
+        !env.contains_key("CTRLHUB_LEADER_POD_LABEL"),
+        "{overlay}: no leader label in ring mode"
+    );
+    assert_eq!(
+        pdb["spec"]["maxUnavailable"], 1,
+        "{overlay}: one member at a time: {pdb}"
+    );
+}
+
 // kubectl runs as a child process; devcluster keeps serving on the other worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_apply_commands_exit_0_without_the_monitoring_crds() {
@@ -167,10 +269,11 @@ async fn the_documented_apply_commands_exit_0_without_the_monitoring_crds() {
         let dir = format!("deploy/overlays/{overlay}");
         let applied = k.ok(&["apply", "--server-side", "-k", &dir]).await;
         for object in [
-            "deployment.apps/ctrlhub",
+            "statefulset.apps/ctrlhub",
             "poddisruptionbudget.policy/ctrlhub",
             "networkpolicy.networking.k8s.io/ctrlhub",
             "service/ctrlhub",
+            "service/ctrlhub-members",
             "service/ctrlhub-metrics",
         ] {
             assert!(applied.contains(object), "{overlay}: {object}: {applied}");
@@ -179,32 +282,20 @@ async fn the_documented_apply_commands_exit_0_without_the_monitoring_crds() {
             !applied.contains("monitoring.coreos.com"),
             "{overlay}: monitoring is opt-in: {applied}"
         );
-        let deployment = k
-            .json(&["get", "deployment", "ctrlhub", "-n", "ctrlhub-system"])
+        let statefulset = k
+            .json(&["get", "statefulset", "ctrlhub", "-n", "ctrlhub-system"])
             .await;
-        assert_eq!(deployment["spec"]["replicas"], 2, "a leader and a standby");
-        let spread = &deployment["spec"]["template"]["spec"]["topologySpreadConstraints"];
-        assert!(
-            spread.as_array().is_some_and(|s| s
-                .iter()
-                .any(|t| t["topologyKey"] == "kubernetes.io/hostname")),
-            "{overlay}: replicas spread over nodes: {spread}"
-        );
-        let selector = k
-            .ok(&[
+        let services = k.json(&["get", "services", "-n", "ctrlhub-system"]).await;
+        let pdb = k
+            .json(&[
                 "get",
-                "service",
+                "poddisruptionbudget",
                 "ctrlhub",
                 "-n",
                 "ctrlhub-system",
-                "-o",
-                "jsonpath={.spec.selector}",
             ])
             .await;
-        assert!(
-            selector.contains(r#""ctrlhub.io/leader":"true""#),
-            "{overlay}: the controllers' Service selects the leader: {selector}"
-        );
+        assert_ring_members(overlay, &statefulset, &services, &pdb);
     }
     let binding = k
         .ok(&[
@@ -255,7 +346,7 @@ async fn the_documented_apply_commands_exit_0_without_the_monitoring_crds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlay_of_ones_own_sets_the_image_and_adds_cert_manager_tls() {
     let base: Value = serde_saphyr::from_str(
-        &std::fs::read_to_string(repo().join("deploy/base/deployment.yaml")).expect("deployment"),
+        &std::fs::read_to_string(repo().join("deploy/base/statefulset.yaml")).expect("statefulset"),
     )
     .expect("yaml");
     let image = base["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -275,24 +366,16 @@ async fn an_overlay_of_ones_own_sets_the_image_and_adds_cert_manager_tls() {
         &[("issuers", "Issuer"), ("certificates", "Certificate")],
     )
     .await;
-    // An overlay in the repository's target dir, naming deploy/ by relative paths as an overlay
-    // in a user's repository would name a remote base.
-    let dir = tempfile::tempdir_in(target_dir()).expect("overlay dir");
-    let to_repo = relative(&dir.path().canonicalize().expect("overlay dir"), &repo());
-    std::fs::write(
-        dir.path().join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {r}/deploy/overlays/cluster-wide\ncomponents:\n  - {r}/deploy/components/cert-manager\nimages:\n  - name: ctrlhub\n    newName: registry.example.com/platform/ctrlhub\n    newTag: 0.1.0\n",
-            r = to_repo.display()
-        ),
-    )
-    .expect("kustomization written");
+    let dir = own_overlay(
+        &["deploy/components/cert-manager"],
+        "images:\n  - name: ctrlhub\n    newName: registry.example.com/platform/ctrlhub\n    newTag: 0.1.0\n",
+    );
     let path = dir.path().to_string_lossy().into_owned();
     k.ok(&["apply", "--server-side", "-k", &path]).await;
-    let deployment = k
-        .json(&["get", "deployment", "ctrlhub", "-n", "ctrlhub-system"])
+    let statefulset = k
+        .json(&["get", "statefulset", "ctrlhub", "-n", "ctrlhub-system"])
         .await;
-    let pod = &deployment["spec"]["template"]["spec"];
+    let pod = &statefulset["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     assert_eq!(
         container["image"], "registry.example.com/platform/ctrlhub:0.1.0",
@@ -326,12 +409,37 @@ async fn an_overlay_of_ones_own_sets_the_image_and_adds_cert_manager_tls() {
         .json(&["get", "certificate", "ctrlhub-tls", "-n", "ctrlhub-system"])
         .await;
     let names = certificate["spec"]["dnsNames"].to_string();
+    // A redirected controller dials a member by its name under the headless Service, and
+    // verifies that name: one wildcard covers every member, however many there are.
     for name in [
         "ctrlhub.ctrlhub-system.svc",
+        "*.ctrlhub-members.ctrlhub-system.svc",
+        "*.ctrlhub-members.ctrlhub-system.svc.cluster.local",
         "ctrlhub-metrics.ctrlhub-system.svc",
     ] {
         assert!(names.contains(&format!("\"{name}\"")), "{name} in {names}");
     }
+}
+
+/// An overlay of one's own over `deploy/overlays/cluster-wide` with `components` (paths from
+/// the repository root) and `extra` kustomization lines, in the repository's target dir, naming
+/// deploy/ by relative paths as an overlay in a user's repository would name a remote base.
+fn own_overlay(components: &[&str], extra: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir_in(target_dir()).expect("overlay dir");
+    let to_repo = relative(&dir.path().canonicalize().expect("overlay dir"), &repo());
+    let r = to_repo.display();
+    let components: String = components
+        .iter()
+        .map(|c| format!("  - {r}/{c}\n"))
+        .collect();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {r}/deploy/overlays/cluster-wide\ncomponents:\n{components}{extra}"
+        ),
+    )
+    .expect("kustomization written");
+    dir
 }
 
 /// `from`'s path to `to` (both absolute), for kustomize, which refuses absolute paths.
@@ -372,7 +480,7 @@ fn resolve_env(pod: &str, namespace: &str, entry: &Value) -> String {
     }
 }
 
-/// The manager as the rendered Deployment runs it: its args and env, its own ServiceAccount's
+/// The manager as the rendered StatefulSet runs it: its args and env, its own ServiceAccount's
 /// token (`kubectl create token`, standing in for the mounted one) and a pod it can label.
 /// Only what a cluster supplies is stood in for: the API server's address and loopback ports.
 struct Deployed {
@@ -387,15 +495,16 @@ struct Deployed {
 }
 
 async fn start_deployed_manager(c: &Cluster, k: &Kubectl) -> Deployed {
-    start_deployed_manager_as(c, k, "ctrlhub-7d9f-abcde").await
+    start_deployed_manager_as(c, k, "ctrlhub-0").await
 }
 
-/// [`start_deployed_manager`] as replica `pod` (two of them make the Deployment's two replicas).
+/// [`start_deployed_manager`] as member `pod` (the StatefulSet names them ctrlhub-0,
+/// ctrlhub-1, ...).
 async fn start_deployed_manager_as(c: &Cluster, k: &Kubectl, pod: &str) -> Deployed {
-    let deployment = k
-        .json(&["get", "deployment", "ctrlhub", "-n", "ctrlhub-system"])
+    let statefulset = k
+        .json(&["get", "statefulset", "ctrlhub", "-n", "ctrlhub-system"])
         .await;
-    let template = &deployment["spec"]["template"];
+    let template = &statefulset["spec"]["template"];
     let container = &template["spec"]["containers"][0];
     let pod = pod.to_string();
     k.ok_with(
@@ -455,17 +564,13 @@ async fn start_deployed_manager_as(c: &Cluster, k: &Kubectl, pod: &str) -> Deplo
                 .unwrap_or_else(|_| Stdio::null()),
         )
         .kill_on_drop(true);
-    let mut env_names = Vec::new();
-    for entry in container["env"].as_array().expect("env") {
-        let name = entry["name"].as_str().expect("env name");
-        env_names.push(name.to_string());
-        cmd.env(name, resolve_env(&pod, "ctrlhub-system", entry));
-    }
+    let env = resolve_env_list(&pod, "ctrlhub-system", &container["env"]);
+    let env_names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
     assert!(
-        env_names.iter().any(|n| n == "CTRLHUB_IDENTITY")
-            && env_names.iter().any(|n| n == "CTRLHUB_LEASE_NAMESPACE"),
-        "the Deployment passes the pod's identity: {env_names:?}"
+        env_names.contains(&"CTRLHUB_IDENTITY") && env_names.contains(&"CTRLHUB_LEASE_NAMESPACE"),
+        "the StatefulSet passes the pod's identity: {env_names:?}"
     );
+    cmd.envs(env.iter().map(|(n, v)| (n, v)));
     let child = cmd.spawn().expect("ctrlhub starts");
 
     let probe_url = |probe: &str| {
@@ -509,8 +614,11 @@ async fn start_deployed_manager_as(c: &Cluster, k: &Kubectl, pod: &str) -> Deplo
     }
 }
 
+/// Two members as the rendered StatefulSet runs them, with their own ServiceAccount's token:
+/// each creates and renews its member Lease, labelled with the ring, and sees the other live, so
+/// the shipped Role is sufficient for ring mode without the pod-label grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn manager_runs_with_the_deployments_args_env_and_its_own_service_account() {
+async fn members_run_with_the_statefulsets_args_env_and_their_own_service_account() {
     let c = start_cluster().await;
     let k = Kubectl::new(&c);
     k.ok(&[
@@ -520,8 +628,115 @@ async fn manager_runs_with_the_deployments_args_env_and_its_own_service_account(
         "deploy/overlays/cluster-wide",
     ])
     .await;
+    let a = start_deployed_manager_as(&c, &k, "ctrlhub-0").await;
+    let b = start_deployed_manager_as(&c, &k, "ctrlhub-1").await;
+    wait_for("each member renews its own Lease in the ring", || async {
+        let leases = k
+            .ok(&[
+                "get",
+                "leases",
+                "-n",
+                "ctrlhub-system",
+                "-l",
+                "ctrlhub.io/ring=ctrlhub",
+                "-o",
+                "name",
+            ])
+            .await;
+        let mut names: Vec<&str> = leases.lines().collect();
+        names.sort_unstable();
+        names
+            == [
+                "lease.coordination.k8s.io/ctrlhub-member-ctrlhub-0",
+                "lease.coordination.k8s.io/ctrlhub-member-ctrlhub-1",
+            ]
+    })
+    .await;
+    let token = ctrlhub_tests::rbac::prometheus_bound_to(&c, "ctrlhub-metrics-reader")
+        .await
+        .expect("prometheus' token");
+    let http = ctrlhub_tests::manager::self_signed_client().expect("client");
+    for m in [&a, &b] {
+        let metrics = format!("https://127.0.0.1:{}/metrics", m.http_port);
+        wait_until("both members live in each one's view", PATIENCE, || async {
+            let text = match http.get(&metrics).bearer_auth(&token).send().await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => return Err(e.to_string()),
+            };
+            let members = gauge(&text, "ctrlhub_ring_members");
+            if members == Some(2.0) {
+                Ok(())
+            } else {
+                Err(format!("{}: ctrlhub_ring_members {members:?}", m.pod))
+            }
+        })
+        .await;
+        metrics_need_the_deployed_reader_role(&c, &metrics, "ctrlhub_ring_members").await;
+        assert!(
+            tokio::net::TcpStream::connect(("127.0.0.1", m.grpc_port))
+                .await
+                .is_ok(),
+            "the gRPC port from the args accepts connections"
+        );
+    }
+    // No member is a leader: nothing labels a pod.
+    let labelled = k
+        .ok(&[
+            "get",
+            "pods",
+            "-n",
+            "ctrlhub-system",
+            "-l",
+            "ctrlhub.io/leader",
+            "-o",
+            "name",
+        ])
+        .await;
+    assert_eq!(labelled.trim(), "", "no leader label in ring mode");
+}
+
+/// A one-sample gauge's value in Prometheus' text format (the first sample of `name`).
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with([' ', '{']))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// deploy/components/leader-mode, for the release that still offers leader mode: the Lease
+/// holder labels its own pod, so the `ctrlhub` Service, which the component makes select that
+/// label, routes controllers to it; the component's pod grant is sufficient for that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_mode_component_runs_a_leader_that_labels_its_pod() {
+    let c = start_cluster().await;
+    let k = Kubectl::new(&c);
+    let overlay = own_overlay(&["deploy/components/leader-mode"], "");
+    let path = overlay.path().to_string_lossy().into_owned();
+    k.ok(&["apply", "--server-side", "-k", &path]).await;
+    let statefulset = k
+        .json(&["get", "statefulset", "ctrlhub", "-n", "ctrlhub-system"])
+        .await;
+    assert_eq!(statefulset["spec"]["replicas"], 2, "a leader and a standby");
+    let selector = k
+        .ok(&[
+            "get",
+            "service",
+            "ctrlhub",
+            "-n",
+            "ctrlhub-system",
+            "-o",
+            "jsonpath={.spec.selector}",
+        ])
+        .await;
+    assert!(
+        selector.contains(r#""ctrlhub.io/leader":"true""#),
+        "the controllers' Service selects the leader: {selector}"
+    );
     let m = start_deployed_manager(&c, &k).await;
-    // Leading, it labels its own pod, so the `ctrlhub` Service would route controllers to it.
     wait_for("the manager labels its pod as leader", || async {
         k.ok(&[
             "get",
@@ -538,18 +753,17 @@ async fn manager_runs_with_the_deployments_args_env_and_its_own_service_account(
     })
     .await;
     let metrics = format!("https://127.0.0.1:{}/metrics", m.http_port);
-    metrics_need_the_deployed_reader_role(&c, &metrics).await;
-    assert!(
-        tokio::net::TcpStream::connect(("127.0.0.1", m.grpc_port))
-            .await
-            .is_ok(),
-        "the gRPC port from the args accepts connections"
-    );
+    metrics_need_the_deployed_reader_role(&c, &metrics, "leader_election_master_status").await;
 }
 
 /// The HTTP port as deploy/ runs it: `/metrics` refuses an anonymous caller and serves a
-/// ServiceAccount bound to deploy/'s `ctrlhub-metrics-reader` ClusterRole, as Prometheus is.
-async fn metrics_need_the_deployed_reader_role(c: &Cluster, metrics_url: &str) {
+/// ServiceAccount bound to deploy/'s `ctrlhub-metrics-reader` ClusterRole, as Prometheus is,
+/// with `metric` among its series; the text it served.
+async fn metrics_need_the_deployed_reader_role(
+    c: &Cluster,
+    metrics_url: &str,
+    metric: &str,
+) -> String {
     let http = ctrlhub_tests::manager::self_signed_client().expect("client");
     let anonymous = http.get(metrics_url).send().await.expect("answered");
     assert_eq!(anonymous.status(), 401, "anonymous /metrics");
@@ -564,7 +778,8 @@ async fn metrics_need_the_deployed_reader_role(c: &Cluster, metrics_url: &str) {
         .expect("answered");
     assert_eq!(scraped.status(), 200, "/metrics for the metrics reader");
     let text = scraped.text().await.expect("body");
-    assert!(text.contains("leader_election_master_status"), "{text}");
+    assert!(text.contains(metric), "{metric}: {text}");
+    text
 }
 
 /// `kubectl auth can-i VERB RESOURCE -A` as the manager's ServiceAccount.
@@ -863,6 +1078,47 @@ async fn switching_to_the_namespaced_overlay_leaves_no_cluster_wide_read() {
     }
 }
 
+/// docs/operating.md's upgrade to ring mode, as written, over an install from before it: the
+/// old Deployment is gone (it would dispatch beside the members), the StatefulSet is there, and
+/// the block runs again without error (on a fresh cluster too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_upgrade_to_ring_mode_replaces_the_deployment() {
+    let c = start_cluster().await;
+    let k = Kubectl::new(&c);
+    // The Deployment of the release before ring mode, as far as the upgrade cares.
+    k.ok(&["create", "namespace", "ctrlhub-system"]).await;
+    k.ok(&[
+        "-n",
+        "ctrlhub-system",
+        "create",
+        "deployment",
+        "ctrlhub",
+        "--image",
+        "ctrlhub:0.0.9",
+        "--replicas",
+        "2",
+    ])
+    .await;
+    let blocks = doc_blocks("docs/operating.md", "ring-upgrade");
+    let [upgrade] = blocks.as_slice() else {
+        panic!("one block: {blocks:?}");
+    };
+    k.documented(upgrade).await;
+    let (found, _, err) = k
+        .run(
+            &["-n", "ctrlhub-system", "get", "deployment", "ctrlhub"],
+            None,
+        )
+        .await;
+    assert!(
+        !found && err.contains("NotFound"),
+        "the Deployment is gone: {err}"
+    );
+    k.ok(&["-n", "ctrlhub-system", "get", "statefulset", "ctrlhub"])
+        .await;
+    k.documented(upgrade).await;
+}
+
 /// A TCP forwarder standing in for `kubectl port-forward`, which needs a kubelet: it listens on
 /// `port` and, for each connection, waits for the stand-in `kubectl` function to record which
 /// pod and ports the command named, then forwards to that replica's loopback port.
@@ -1004,14 +1260,16 @@ fn recipe(file: &str) -> Value {
 }
 
 /// A real Prometheus scraping with `job` must find exactly `pods` up, each labelled as the
-/// dashboards filter (job ctrlhub-metrics, namespace ctrlhub-system, its pod), and see one leader.
+/// dashboards filter (job ctrlhub-metrics, namespace ctrlhub-system, its pod), and see every
+/// member in every member's view of the ring: the series came from the members themselves.
 async fn prometheus_scrapes(job: Value, pods: &[&str]) -> Prometheus {
     let config = json!({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]});
     let prom = Prometheus::start(&config.to_string())
         .await
         .expect("prometheus starts");
     let want: std::collections::BTreeSet<&str> = pods.iter().copied().collect();
-    wait_until("prometheus scrapes every replica with the dashboards' labels", PATIENCE, || async {
+    let whole_ring = pods.len().to_string();
+    wait_until("prometheus scrapes every member with the dashboards' labels", PATIENCE, || async {
         let (active, _) = prom.targets().await.map_err(|e| e.to_string())?;
         let up: std::collections::BTreeSet<&str> = active
             .iter()
@@ -1022,42 +1280,33 @@ async fn prometheus_scrapes(job: Value, pods: &[&str]) -> Prometheus {
             })
             .filter_map(|t| t["labels"]["pod"].as_str())
             .collect();
-        let leaders = prom
-            .query(r#"sum(leader_election_master_status{job="ctrlhub-metrics", namespace="ctrlhub-system"})"#)
+        let views = prom
+            .query(r#"min(ctrlhub_ring_members{job="ctrlhub-metrics", namespace="ctrlhub-system"})"#)
             .await
             .map_err(|e| e.to_string())?;
-        let one_leader = leaders.first().is_some_and(|r| r["value"][1] == "1");
-        if active.len() == pods.len() && up == want && one_leader {
+        let whole = views.first().is_some_and(|r| r["value"][1] == whole_ring.as_str());
+        if active.len() == pods.len() && up == want && whole {
             Ok(())
         } else {
-            Err(format!("active: {active:?}; leaders: {leaders:?}"))
+            Err(format!("active: {active:?}; smallest view of the ring: {views:?}"))
         }
     })
     .await;
     prom
 }
 
-/// The docs' two readers of a two-replica install, each following its recipe as written: a
-/// person (docs/multi-tenancy.md "The HTTP port under Kubernetes auth") reaches the leader's page in the
-/// operator's view, and Prometheus, given the documented grant and either scrape recipe of
-/// deploy/monitoring, scrapes both replicas over HTTPS with its token, labelled as the
-/// dashboards filter. The static recipe runs as shipped with its targets pointed at the
-/// replicas (on main there is none, and the Kubernetes recipe's relabels drop static targets);
-/// the Kubernetes one with its discovery stood in for by the endpoints it would find, because
-/// Debian's Prometheus is built without Kubernetes discovery.
+/// docs/multi-tenancy.md's person on call, following its block as written ("The HTTP port
+/// under Kubernetes auth"), reaches the leader's page in the operator's view. The block finds
+/// the pod labelled leader, so it runs against deploy/components/leader-mode's two replicas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
+async fn a_person_reaches_the_leader_as_documented() {
     let c = start_cluster().await;
     let k = Kubectl::new(&c);
-    k.ok(&[
-        "apply",
-        "--server-side",
-        "-k",
-        "deploy/overlays/cluster-wide",
-    ])
-    .await;
-    let a = start_deployed_manager_as(&c, &k, "ctrlhub-5d8f7c9b4-abcde").await;
-    let b = start_deployed_manager_as(&c, &k, "ctrlhub-5d8f7c9b4-fghij").await;
+    let overlay = own_overlay(&["deploy/components/leader-mode"], "");
+    let path = overlay.path().to_string_lossy().into_owned();
+    k.ok(&["apply", "--server-side", "-k", &path]).await;
+    let a = start_deployed_manager_as(&c, &k, "ctrlhub-0").await;
+    let b = start_deployed_manager_as(&c, &k, "ctrlhub-1").await;
     let leader = wait_until("one pod is labelled leader", PATIENCE, || async {
         let names = k
             .ok(&[
@@ -1078,6 +1327,30 @@ async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
     })
     .await;
     a_person_reaches_the_leader(&c, &k, &[&a, &b], &leader).await;
+}
+
+/// Prometheus, given the documented grant (docs/multi-tenancy.md) and either scrape recipe of
+/// deploy/monitoring, scrapes the three members of the ring over HTTPS with its token, labelled
+/// as the dashboards filter. The static recipe runs as shipped with its targets pointed at the
+/// members (on main there was none, and the Kubernetes recipe's relabels drop static targets);
+/// the Kubernetes one with its discovery stood in for by the endpoints it would find, because
+/// Debian's Prometheus is built without Kubernetes discovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_every_member_as_documented() {
+    let c = start_cluster().await;
+    let k = Kubectl::new(&c);
+    k.ok(&[
+        "apply",
+        "--server-side",
+        "-k",
+        "deploy/overlays/cluster-wide",
+    ])
+    .await;
+    let mut members = Vec::new();
+    for pod in ["ctrlhub-0", "ctrlhub-1", "ctrlhub-2"] {
+        members.push(start_deployed_manager_as(&c, &k, pod).await);
+    }
+    let members: Vec<&Deployed> = members.iter().collect();
 
     // Prometheus' ServiceAccount where its install would put it, granted as docs/multi-tenancy.md says.
     k.ok(&["create", "namespace", "monitoring"]).await;
@@ -1097,15 +1370,15 @@ async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
     let token_file = c.dir.path().join("prometheus-token");
     std::fs::write(&token_file, token.trim()).expect("token file");
     let token_file = json!(token_file.to_string_lossy());
-    let pods = [a.pod.as_str(), b.pod.as_str()];
+    let pods: Vec<&str> = members.iter().map(|m| m.pod.as_str()).collect();
 
     let mut static_job = recipe("prometheus-scrape-static.yml");
     static_job["authorization"]["credentials_file"] = token_file.clone();
     let groups = static_job["static_configs"]
         .as_array_mut()
         .expect("static_configs");
-    assert_eq!(groups.len(), 2, "one entry per replica");
-    for (group, replica) in groups.iter_mut().zip([&a, &b]) {
+    assert_eq!(groups.len(), members.len(), "one entry per member");
+    for (group, replica) in groups.iter_mut().zip(&members) {
         group["targets"] = json!([format!("127.0.0.1:{}", replica.http_port)]);
     }
     // The pod labels stay as written: a reader sets them to its replicas' names.
@@ -1125,14 +1398,16 @@ async fn a_person_and_prometheus_reach_the_replicas_as_documented() {
     );
     job.insert(
         "static_configs".into(),
-        json!(discovered_endpoints(&k, &[&a, &b]).await),
+        json!(discovered_endpoints(&k, &members).await),
     );
     let prom = prometheus_scrapes(discovered_job, &pods).await;
     let (_, dropped) = prom.targets().await.expect("targets");
-    assert!(
-        dropped
-            .iter()
-            .any(|t| t["discoveredLabels"]["__meta_kubernetes_service_name"] == "ctrlhub"),
-        "the gRPC Service's endpoint is not scraped: {dropped:?}"
-    );
+    for grpc in ["ctrlhub", "ctrlhub-members"] {
+        assert!(
+            dropped
+                .iter()
+                .any(|t| t["discoveredLabels"]["__meta_kubernetes_service_name"] == grpc),
+            "the gRPC Service {grpc}'s endpoints are not scraped: {dropped:?}"
+        );
+    }
 }
