@@ -49,7 +49,7 @@ def validate_all(docs: list[dict]) -> None:
 def test_overlay_objects_pass_strict_schema_validation(overlay: str):
     docs = render(overlay)
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+    assert {"StatefulSet", "Service", "ServiceAccount", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
     # Monitoring is opt-in (deploy/monitoring): a plain cluster has no Operator CRDs.
     assert not kinds & {"ServiceMonitor", "PrometheusRule"}
     validate_all(docs)
@@ -69,6 +69,17 @@ def test_examples_and_components_pass_strict_schema_validation(tmp_path):
     docs = kustomize(overlay)
     assert {"Certificate", "Issuer"} <= {d["kind"] for d in docs}
     validate_all(docs)
+    validate_all(leader_mode(tmp_path))
+
+
+def leader_mode(tmp_path: pathlib.Path) -> list[dict]:
+    """cluster-wide with deploy/components/leader-mode, as docs/operating.md adds it."""
+    overlay = tmp_path / "leader-mode"
+    overlay.mkdir(exist_ok=True)
+    base = os.path.relpath(REPO / "deploy/overlays/cluster-wide", overlay)
+    component = os.path.relpath(REPO / "deploy/components/leader-mode", overlay)
+    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{component}]\n")
+    return kustomize(overlay)
 
 
 def test_static_scrape_config_passes_promtool_as_shipped():
@@ -114,8 +125,8 @@ def test_servicemonitor_selects_the_metrics_service():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_rbac_grants_only_what_ctrlhub_needs(overlay: str):
-    """Reads for the caches, Leases and its own pod's label, TokenReview and SubjectAccessReview,
-    its own TenantPolicy objects' status: nothing that writes a tenant's objects."""
+    """Reads for the caches, Leases, TokenReview and SubjectAccessReview, its own TenantPolicy
+    objects' status: nothing that writes a tenant's objects, and in ring mode no pod patch."""
     for doc in render(overlay):
         if doc["kind"] not in ("Role", "ClusterRole"):
             continue
@@ -128,25 +139,53 @@ def test_rbac_grants_only_what_ctrlhub_needs(overlay: str):
             if writes == {"create"}:
                 assert resources <= {"tokenreviews", "subjectaccessreviews"}, rule
             elif resources == {"leases"}:
-                assert writes <= {"create", "update", "patch"}, rule
+                # Each member's own Lease, and member Leases removed when members leave.
+                assert writes <= {"create", "update", "delete"}, rule
             elif rule["apiGroups"] == ["ctrlhub.io"]:
                 # The manager reports on its own TenantPolicy objects (their Accepted condition).
                 assert resources == {"tenantpolicies/status"} and writes <= {"update", "patch"}, rule
             else:
-                assert resources == {"pods"} and writes == {"patch"}, rule
+                raise AssertionError(f"unexpected write grant: {rule}")
+
+
+def test_leader_mode_component_adds_only_the_pod_label_grant(tmp_path):
+    roles = [d for d in leader_mode(tmp_path) if d["kind"] == "Role" and d["metadata"]["name"] == "ctrlhub-leader-election"]
+    [role] = roles
+    pods = [r for r in role["rules"] if r["resources"] == ["pods"]]
+    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]
+
+
+def env_of(statefulset: dict) -> dict:
+    return {e["name"]: e for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_controllers_service_selects_only_the_leader(overlay: str):
-    services = {d["metadata"]["name"]: d for d in render(overlay) if d["kind"] == "Service"}
+def test_controllers_service_selects_every_member(overlay: str):
+    docs = render(overlay)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    statefulset = next(d for d in docs if d["kind"] == "StatefulSet")
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    assert "ctrlhub.io/leader" not in services["ctrlhub"]["spec"]["selector"]
+    assert services["ctrlhub"]["spec"]["selector"].items() <= labels.items()
+    headless = services[statefulset["spec"]["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    env = env_of(statefulset)
+    assert env["CTRLHUB_MODE"]["value"] == "ring"
+    assert "CTRLHUB_LEADER_POD_LABEL" not in env
+
+
+def test_leader_mode_component_selects_only_the_leader(tmp_path):
+    docs = leader_mode(tmp_path)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     assert services["ctrlhub"]["spec"]["selector"].get("ctrlhub.io/leader") == "true"
-    deployment = next(d for d in render(overlay) if d["kind"] == "Deployment")
-    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    statefulset = next(d for d in docs if d["kind"] == "StatefulSet")
+    env = env_of(statefulset)
+    assert env["CTRLHUB_MODE"]["value"] == "leader"
     assert env["CTRLHUB_LEADER_POD_LABEL"]["value"] == "ctrlhub.io/leader"
 
 
 def test_namespaced_overlay_sets_the_ceiling():
-    deployment = next(d for d in render("namespaced") if d["kind"] == "Deployment")
+    deployment = next(d for d in render("namespaced") if d["kind"] == "StatefulSet")
     namespaces = yaml.safe_load_all((REPO / "deploy/overlays/namespaced/namespaces.yaml").read_text())
     assert {n["metadata"]["name"] for n in namespaces} == {"team-a", "team-b"}
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
