@@ -63,6 +63,16 @@ fn score(ring: &str, unit: &Unit, member: &Member) -> f64 {
     -f64::from(member.weight) / u.ln()
 }
 
+/// A unit's 64-bit fingerprint, as members publish the units they hold: fixed-size whatever the
+/// tenant and name, and no tenant's names in another member's Lease.
+pub fn fingerprint(unit: &Unit) -> u64 {
+    let mut bytes = Vec::with_capacity(unit.group.len() + unit.name.len() + 1);
+    bytes.extend_from_slice(unit.group.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(unit.name.as_bytes());
+    XxHash3_64::oneshot(&bytes)
+}
+
 /// The member of `members` that owns `unit` in ring `ring` (None when there is none). Ties, as
 /// improbable as they are, go to the smaller identity so every member agrees.
 pub fn owner<'a>(ring: &str, unit: &Unit, members: &'a [Member]) -> Option<&'a Member> {

@@ -27,6 +27,7 @@ const WEIGHT: &str = "ctrlhub.io/weight";
 const STATE: &str = "ctrlhub.io/state";
 const VIEW: &str = "ctrlhub.io/view";
 const UNITS: &str = "ctrlhub.io/units";
+const HELD: &str = "ctrlhub.io/held";
 const INCARNATION: &str = "ctrlhub.io/incarnation";
 
 #[derive(Debug, thiserror::Error)]
@@ -214,6 +215,7 @@ impl Keeper {
         put(STATE, state_of(leaving).as_str().to_string());
         put(VIEW, encode_view(view));
         put(UNITS, units.to_string());
+        put(HELD, self.ring.held_fingerprints());
         put(INCARNATION, self.ring.incarnation.clone());
         let mut labels = current
             .and_then(|l| l.metadata.labels.clone())
@@ -322,6 +324,10 @@ fn record(lease: &Lease) -> Option<Record> {
         state: State::parse(&get(STATE)),
         view: decode_view(&get(VIEW)),
         units: get(UNITS).parse().unwrap_or(0),
+        held: get(HELD)
+            .split(',')
+            .filter_map(|f| u64::from_str_radix(f, 16).ok())
+            .collect(),
         incarnation: get(INCARNATION),
         resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
         lease_duration: lease_duration(lease),

@@ -103,8 +103,6 @@ struct Known {
     peers: Peers,
     /// The view as last written in this member's Lease.
     published: Vec<Member>,
-    /// The one written before it, and when it was replaced.
-    previous: Option<(Vec<Member>, Instant)>,
     /// The peers were read at least once: until then this member publishes an empty view
     /// (claims nothing), so a member starting never stalls the others' units.
     read: bool,
@@ -143,7 +141,6 @@ impl Ring {
             known: Mutex::new(Known {
                 peers: Peers::default(),
                 published: Vec::new(),
-                previous: None,
                 read: false,
                 held: false,
                 leaving: false,
@@ -389,27 +386,30 @@ impl Ring {
         if clear { view } else { known.published.clone() }
     }
 
-    /// Whether `unit` is moving here from another member: a peer's Lease (live or expired)
-    /// still claims it, or this member's view gave it to another member until recently (within
-    /// twice the lease). A moved unit is admitted whatever this member's tenant limits say.
+    /// Whether `unit` is moving here from another member: a live peer published that it held
+    /// it, within twice the lease. A moved unit is admitted whatever this member's tenant limits
+    /// say; a new one is not.
     pub(crate) fn moved_in(&self, unit: &Unit) -> bool {
-        let known = self.known.lock();
-        let ring = &self.config.ring;
-        let claimed = known.peers.all().any(|p| p.claims(ring, unit));
-        let recently = known.previous.as_ref().is_some_and(|(view, at)| {
-            at.elapsed() <= self.config.lease_duration * 2
-                && owner(ring, unit, view).is_some_and(|m| m.identity != self.config.identity)
-        });
-        claimed || recently
+        let window = self.config.lease_duration * 2;
+        self.known
+            .lock()
+            .peers
+            .held_lately(hrw::fingerprint(unit), Instant::now(), window)
+    }
+
+    /// The fingerprints of the units here, as published in the member Lease (sorted hex).
+    fn held_fingerprints(&self) -> String {
+        let mut held: Vec<u64> = self.gates.lock().keys().map(hrw::fingerprint).collect();
+        held.sort_unstable();
+        held.iter()
+            .map(|f| format!("{f:016x}"))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// What the keeper wrote: the view now published.
     fn published(&self, view: Vec<Member>) {
-        let mut known = self.known.lock();
-        if known.published != view {
-            let old = std::mem::replace(&mut known.published, view);
-            known.previous = Some((old, Instant::now()));
-        }
+        self.known.lock().published = view;
     }
 
     /// Start leaving: take no more units and publish that at once.

@@ -14,7 +14,7 @@
 //!   reader sees the earlier writer's claim.
 
 use super::hrw::{Member, Unit, owner};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 /// A member's state as it publishes it.
@@ -61,6 +61,8 @@ pub(crate) struct Record {
     pub view: Vec<Member>,
     /// How many units it owns, for status and alerts.
     pub units: u32,
+    /// The fingerprints of the units registered there ([`super::hrw::fingerprint`]).
+    pub held: Vec<u64>,
     /// Random per process start: a restarted member with the same identity is a new one.
     pub incarnation: String,
     /// The Lease's resourceVersion: a change is a renewal.
@@ -91,10 +93,12 @@ impl Peer {
     }
 }
 
-/// Every other member, by identity.
+/// Every other member, by identity, and the units live peers held lately.
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
     peers: BTreeMap<String, Peer>,
+    /// Fingerprint → when a live peer was last seen holding that unit.
+    held: HashMap<u64, Instant>,
 }
 
 impl Peers {
@@ -108,9 +112,23 @@ impl Peers {
                 Some(p) if p.record.resource_version == record.resource_version => p.seen,
                 _ => now,
             };
-            next.insert(record.identity.clone(), Peer { record, seen });
+            let peer = Peer { record, seen };
+            if peer.live(now) {
+                for f in &peer.record.held {
+                    self.held.insert(*f, now);
+                }
+            }
+            next.insert(peer.record.identity.clone(), peer);
         }
         self.peers = next;
+    }
+
+    /// Whether a live peer held the unit of fingerprint `f` within `within` of `now`: the
+    /// unit is moving here, not new.
+    pub(crate) fn held_lately(&mut self, f: u64, now: Instant, within: Duration) -> bool {
+        self.held
+            .retain(|_, at| now.saturating_duration_since(*at) <= within);
+        self.held.contains_key(&f)
     }
 
     /// Every peer observed, live or not.
@@ -213,6 +231,7 @@ mod tests {
             state: State::Active,
             view: view.iter().map(|m| member(m)).collect(),
             units: 0,
+            held: Vec::new(),
             incarnation: "i".into(),
             resource_version: rv.into(),
             lease_duration: LEASE,
@@ -307,6 +326,28 @@ mod tests {
         // Its Lease deleted: it released everything.
         at_b.observe(vec![], t0 + Duration::from_millis(500));
         assert!(at_b.may_dispatch(RING, &u, ("b", &[member("b")]), t0));
+    }
+
+    #[test]
+    fn a_unit_counts_as_moving_while_a_live_peer_held_it_lately() {
+        let t0 = Instant::now();
+        let mut held = record("a", "1", &["a"]);
+        held.held = vec![7];
+        let mut at_b = Peers::default();
+        at_b.observe(vec![held], t0);
+        let window = Duration::from_secs(30);
+        assert!(at_b.held_lately(7, t0, window));
+        assert!(!at_b.held_lately(8, t0, window), "never held: new");
+        // Released (a published without it, or its Lease went): still moving for the window.
+        at_b.observe(vec![record("a", "2", &["a"])], t0 + Duration::from_secs(1));
+        assert!(at_b.held_lately(7, t0 + Duration::from_secs(20), window));
+        assert!(!at_b.held_lately(7, t0 + Duration::from_secs(32), window));
+        // An expired peer's stale Lease refreshes nothing.
+        let mut stale = record("c", "9", &["c"]);
+        stale.held = vec![9];
+        at_b.observe(vec![stale.clone()], t0);
+        at_b.observe(vec![stale], t0 + Duration::from_secs(40));
+        assert!(!at_b.held_lately(9, t0 + Duration::from_secs(40), window));
     }
 
     #[test]

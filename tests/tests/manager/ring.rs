@@ -40,7 +40,10 @@ fn expected_owner(name: &str, members: &[&Manager]) -> String {
 /// `members`, published.
 async fn settled(members: &[&Manager]) {
     let want: Vec<String> = {
-        let mut ids: Vec<String> = members.iter().map(|m| format!("{}=100", m.identity)).collect();
+        let mut ids: Vec<String> = members
+            .iter()
+            .map(|m| format!("{}=100", m.identity))
+            .collect();
         ids.sort();
         ids
     };
@@ -56,36 +59,46 @@ async fn settled(members: &[&Manager]) {
     }
 }
 
-/// Registers `name` starting at `first`, following redirects as the protocol says (at most 3
-/// in a row); returns the replica and the address that accepted it.
-async fn register_following(first: &str, name: &str) -> (Replica, String) {
+/// One try to register `name` at `first`, following up to 3 redirects in a row as the
+/// protocol says; the replica and the address that accepted it, or the last refusal.
+async fn try_register(first: &str, name: &str) -> Result<(Replica, String), tonic::Status> {
     let mut target = first.to_string();
-    let deadline = Instant::now() + PATIENCE;
-    let mut hops = 0;
-    loop {
+    for _ in 0..=3 {
         let reg = register(name, replica::configmaps(), 8, Some(NS));
         match Replica::connect(&format!("http://{target}"), reg).await {
-            Ok(r) => return (r, target),
+            Ok(r) => return Ok((r, target)),
             Err(status) => {
                 let next = status
                     .metadata()
                     .get("ctrlhub-owner-addr")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
-                assert!(Instant::now() < deadline, "{name} never registered: {status:?}");
                 match next {
-                    Some(n) if hops < 3 => {
+                    Some(n) => {
                         assert_eq!(status.code(), tonic::Code::Unavailable);
-                        hops += 1;
                         target = n;
                     }
-                    _ => {
-                        // Not ready or bounced too often: back to the first address, with a pause.
-                        hops = 0;
-                        target = first.to_string();
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
+                    None => return Err(status),
                 }
+            }
+        }
+    }
+    Err(tonic::Status::unavailable("3 redirects in a row"))
+}
+
+/// Registers `name` at `first`, following redirects, retrying there (with a pause) until it is
+/// accepted within [`PATIENCE`]; the replica and the address that accepted it.
+async fn register_following(first: &str, name: &str) -> (Replica, String) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match try_register(first, name).await {
+            Ok(done) => return done,
+            Err(status) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{name} never registered: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
@@ -142,19 +155,38 @@ async fn each_controller_has_one_owner_and_a_join_moves_only_the_joiners_share()
         let first = if i % 2 == 0 { addr(&m0) } else { addr(&m1) };
         let (mut r, at) = register_following(&first, name).await;
         let want = expected_owner(name, &[&m0, &m1]);
-        let at_member = if at == addr(&m0) { &m0.identity } else { &m1.identity };
-        assert_eq!(*at_member, want, "{name} registered at the member the function names");
+        let at_member = if at == addr(&m0) {
+            &m0.identity
+        } else {
+            &m1.identity
+        };
+        assert_eq!(
+            *at_member, want,
+            "{name} registered at the member the function names"
+        );
         assert_eq!(r.registered.member_identity, want);
-        assert!(reconciles(&mut r, &format!("{NS}/seed"), PATIENCE).await, "{name} reconciles");
+        assert!(
+            reconciles(&mut r, &format!("{NS}/seed"), PATIENCE).await,
+            "{name} reconciles"
+        );
         replicas.insert(name.clone(), r);
     }
-    let redirects = m0.metric("ctrlhub_ring_redirects_total{tenant=\"dev\"}").await
-        + m1.metric("ctrlhub_ring_redirects_total{tenant=\"dev\"}").await;
-    assert!(redirects >= 1.0, "misrouted sessions were redirected ({redirects})");
+    let redirects = m0
+        .metric("ctrlhub_ring_redirects_total{tenant=\"dev\"}")
+        .await
+        + m1.metric("ctrlhub_ring_redirects_total{tenant=\"dev\"}")
+            .await;
+    assert!(
+        redirects >= 1.0,
+        "misrouted sessions were redirected ({redirects})"
+    );
     let by_member = owned(&[&m0, &m1]).await;
     for name in &names {
         let want = expected_owner(name, &[&m0, &m1]);
-        assert!(by_member[&want].contains(name), "{want} owns {name}: {by_member:?}");
+        assert!(
+            by_member[&want].contains(name),
+            "{want} owns {name}: {by_member:?}"
+        );
     }
 
     // A third member joins: exactly the units the function now gives it move, nothing else.
@@ -173,8 +205,16 @@ async fn each_controller_has_one_owner_and_a_join_moves_only_the_joiners_share()
                 other => panic!("{name}: expected Revoked(UNIT_MOVED), got {other:?}"),
             }
         };
-        assert_eq!(revoked.reason, pb::revoked::Reason::UnitMoved as i32, "{revoked:?}");
-        assert_eq!(revoked.owner_address, addr(&m2), "names the new owner's address");
+        assert_eq!(
+            revoked.reason,
+            pb::revoked::Reason::UnitMoved as i32,
+            "{revoked:?}"
+        );
+        assert_eq!(
+            revoked.owner_address,
+            addr(&m2),
+            "names the new owner's address"
+        );
         assert_eq!(revoked.leader_identity, m2.identity);
         let (r2, at) = register_following(&revoked.owner_address, name).await;
         assert_eq!(at, addr(&m2), "{name} registers at the new owner directly");
@@ -192,9 +232,15 @@ async fn each_controller_has_one_owner_and_a_join_moves_only_the_joiners_share()
         );
     }
     let by_member = owned(&[&m0, &m1, &m2]).await;
-    assert_eq!(by_member[&m2.identity], moving, "the joiner owns exactly its share");
-    let moved_out = m0.metric("ctrlhub_ring_unit_moves_total{direction=\"out\"}").await
-        + m1.metric("ctrlhub_ring_unit_moves_total{direction=\"out\"}").await;
+    assert_eq!(
+        by_member[&m2.identity], moving,
+        "the joiner owns exactly its share"
+    );
+    let moved_out = m0
+        .metric("ctrlhub_ring_unit_moves_total{direction=\"out\"}")
+        .await
+        + m1.metric("ctrlhub_ring_unit_moves_total{direction=\"out\"}")
+            .await;
     assert_eq!(moved_out as usize, moving.len(), "0 collateral moves");
 }
 
@@ -229,10 +275,21 @@ async fn a_member_that_leaves_or_crashes_hands_its_controllers_over() {
                 other => panic!("{name}: expected Revoked, got {other:?}"),
             }
         };
-        assert_eq!(revoked.reason, pb::revoked::Reason::UnitMoved as i32, "{revoked:?}");
+        assert_eq!(
+            revoked.reason,
+            pb::revoked::Reason::UnitMoved as i32,
+            "{revoked:?}"
+        );
         let want = expected_owner(name, &[&m1, &m2]);
-        let want_addr = if want == m1.identity { addr(&m1) } else { addr(&m2) };
-        assert_eq!(revoked.owner_address, want_addr, "{name} is sent to its next owner");
+        let want_addr = if want == m1.identity {
+            addr(&m1)
+        } else {
+            addr(&m2)
+        };
+        assert_eq!(
+            revoked.owner_address, want_addr,
+            "{name} is sent to its next owner"
+        );
         let (r2, _) = register_following(&revoked.owner_address, name).await;
         replicas.insert(name.clone(), r2);
     }
@@ -240,7 +297,10 @@ async fn a_member_that_leaves_or_crashes_hands_its_controllers_over() {
     settled(&[&m1, &m2]).await;
     put_configmap(&c.client, NS, "after-leave", &[("v", "1")]).await;
     for (name, r) in replicas.iter_mut() {
-        assert!(reconciles(r, &format!("{NS}/after-leave"), PATIENCE).await, "{name} after the leave");
+        assert!(
+            reconciles(r, &format!("{NS}/after-leave"), PATIENCE).await,
+            "{name} after the leave"
+        );
     }
 
     // SIGKILL: its sessions die with it; they find the survivor, which dispatches once the
@@ -256,14 +316,355 @@ async fn a_member_that_leaves_or_crashes_hands_its_controllers_over() {
     for name in &crashed {
         let (mut r, at) = register_following(&addr(&m2), name).await;
         assert_eq!(at, addr(&m2));
-        assert!(reconciles(&mut r, &format!("{NS}/after-crash"), PATIENCE).await, "{name} after the crash");
-        println!("{name}: first reconcile at the survivor {:?} after the kill", killed.elapsed());
+        assert!(
+            reconciles(&mut r, &format!("{NS}/after-crash"), PATIENCE).await,
+            "{name} after the crash"
+        );
+        println!(
+            "{name}: first reconcile at the survivor {:?} after the kill",
+            killed.elapsed()
+        );
         replicas.insert(name.clone(), r);
     }
     for (name, r) in replicas.iter_mut().filter(|(n, _)| !crashed.contains(*n)) {
-        assert!(reconciles(r, &format!("{NS}/after-crash"), PATIENCE).await, "{name} after the crash");
+        assert!(
+            reconciles(r, &format!("{NS}/after-crash"), PATIENCE).await,
+            "{name} after the crash"
+        );
     }
     let s = m2.status().await;
     let units = s["ring"]["units"].as_array().cloned().unwrap_or_default();
     assert_eq!(units.len(), names.len(), "the survivor owns all: {units:?}");
+}
+
+/// One reconcile as a replica saw it: which controller and key, which member, when it started
+/// and ended, and the object's resourceVersion.
+#[derive(Debug, Clone)]
+struct Attempt {
+    controller: String,
+    key: String,
+    member: String,
+    rv: String,
+    start: Instant,
+    end: Instant,
+}
+
+/// A replica that registers through `members` (the addresses a Service would pick from),
+/// follows redirects and moves by hand, works each request for `work`, and records it.
+fn follower(
+    name: String,
+    members: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+    log: std::sync::Arc<parking_lot::Mutex<Vec<Attempt>>>,
+    work: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut turn = 0usize;
+        loop {
+            // Each try at the next member, as a Service would pick one.
+            let first = {
+                let m = members.lock();
+                m[turn % m.len()].clone()
+            };
+            turn += 1;
+            let Ok((mut r, at)) = try_register(&first, &name).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            loop {
+                match r.next_message(Duration::from_secs(3600)).await {
+                    Some(pb::manager_message::Message::Reconcile(req)) => {
+                        let start = Instant::now();
+                        tokio::time::sleep(work).await;
+                        let rv = replica::object(&req)["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
+                        r.done(&req.id).await;
+                        log.lock().push(Attempt {
+                            controller: name.clone(),
+                            key: key(&req),
+                            member: at.clone(),
+                            rv,
+                            start,
+                            end: Instant::now(),
+                        });
+                    }
+                    // Revoked (a move) or the stream's end: register again.
+                    _ => break,
+                }
+            }
+        }
+    })
+}
+
+/// No key of one controller was worked by two replicas at once.
+fn overlaps(log: &[Attempt]) -> Vec<(Attempt, Attempt)> {
+    let mut by: BTreeMap<(String, String), Vec<&Attempt>> = BTreeMap::new();
+    for a in log {
+        by.entry((a.controller.clone(), a.key.clone()))
+            .or_default()
+            .push(a);
+    }
+    let mut out = Vec::new();
+    for attempts in by.values_mut() {
+        attempts.sort_by_key(|a| a.start);
+        for w in attempts.windows(2) {
+            if w[1].start < w[0].end {
+                out.push((w[0].clone(), w[1].clone()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_rolling_restart_of_every_member_loses_and_doubles_nothing() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    for i in 0..5 {
+        put_configmap(&c.client, NS, &format!("cm-{i}"), &[("v", "0")]).await;
+    }
+    let ids = ["ring-a", "ring-b", "ring-c"];
+    let mut members = Vec::new();
+    for id in ids {
+        members.push(member(&c, id).await);
+    }
+    settled(&members.iter().collect::<Vec<_>>()).await;
+    let addrs = std::sync::Arc::new(parking_lot::Mutex::new(
+        members.iter().map(addr).collect::<Vec<_>>(),
+    ));
+    let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let names: Vec<String> = (0..6).map(|i| format!("ring-r{i}")).collect();
+    let mut tasks = Vec::new();
+    for name in &names {
+        // Two replicas each: one worker pool per controller, whichever member serves it.
+        for _ in 0..2 {
+            tasks.push(follower(
+                name.clone(),
+                addrs.clone(),
+                log.clone(),
+                Duration::from_millis(30),
+            ));
+        }
+    }
+    // Steady updates while every member restarts, one at a time, under the same identity.
+    let writer = {
+        let client = c.client.clone();
+        tokio::spawn(async move {
+            for n in 1.. {
+                for i in 0..5 {
+                    put_configmap(&client, NS, &format!("cm-{i}"), &[("v", &n.to_string())]).await;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    for i in 0..members.len() {
+        members[i].signal("TERM");
+        assert!(members[i].exited(PATIENCE).await, "{} exits", ids[i]);
+        members[i] = member(&c, ids[i]).await;
+        addrs.lock()[i] = addr(&members[i]);
+        settled(&members.iter().collect::<Vec<_>>()).await;
+    }
+    writer.abort();
+    // The last version of every object reaches every controller.
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(c.client.clone(), NS);
+    let mut last = BTreeMap::new();
+    for i in 0..5 {
+        let cm = api.get(&format!("cm-{i}")).await.expect("configmap");
+        last.insert(
+            format!("{NS}/cm-{i}"),
+            cm.metadata.resource_version.unwrap_or_default(),
+        );
+    }
+    wait_for(
+        "every controller reconciles the last version of every object",
+        || {
+            let log = log.clone();
+            let (names, last) = (names.clone(), last.clone());
+            async move {
+                let log = log.lock();
+                names.iter().all(|n| {
+                    last.iter().all(|(k, rv)| {
+                        log.iter()
+                            .any(|a| a.controller == *n && a.key == *k && a.rv == *rv)
+                    })
+                })
+            }
+        },
+    )
+    .await;
+    for t in tasks {
+        t.abort();
+    }
+    let log = log.lock().clone();
+    let doubled = overlaps(&log);
+    assert!(
+        doubled.is_empty(),
+        "keys worked by two replicas at once: {doubled:#?}"
+    );
+    let by_member: BTreeSet<&str> = log.iter().map(|a| a.member.as_str()).collect();
+    println!(
+        "{} reconciles over {} member addresses, 0 overlapping",
+        log.len(),
+        by_member.len()
+    );
+    for m in &members {
+        let units = m.status().await["ring"]["units"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for u in units {
+            let name = u["name"].as_str().unwrap_or_default();
+            assert_eq!(
+                expected_owner(name, &members.iter().collect::<Vec<_>>()),
+                m.identity,
+                "{name} is back at its owner"
+            );
+        }
+    }
+}
+
+/// A controller name whose owner among `members` is `want`.
+fn name_owned_by(prefix: &str, want: &Manager, members: &[&Manager]) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|n| expected_owner(n, members) == want.identity)
+        .expect("some name")
+}
+
+#[tokio::test]
+async fn a_partitioned_member_stops_by_its_renew_deadline_before_the_successor_starts() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    put_configmap(&c.client, NS, "seed", &[("v", "1")]).await;
+    let (a, b) = (member(&c, "ring-a").await, member(&c, "ring-b").await);
+    settled(&[&a, &b]).await;
+    let name = name_owned_by("ring-p", &a, &[&a, &b]);
+    let (mut r, at) = register_following(&addr(&b), &name).await;
+    assert_eq!(at, addr(&a));
+    assert!(reconciles(&mut r, &format!("{NS}/seed"), PATIENCE).await);
+
+    // a cannot renew: it must end its sessions by its renew deadline (2 s), and b may start
+    // only once a's Lease has gone unrenewed for the lease duration (3 s).
+    c.dc.faults()
+        .freeze_lease("default", "ctrlhub-member-ring-a");
+    let frozen = Instant::now();
+    let end = loop {
+        match r.next_message(PATIENCE).await {
+            Some(pb::manager_message::Message::Reconcile(req)) => r.done(&req.id).await,
+            other => break other,
+        }
+    };
+    let stopped = Instant::now();
+    assert!(
+        matches!(&end, Some(pb::manager_message::Message::Revoked(rv)) if rv.reason == pb::revoked::Reason::UnitMoved as i32),
+        "a ends its session with UNIT_MOVED: {end:?}"
+    );
+    let (mut r2, at) = register_following(&addr(&b), &name).await;
+    assert_eq!(at, addr(&b), "b takes the controller in");
+    let first = r2
+        .next(PATIENCE)
+        .await
+        .expect("b dispatches once a's Lease expired");
+    let started = Instant::now();
+    r2.done(&first.id).await;
+    println!(
+        "frozen → a stopped {:?}, → b's first dispatch {:?}",
+        stopped - frozen,
+        started - frozen
+    );
+    assert!(stopped < started, "a stopped before b started");
+
+    // Healed, a rejoins and takes back exactly what the function gives it.
+    c.dc.faults()
+        .unfreeze_lease("default", "ctrlhub-member-ring-a");
+    settled(&[&a, &b]).await;
+    let back = loop {
+        match r2.next_message(PATIENCE).await {
+            Some(pb::manager_message::Message::Reconcile(req)) => r2.done(&req.id).await,
+            other => break other,
+        }
+    };
+    match back {
+        Some(pb::manager_message::Message::Revoked(rv)) => {
+            assert_eq!(rv.reason, pb::revoked::Reason::UnitMoved as i32);
+            assert_eq!(rv.owner_address, addr(&a), "sent back to a");
+        }
+        other => panic!("expected the controller to move back to a: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn moved_controllers_are_admitted_over_tenant_limits_and_new_ones_are_not() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    let limit = ["--max-controllers-per-tenant", "2"];
+    let start = |id: &'static str| {
+        let c = &c;
+        async move {
+            let mut args = vec!["--mode", "ring", "--handover-drain", "1s"];
+            args.extend(FAST_LEASE);
+            args.extend(limit);
+            Manager::start(c, id, &args).await
+        }
+    };
+    let (mut a, b) = (start("ring-a").await, start("ring-b").await);
+    settled(&[&a, &b]).await;
+    // Two controllers on each member: each at its limit.
+    let mut names = Vec::new();
+    for (m, prefix) in [(&a, "ring-qa"), (&b, "ring-qb")] {
+        let mut i = 0;
+        while names
+            .iter()
+            .filter(|n: &&String| n.starts_with(prefix))
+            .count()
+            < 2
+        {
+            let n = format!("{prefix}{i}");
+            i += 1;
+            if expected_owner(&n, &[&a, &b]) == m.identity {
+                names.push(n);
+            }
+        }
+    }
+    let mut replicas = BTreeMap::new();
+    for n in &names {
+        let (r, _) = register_following(&addr(&b), n).await;
+        replicas.insert(n.clone(), r);
+    }
+    // a leaves: its two controllers move to b, which already holds two.
+    a.signal("TERM");
+    for n in names.iter().filter(|n| n.starts_with("ring-qa")) {
+        let r = replicas.get_mut(n).expect("replica");
+        loop {
+            match r.next_message(PATIENCE).await {
+                Some(pb::manager_message::Message::Revoked(rv)) => {
+                    assert_eq!(rv.owner_address, addr(&b));
+                    break;
+                }
+                Some(pb::manager_message::Message::Reconcile(req)) => r.done(&req.id).await,
+                other => panic!("{n}: expected a move, got {other:?}"),
+            }
+        }
+        let (r2, at) = register_following(&addr(&b), n).await;
+        assert_eq!(at, addr(&b), "{n} admitted at b over the limit of 2");
+        replicas.insert(n.clone(), r2);
+    }
+    assert!(a.exited(PATIENCE).await);
+    let exempt = b
+        .metric("ctrlhub_admission_exempt_moves_total{tenant=\"dev\"}")
+        .await;
+    assert!(exempt >= 2.0, "the overshoot is counted: {exempt}");
+    // A new controller is still refused: limits govern new ones.
+    let refused = Replica::connect(
+        &b.grpc,
+        register("ring-qnew", replica::configmaps(), 1, Some(NS)),
+    )
+    .await;
+    match refused {
+        Err(s) => assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}"),
+        Ok(_) => panic!("a new controller over the limit was admitted"),
+    }
 }
