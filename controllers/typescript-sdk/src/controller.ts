@@ -135,6 +135,9 @@ export class Controller<T> {
    * Runs until stopped (SIGTERM or SIGINT, {@link RunOptions.signal}, {@link Controller.stop}),
    * then drains, waits for running handlers and resolves. Reconnects with backoff after every
    * other end of a session; waits 30 s before registering again when a newer definition runs.
+   * In ring mode, a member's redirect to the controller's owner (`Rejected` UNAVAILABLE with
+   * `owner_address`, or `Revoked` REASON_UNIT_MOVED) is dialled at once, at most 3 times in a row
+   * without a `Registered`; then, and after any other end, the configured address with backoff.
    *
    * @throws {@link ConfigError} for invalid settings (before connecting).
    * @throws {@link RegistrationRejectedError} when the manager refuses the registration in a
