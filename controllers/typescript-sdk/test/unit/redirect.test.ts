@@ -26,7 +26,7 @@ import {
   Revoked_Reason,
 } from "../../src/proto.js";
 import { MAX_REDIRECTS, Route, redirected } from "../../src/redirect.js";
-import { freePort, recordingLogger, waitFor } from "../support.js";
+import { recordingLogger, waitFor } from "../support.js";
 
 type Call = grpc.ServerDuplexStream<ControllerMessage, ManagerMessage>;
 
@@ -347,7 +347,8 @@ test("members redirecting to each other: 3 redirects in a row, then the configur
 
 test("a redirect to an address where nothing listens goes back to the configured address with backoff", async () => {
   const order: string[] = [];
-  const nowhere = `127.0.0.1:${await freePort()}`;
+  // Port 1: privileged and unused, so no other suite's server can be listening there.
+  const nowhere = "127.0.0.1:1";
   const a = await member("member-a", order, (n) => (n === 1 ? { redirectTo: { name: "gone", address: nowhere } } : registeredWith((call) => request(call, "k"))));
   const c = controller("nowhere").for(kinds.ConfigMap).reconcile(() => {});
   const log = recordingLogger();
