@@ -26,6 +26,14 @@ export class Backoff {
     return this.failures;
   }
 
+  /**
+   * A session registered and its end waits for nothing (it was redirected to the controller's
+   * owner): the next failure waits the first delay again, as after {@link Backoff.next}`(true)`.
+   */
+  reset(): void {
+    this.failures = 0;
+  }
+
   /** Records the end of a session and returns how long to wait before reconnecting. */
   next(registered: boolean): number {
     this.failures = registered ? 1 : this.failures + 1;

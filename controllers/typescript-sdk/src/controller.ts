@@ -12,8 +12,9 @@ import { ConfigError, StopTimeoutError } from "./errors.js";
 import { EventRecorder } from "./events.js";
 import type { Register } from "./gen/ctrlhub/v1/registration_pb.js";
 import { HEALTH_ENV, Health, type HealthOptions } from "./health.js";
-import { StackLimiter, consoleLogger } from "./logs.js";
+import { type Logger, StackLimiter, consoleLogger } from "./logs.js";
 import type { RunOptions } from "./options.js";
+import { Route } from "./redirect.js";
 import { type OwnerInternals, Session, type SessionEnd } from "./session.js";
 import { loadOpenTelemetry } from "./traces.js";
 
@@ -134,6 +135,9 @@ export class Controller<T> {
    * Runs until stopped (SIGTERM or SIGINT, {@link RunOptions.signal}, {@link Controller.stop}),
    * then drains, waits for running handlers and resolves. Reconnects with backoff after every
    * other end of a session; waits 30 s before registering again when a newer definition runs.
+   * In ring mode, a member's redirect to the controller's owner (`Rejected` UNAVAILABLE with
+   * `owner_address`, or `Revoked` REASON_UNIT_MOVED) is dialled at once, at most 3 times in a row
+   * without a `Registered`; then, and after any other end, the configured address with backoff.
    *
    * @throws {@link ConfigError} for invalid settings (before connecting).
    * @throws {@link RegistrationRejectedError} when the manager refuses the registration in a
@@ -145,7 +149,7 @@ export class Controller<T> {
     if (this.running) {
       throw new Error(`controller ${this.name} is already running`);
     }
-    const connection = resolveConnection(options);
+    const route = new Route(resolveConnection(options));
     const log = options.logger ?? consoleLogger(this.name);
     const handlerLog = options.logger ?? consoleLogger(this.name, { target: this.name });
     const reconnect = new Backoff(options.reconnect?.initialMs ?? 100, options.reconnect?.maxMs ?? 10_000);
@@ -210,9 +214,9 @@ export class Controller<T> {
         if (this.stopping) {
           break;
         }
-        const session = new Session<T>(this, connection, log, drainGraceMs, tracing, options);
+        const session = new Session<T>(this, route.connection, log, drainGraceMs, tracing, options);
         this.session = session;
-        const end: SessionEnd = await session.run();
+        let end: SessionEnd = await session.run();
         this.session = undefined;
         if (end.kind === "stopped") {
           drained = end.drained;
@@ -224,6 +228,16 @@ export class Controller<T> {
         }
         if (this.stopping) {
           break;
+        }
+        if (end.kind === "redirect") {
+          const notFollowed = followRedirect(end, route, reconnect, log);
+          if (notFollowed === undefined) {
+            this.notReady(`redirected to ${route.connection.display}`);
+            continue; // at once, and no failure for the backoff
+          }
+          end = notFollowed;
+        } else {
+          route.back();
         }
         if (end.kind === "wait") {
           const why =
@@ -321,6 +335,34 @@ export class Controller<T> {
   }
 }
 
+/**
+ * A ring member redirected the session to the controller's owner: the next session dials it at
+ * once (`undefined`), unless {@link Route.follow} declines (a redirect too many in a row, an
+ * address that is not one); then the end to back off after, towards the configured address.
+ */
+function followRedirect(
+  end: Extract<SessionEnd, { kind: "redirect" }>,
+  route: Route,
+  reconnect: Backoff,
+  log: Logger,
+): Extract<SessionEnd, { kind: "retry" }> | undefined {
+  if (end.registered) {
+    // A Registered resets the count and the backoff, as it does for any other end.
+    route.registered();
+    reconnect.reset();
+  }
+  const hop = route.follow(end.address);
+  if (!hop.followed) {
+    return { kind: "retry", registered: false, reason: `${end.reason}; ${hop.why}` };
+  }
+  log.info("redirected to the controller's owner; connecting there now", {
+    owner: end.owner,
+    addr: hop.connection.display,
+    redirects: hop.count,
+    reason: end.reason,
+  });
+  return undefined;
+}
 
 /** The health endpoint's settings: the option, else `CTRLHUB_HEALTH_ADDR`, else none. */
 function healthOf(options: RunOptions): HealthOptions | undefined {

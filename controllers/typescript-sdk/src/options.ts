@@ -91,7 +91,11 @@ export interface RunOptions extends ConnectionOptions {
    * {@link HealthOptions}; `false` turns it off. Default: env `CTRLHUB_HEALTH_ADDR`, else off.
    */
   readonly health?: string | HealthOptions | false;
-  /** Reconnect backoff: first delay (before jitter) and cap. Default 100 ms doubling to 10 s. */
+  /**
+   * Reconnect backoff: first delay (before jitter) and cap. Default 100 ms doubling to 10 s. A
+   * ring member's redirect to the controller's owner is followed without it (and is not counted
+   * as a failure), up to 3 in a row.
+   */
   readonly reconnect?: { readonly initialMs?: number; readonly maxMs?: number };
   /**
    * After Drain, once nothing is in flight, how long to wait for the manager to end the

@@ -56,9 +56,21 @@ export type SessionEnd =
   /** A newer definition runs, or another identity holds the name: wait, then register again. */
   | { kind: "wait"; reason: string }
   /** `expected`: an orderly handover (a manager shutting down, a standby): logged at INFO. */
-  | { kind: "retry"; registered: boolean; reason: string; expected?: boolean };
+  | { kind: "retry"; registered: boolean; reason: string; expected?: boolean }
+  /**
+   * Ring mode: another member owns the controller (`Rejected` UNAVAILABLE on Register) or owns
+   * it now (`Revoked` UNIT_MOVED): dial `address` next, at once (`redirect.ts` bounds how often).
+   */
+  | { kind: "redirect"; registered: boolean; owner: string; address: string; reason: string };
 
 const FATAL_BEFORE_REGISTERED = new Set<number>([Status.INVALID_ARGUMENT, Status.PERMISSION_DENIED, Status.UNAUTHENTICATED]);
+
+/** Revocations that are an orderly handover, not a fault: logged at INFO. */
+const HANDOVER = new Set<Revoked_Reason>([Revoked_Reason.SHUTTING_DOWN, Revoked_Reason.LEADERSHIP_LOST, Revoked_Reason.UNIT_MOVED]);
+
+/** The trailers of a ring member's redirect (the same values as `Rejected.owner_*`). */
+const OWNER_TRAILER = "ctrlhub-owner";
+const OWNER_ADDR_TRAILER = "ctrlhub-owner-addr";
 
 /** The process exit status when a handler ignored its cancellation past 80 % of the hold. */
 export const EXIT_HANDLER_NOT_STOPPED = 70;
@@ -311,8 +323,13 @@ export class Session<T> {
           ...(m.value.field === "" ? {} : { field: m.value.field }),
           ...(m.value.outdated ? { outdated: true } : {}),
         };
-        if (m.value.outdated || m.value.code === Status.ALREADY_EXISTS || (!this.registered && FATAL_BEFORE_REGISTERED.has(m.value.code))) {
-          // Reported once, by the wait's WARN line or by run()'s rejection.
+        if (
+          m.value.outdated ||
+          m.value.code === Status.ALREADY_EXISTS ||
+          m.value.ownerAddress !== "" ||
+          (!this.registered && FATAL_BEFORE_REGISTERED.has(m.value.code))
+        ) {
+          // Reported once, by the wait's WARN line, the redirect's INFO line or run()'s rejection.
           this.log.debug(`the manager refused the registration: ${m.value.message}`, fields);
         } else {
           // A manager shutting down, a standby, caches that cannot list yet: transient.
@@ -323,8 +340,11 @@ export class Session<T> {
       case "revoked": {
         this.revoked = m.value;
         const reason = Revoked_Reason[m.value.reason] ?? String(m.value.reason);
-        const fields = m.value.leaderIdentity === "" ? {} : { leader: m.value.leaderIdentity };
-        if (m.value.reason === Revoked_Reason.SHUTTING_DOWN || m.value.reason === Revoked_Reason.LEADERSHIP_LOST) {
+        const fields = {
+          ...(m.value.leaderIdentity === "" ? {} : { leader: m.value.leaderIdentity }),
+          ...(m.value.ownerAddress === "" ? {} : { owner_addr: m.value.ownerAddress }),
+        };
+        if (HANDOVER.has(m.value.reason)) {
           this.log.info(`the manager ended the session (${reason}: ${m.value.message}); reconnecting`, fields);
         } else {
           this.log.warn(`session revoked (${reason}): ${m.value.message}`, fields);
@@ -393,6 +413,8 @@ export class Session<T> {
     this.log.info("registered with manager", {
       session: this.sessionId,
       leader: r.leaderIdentity,
+      ...(r.memberIdentity === "" || r.memberIdentity === r.leaderIdentity ? {} : { member: r.memberIdentity }),
+      addr: this.connection.display,
       revision: register.revision.toString(),
       readable: readable
         .map((k) => `${k.kind}(${k.group === "" ? k.version : `${k.group}/${k.version}`})=${k.metadataOnly ? "metadata" : "full"}`)
@@ -471,8 +493,7 @@ export class Session<T> {
     this.abortAll("the session ended");
     this.armExitCheck();
     const end = this.classify(status);
-    const reason =
-      end.kind === "retry" || end.kind === "wait" ? end.reason : end.kind === "fatal" ? end.error.message : "drained";
+    const reason = end.kind === "fatal" ? end.error.message : end.kind === "stopped" ? "drained" : end.reason;
     this.options.onSessionEnd?.({
       sessionId: this.sessionId,
       registered: this.registered,
@@ -502,8 +523,9 @@ export class Session<T> {
             `${this.owner.internals.register.revision}) replaced this one: ${revoked.message}`,
         };
       }
-      const expected = revoked.reason === Revoked_Reason.SHUTTING_DOWN || revoked.reason === Revoked_Reason.LEADERSHIP_LOST;
-      return { kind: "retry", registered: true, reason: `revoked (${reason}): ${revoked.message}`, expected };
+      const why = `revoked (${reason}): ${revoked.message}`;
+      const moved = revoked.reason === Revoked_Reason.UNIT_MOVED ? this.redirect(status, revoked.leaderIdentity, revoked.ownerAddress, why) : undefined;
+      return moved ?? { kind: "retry", registered: true, reason: why, expected: HANDOVER.has(revoked.reason) };
     }
     if (this.staleReason !== undefined) {
       return { kind: "retry", registered: true, reason: this.staleReason };
@@ -528,6 +550,12 @@ export class Session<T> {
     if (code === Status.OK) {
       return { kind: "retry", registered: this.registered, reason: "the manager ended the stream" };
     }
+    if (!this.registered && code === Status.UNAVAILABLE) {
+      const owner = this.redirect(status, rejected?.ownerIdentity ?? "", rejected?.ownerAddress ?? "", `UNAVAILABLE: ${details}`);
+      if (owner !== undefined) {
+        return owner;
+      }
+    }
     const leader = status.metadata?.get("ctrlhub-leader")[0];
     const hint = leader === undefined || leader === "" ? "" : ` (leader is ${String(leader)})`;
     return {
@@ -537,6 +565,21 @@ export class Session<T> {
       // A standby naming the leader, or a manager that cannot take the registration now.
       expected: code === Status.UNAVAILABLE && (hint !== "" || rejected !== undefined),
     };
+  }
+
+  /**
+   * A ring member's redirect to the controller's owner: the message's owner (identity and
+   * `host:port`), else the `ctrlhub-owner`/`ctrlhub-owner-addr` trailers; `undefined` when
+   * neither names an address (an owner not known yet: reconnect through the configured address).
+   */
+  private redirect(status: StatusObject, identity: string, address: string, why: string): SessionEnd | undefined {
+    const trailer = (key: string): string => String(status.metadata?.get(key)[0] ?? "");
+    const addr = address !== "" ? address : trailer(OWNER_ADDR_TRAILER);
+    if (addr === "") {
+      return undefined;
+    }
+    const owner = identity !== "" ? identity : trailer(OWNER_TRAILER);
+    return { kind: "redirect", registered: this.registered, owner, address: addr, reason: why };
   }
 
   /** Cancels every request of the session; none of them is answered any more. */

@@ -9,6 +9,14 @@ test("a backoff needs 0 < initial <= max", () => {
   assert.throws(() => new Backoff(10, 5), RangeError);
 });
 
+test("a reset (a registered session redirected to the owner) makes the next failure wait the first delay", () => {
+  const b = new Backoff(100, 10_000, () => 1);
+  assert.deepEqual([b.next(false), b.next(false), b.next(false)], [100, 200, 400]);
+  b.reset();
+  assert.equal(b.attempts, 0);
+  assert.equal(b.next(false), 100);
+});
+
 test("the limiter admits up to its limit and can be resized", async () => {
   const l = new Limiter(2);
   const a = await l.acquire();
