@@ -62,9 +62,17 @@ async fn settled(members: &[&Manager]) {
 /// One try to register `name` at `first`, following up to 3 redirects in a row as the
 /// protocol says; the replica and the address that accepted it, or the last refusal.
 async fn try_register(first: &str, name: &str) -> Result<(Replica, String), tonic::Status> {
+    try_register_with(first, || register(name, replica::configmaps(), 8, Some(NS))).await
+}
+
+/// [`try_register`] with the Register `make` builds.
+async fn try_register_with(
+    first: &str,
+    make: impl Fn() -> pb::Register,
+) -> Result<(Replica, String), tonic::Status> {
     let mut target = first.to_string();
     for _ in 0..=3 {
-        let reg = register(name, replica::configmaps(), 8, Some(NS));
+        let reg = make();
         match Replica::connect(&format!("http://{target}"), reg).await {
             Ok(r) => return Ok((r, target)),
             Err(status) => {
@@ -666,5 +674,134 @@ async fn moved_controllers_are_admitted_over_tenant_limits_and_new_ones_are_not(
     match refused {
         Err(s) => assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}"),
         Ok(_) => panic!("a new controller over the limit was admitted"),
+    }
+}
+
+/// An EVENTS-mode registration of `name` on ConfigMaps in the test namespace.
+fn events(name: &str) -> pb::Register {
+    pb::Register {
+        mode: pb::register::Mode::Events as i32,
+        max_concurrent_reconciles: 0,
+        ..register(name, replica::configmaps(), 8, Some(NS))
+    }
+}
+
+/// The next event on `r` for `key`, acknowledging every event before it.
+async fn event_for(r: &mut Replica, key: &str) -> Option<pb::Event> {
+    let deadline = Instant::now() + PATIENCE;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let e = r.next_event(left).await?;
+        r.ack(&e.id).await;
+        let k = e
+            .key
+            .as_ref()
+            .map(|k| format!("{}/{}", k.namespace, k.name));
+        if k.as_deref() == Some(key) {
+            return Some(e);
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn an_events_mode_controller_survives_a_move() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    put_configmap(&c.client, NS, "seed", &[("v", "1")]).await;
+    let (a, b) = (member(&c, "ring-a").await, member(&c, "ring-b").await);
+    settled(&[&a, &b]).await;
+    // A name that ring-a owns now and the joiner ring-c will own.
+    let name = (0..)
+        .map(|i| format!("ring-e{i}"))
+        .find(|n| {
+            expected_owner(n, &[&a, &b]) == a.identity
+                && owner(
+                    "ctrlhub",
+                    &Unit::new("dev", n),
+                    &[
+                        Member {
+                            identity: "ring-a".into(),
+                            weight: 100,
+                        },
+                        Member {
+                            identity: "ring-b".into(),
+                            weight: 100,
+                        },
+                        Member {
+                            identity: "ring-c".into(),
+                            weight: 100,
+                        },
+                    ],
+                )
+                .is_some_and(|m| m.identity == "ring-c")
+        })
+        .expect("some name");
+    let (mut r, at) = try_register_with(&addr(&b), || events(&name))
+        .await
+        .expect("registers at a through a redirect");
+    assert_eq!(at, addr(&a));
+    let first = event_for(&mut r, &format!("{NS}/seed"))
+        .await
+        .expect("seed at a");
+    assert_eq!(first.r#type, pb::event::Type::Sync as i32, "{first:?}");
+
+    let m3 = member(&c, "ring-c").await;
+    let moved = loop {
+        match r.next_message(PATIENCE).await {
+            Some(pb::manager_message::Message::Event(e)) => r.ack(&e.id).await,
+            other => break other,
+        }
+    };
+    let Some(pb::manager_message::Message::Revoked(rv)) = moved else {
+        panic!("expected the EVENTS controller to move: {moved:?}");
+    };
+    assert_eq!(rv.reason, pb::revoked::Reason::UnitMoved as i32);
+    assert_eq!(rv.owner_address, addr(&m3));
+    let (mut r2, at) = try_register_with(&rv.owner_address, || events(&name))
+        .await
+        .expect("registers at the new owner");
+    assert_eq!(at, addr(&m3));
+    // The new owner starts from the current state, then live events follow.
+    let again = event_for(&mut r2, &format!("{NS}/seed"))
+        .await
+        .expect("seed again at c");
+    assert_eq!(again.r#type, pb::event::Type::Sync as i32, "{again:?}");
+    put_configmap(&c.client, NS, "after-move", &[("v", "1")]).await;
+    let live = event_for(&mut r2, &format!("{NS}/after-move"))
+        .await
+        .expect("a live event at c");
+    assert_eq!(live.r#type, pb::event::Type::Added as i32, "{live:?}");
+}
+
+#[tokio::test]
+async fn a_client_that_ignores_redirects_still_registers_through_the_service() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    let members = [
+        member(&c, "ring-a").await,
+        member(&c, "ring-b").await,
+        member(&c, "ring-c").await,
+    ];
+    settled(&members.iter().collect::<Vec<_>>()).await;
+    // An older client: on UNAVAILABLE it only retries, and the Service picks another member
+    // each time (here, in turn). It gets there within as many tries as there are members.
+    for name in ["ring-o0", "ring-o1", "ring-o2", "ring-o3"] {
+        let mut tries = 0;
+        let at = loop {
+            let target = &members[tries % members.len()];
+            tries += 1;
+            let reg = register(name, replica::configmaps(), 1, Some(NS));
+            match Replica::connect(&target.grpc, reg).await {
+                Ok(_) => break target.identity.clone(),
+                Err(s) => {
+                    assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                    assert!(tries < 3 * members.len(), "{name} never registered");
+                }
+            }
+        };
+        assert_eq!(
+            at,
+            expected_owner(name, &members.iter().collect::<Vec<_>>())
+        );
     }
 }
