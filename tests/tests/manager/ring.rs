@@ -378,28 +378,25 @@ fn follower(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            loop {
-                match r.next_message(Duration::from_secs(3600)).await {
-                    Some(pb::manager_message::Message::Reconcile(req)) => {
-                        let start = Instant::now();
-                        tokio::time::sleep(work).await;
-                        let rv = replica::object(&req)["metadata"]["resourceVersion"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string();
-                        r.done(&req.id).await;
-                        log.lock().push(Attempt {
-                            controller: name.clone(),
-                            key: key(&req),
-                            member: at.clone(),
-                            rv,
-                            start,
-                            end: Instant::now(),
-                        });
-                    }
-                    // Revoked (a move) or the stream's end: register again.
-                    _ => break,
-                }
+            // Until Revoked (a move) or the stream's end: then register again.
+            while let Some(pb::manager_message::Message::Reconcile(req)) =
+                r.next_message(Duration::from_secs(3600)).await
+            {
+                let start = Instant::now();
+                tokio::time::sleep(work).await;
+                let rv = replica::object(&req)["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                r.done(&req.id).await;
+                log.lock().push(Attempt {
+                    controller: name.clone(),
+                    key: key(&req),
+                    member: at.clone(),
+                    rv,
+                    start,
+                    end: Instant::now(),
+                });
             }
         }
     })
