@@ -3,11 +3,11 @@
 //! rendezvous hashing ([`hrw`]) over the members that are live.
 //!
 //! Each member renews its own Lease and publishes in it the view of the ring it acts on
-//! ([`keeper`]); what it knows of the others and the rules it dispatches by are pure functions
-//! ([`view`]). A unit moves **release before acquire**: the old owner stops handing it out,
+//! (`keeper`); what it knows of the others and the rules it dispatches by are pure functions
+//! (`view`). A unit moves **release before acquire**: the old owner stops handing it out,
 //! lets attempts in flight finish (up to `--handover-drain`), tells its sessions where to go
 //! (`Revoked(UNIT_MOVED)`), and only then publishes a view without it; the new owner dispatches
-//! it once no live peer's published view claims it. [`Ring`] is the handle the rest of the
+//! it once no live peer's published view claims it. `Ring` is the handle the rest of the
 //! manager uses: the owner of a unit (routing), one dispatch gate per unit, and the units to
 //! seal.
 //!
@@ -356,7 +356,16 @@ impl Ring {
     /// published view.
     pub(crate) fn released(&self, unit: &Unit, to: Option<String>) {
         let since = self.sealing.lock().remove(unit);
-        self.gates.lock().remove(unit);
+        // The sealed controller's gate only: a controller of the same unit that registered
+        // here again meanwhile (the ring changed back) keeps its own.
+        let mut gates = self.gates.lock();
+        if gates
+            .get(unit)
+            .is_some_and(|g| since.is_none_or(|s| g.created <= s))
+        {
+            gates.remove(unit);
+        }
+        drop(gates);
         if let Some(since) = since {
             let took = since.elapsed();
             self.metrics.ring.moved("out", "seal", took);
