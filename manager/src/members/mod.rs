@@ -191,6 +191,10 @@ impl Ring {
         if !known.held {
             return Route::NotReady("this member does not hold its member Lease yet");
         }
+        if !known.read {
+            // Alone in its own view until then: it would take in every controller.
+            return Route::NotReady("this member has not read the other members' Leases yet");
+        }
         let view = self.view(&known, Instant::now());
         match owner(&self.config.ring, unit, &view) {
             Some(m) if m.identity == self.config.identity => Route::Serve,
