@@ -4,6 +4,7 @@
 //! (`follows_redirects: false` in sdks.json) is held to what it can do: it converges through a
 //! Service spreading its connections over the members, as the manager keeps answering.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use super::work::no_overlap;
@@ -274,9 +275,15 @@ pub(super) async fn redirect_loop(w: &mut World) -> Result<(), Failure> {
     let a = &procs[0];
     let rounds = 3;
     let through = connections_through(&service, a, rounds + 1).await?;
-    let most = if w.sdk.follows_redirects { 4 } else { 1 };
+    // A follower that made only one Register per round would pass the bound without ever
+    // being in the loop it is about: it must have followed at least one redirect.
+    let registers = if w.sdk.follows_redirects {
+        2..=4
+    } else {
+        1..=1
+    };
     let at: Vec<u64> = through[..=rounds].iter().map(|c| c.at_us).collect();
-    judge_rounds(most, &at, &fakes.arrivals())?;
+    judge_rounds(registers, &at, &fakes.arrivals())?;
     // The configured address now reaches the member that owns the controller.
     w.ring.settled().await?;
     let owner = w.ring.owner_of(name, &w.ring.identities())?;
@@ -314,10 +321,14 @@ async fn connections_through(
 }
 
 /// Each round (from one connection through the configured address to the next; `through`
-/// holds when they came) brought the fakes 1 to `most` Registers (4: the first and 3 redirects
-/// followed; 1 without redirect support), and each round began a backoff (>= 25 ms) after the
-/// previous one's last Register.
-fn judge_rounds(most: usize, through: &[u64], arrivals: &[Arrival]) -> Result<(), Failure> {
+/// holds when they came) brought the fakes a number of Registers in `registers` (at most 4: the
+/// first and 3 redirects followed; 1 without redirect support), and each round began a
+/// backoff (>= 25 ms) after the previous one's last Register.
+fn judge_rounds(
+    registers: RangeInclusive<usize>,
+    through: &[u64],
+    arrivals: &[Arrival],
+) -> Result<(), Failure> {
     let mut counts = Vec::new();
     let mut gaps = Vec::new();
     for pair in through.windows(2) {
@@ -340,11 +351,12 @@ fn judge_rounds(most: usize, through: &[u64], arrivals: &[Arrival]) -> Result<()
         })
         .collect();
     let span = through.first().map_or(0.0, |t| ms_between(*t, now_us()));
-    require(counts.iter().all(|c| (1..=most).contains(c)), || {
+    require(counts.iter().all(|c| registers.contains(c)), || {
         format!(
-            "each round through the configured address should make 1 to {most} Registers (the \
-             first and at most 3 redirects followed), then go back there with backoff; rounds \
-             made {counts:?} (Registers per fake over {span:.0} ms: {per_fake:?})"
+            "each round through the configured address should make {registers:?} Registers \
+             (the first and at most 3 redirects followed at once; 1 without redirect support), \
+             then go back there with backoff; rounds made {counts:?} (Registers per fake over \
+             {span:.0} ms: {per_fake:?})"
         )
     })?;
     require(gaps.iter().all(|g| *g >= 25.0), || {
@@ -376,14 +388,14 @@ mod tests {
     fn rounds_of_four_a_backoff_apart_pass() {
         let through = [0, 200_000, 600_000];
         let seen = arrivals(&[1, 3, 5, 7, 201, 203, 205, 207]);
-        assert!(judge_rounds(4, &through, &seen).is_ok());
+        assert!(judge_rounds(2..=4, &through, &seen).is_ok());
     }
 
     #[test]
     fn a_fifth_register_in_a_round_fails() {
         let through = [0, 200_000];
         let seen = arrivals(&[1, 3, 5, 7, 9]);
-        let err = judge_rounds(4, &through, &seen).expect_err("5 Registers in a round");
+        let err = judge_rounds(2..=4, &through, &seen).expect_err("5 Registers in a round");
         assert!(err.to_string().contains("[5]"), "{err}");
     }
 
@@ -391,7 +403,7 @@ mod tests {
     fn coming_back_at_once_fails() {
         let through = [0, 10_000];
         let seen = arrivals(&[1, 3, 5, 7]);
-        let err = judge_rounds(4, &through, &seen).expect_err("no backoff");
+        let err = judge_rounds(2..=4, &through, &seen).expect_err("no backoff");
         assert!(err.to_string().contains("backoff"), "{err}");
     }
 
@@ -399,13 +411,19 @@ mod tests {
     fn a_round_without_a_register_fails() {
         let through = [0, 200_000, 400_000];
         let seen = arrivals(&[1, 3, 5, 7]);
-        assert!(judge_rounds(4, &through, &seen).is_err());
+        assert!(judge_rounds(2..=4, &through, &seen).is_err());
     }
 
     #[test]
     fn a_client_without_redirects_makes_one_register_per_round() {
         let through = [0, 200_000];
-        assert!(judge_rounds(1, &through, &arrivals(&[1])).is_ok());
-        assert!(judge_rounds(1, &through, &arrivals(&[1, 3])).is_err());
+        assert!(judge_rounds(1..=1, &through, &arrivals(&[1])).is_ok());
+        assert!(judge_rounds(1..=1, &through, &arrivals(&[1, 3])).is_err());
+    }
+
+    #[test]
+    fn a_follower_that_never_follows_fails() {
+        let through = [0, 200_000];
+        assert!(judge_rounds(2..=4, &through, &arrivals(&[1])).is_err());
     }
 }
