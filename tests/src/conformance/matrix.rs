@@ -182,6 +182,7 @@ mod tests {
             title: format!("the {name} SDK"),
             command: vec!["x".into()],
             prepare: None,
+            follows_redirects: true,
         }
     }
 

@@ -7,18 +7,24 @@
 //! - [`sdk`]: the SDK table (`tests/conformance/sdks.json`) and each SDK's command line;
 //! - [`world`]: one SDK run's devcluster, managers, leader-routing proxy and controller processes;
 //! - [`proxy`]: the TCP proxy that plays the Service selecting the leader, and counts connections;
+//! - [`ring`]: ring members for the ring rows, and the manager's placement function;
+//! - [`service`]: the TCP proxy that plays the Service spreading connections over ring members;
+//! - [`fake_member`]: two fake ring members redirecting to each other for ever;
 //! - [`otlp`]: a trace receiver, so the managers (and SDKs) trace for real;
 //! - [`checks`]: the checks, one or more rows each;
 //! - [`matrix`]: results per SDK as JSON, and the README's matrix rendered from them;
 //! - [`run`]: runs every check for one SDK.
 
 pub mod checks;
+pub mod fake_member;
 pub mod interface;
 pub mod matrix;
 pub mod otlp;
 pub mod proxy;
+pub mod ring;
 pub mod run;
 pub mod sdk;
+pub mod service;
 pub mod world;
 
 use crate::wait::TimedOut;

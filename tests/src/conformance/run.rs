@@ -10,19 +10,25 @@ use tokio::process::Command;
 use super::Failure;
 use super::checks::{ROWS, SCENARIOS, Scenario, Verdict};
 use super::matrix::{RowResult, SdkResults};
+use super::ring::OwnerFn;
 use super::sdk::{Sdk, repo_root};
 use super::world::World;
 
 /// How long an SDK's `prepare` step may take.
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Runs every check for `sdk`.
-pub async fn run_sdk(sdk: &Sdk) -> SdkResults {
+/// Runs the checks for `sdk`: every scenario, or when `only` names rows, the scenarios deciding
+/// any of them. `ring_owner` is the manager's placement of controllers on ring members
+/// (`ctrlhub::members::hrw::owner`), which the ring rows check against.
+pub async fn run_sdk(sdk: &Sdk, ring_owner: OwnerFn, only: &[String]) -> SdkResults {
     let started = Instant::now();
     let mut verdicts: Vec<(Verdict, f64)> = Vec::new();
-    match start(sdk).await {
+    let chosen = SCENARIOS
+        .iter()
+        .filter(|s| only.is_empty() || s.rows.iter().any(|r| only.iter().any(|o| o == r)));
+    match start(sdk, ring_owner).await {
         Ok(mut world) => {
-            for scenario in SCENARIOS {
+            for scenario in chosen {
                 let t = Instant::now();
                 let run = AssertUnwindSafe(heal_then_run(scenario, &mut world)).catch_unwind();
                 let outcome = match run.await {
@@ -44,8 +50,9 @@ pub async fn run_sdk(sdk: &Sdk) -> SdkResults {
         Err(e) => {
             let why = e.to_string();
             verdicts.extend(
-                ROWS.iter()
-                    .map(|r| ((r.id, Err(Failure::Setup(why.clone()))), 0.0)),
+                chosen
+                    .flat_map(|s| s.rows.iter())
+                    .map(|r| ((*r, Err(Failure::Setup(why.clone()))), 0.0)),
             );
         }
     }
@@ -72,11 +79,11 @@ async fn heal_then_run(scenario: &Scenario, world: &mut World) -> Vec<Verdict> {
     }
 }
 
-async fn start(sdk: &Sdk) -> Result<World, Failure> {
+async fn start(sdk: &Sdk, ring_owner: OwnerFn) -> Result<World, Failure> {
     if let Some(argv) = &sdk.prepare {
         prepare(argv).await?;
     }
-    World::start(sdk).await
+    World::start(sdk, ring_owner).await
 }
 
 /// Runs the SDK's `prepare` argv from the repository root.

@@ -20,6 +20,15 @@ pub struct Sdk {
     /// An argv run once before the checks (generating stubs, installing packages), if needed.
     #[serde(default)]
     pub prepare: Option<Vec<String>>,
+    /// Whether the controller follows a ring member's redirect (README section 5, rule 12);
+    /// `false` for a raw client that does not, which the ring rows then reach through a
+    /// Service spreading its connections over the members instead.
+    #[serde(default = "yes")]
+    pub follows_redirects: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The table as stored.

@@ -15,10 +15,11 @@ use tokio::process::Command;
 use super::interface::{self as iface, Directives, Event, SCOPE_LABEL};
 use super::otlp::OtlpSink;
 use super::proxy::{LeaderProxy, Route};
+use super::ring::{MEMBER_ARGS, OwnerFn, Ring};
 use super::sdk::{Sdk, repo_root};
 use super::{Failure, require};
 use crate::cluster::Cluster;
-use crate::manager::{Launch, Manager};
+use crate::manager::{FAST_LEASE, Launch, Manager};
 
 /// The managers' leader election: see [`World::start_manager`].
 const LEASE: [&str; 6] = [
@@ -65,13 +66,16 @@ pub struct World {
     pub otlp: OtlpSink,
     /// The token file every controller reads unless a check gives it its own.
     pub token_file: PathBuf,
+    /// The ring members of the ring rows (none until a ring check starts them).
+    pub ring: Ring,
     launch: Launch,
     launched: u32,
 }
 
 impl World {
-    /// Starts the devcluster, the tenant, the trace receiver, one leading manager and the proxy.
-    pub async fn start(sdk: &Sdk) -> Result<World, Failure> {
+    /// Starts the devcluster, the tenant, the trace receiver, one leading manager and the proxy;
+    /// `ring_owner` places controllers on ring members.
+    pub async fn start(sdk: &Sdk, ring_owner: OwnerFn) -> Result<World, Failure> {
         let dir = target_dir().join("conformance").join(&sdk.name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -93,6 +97,7 @@ impl World {
             proxy,
             otlp,
             token_file,
+            ring: Ring::new(ring_owner),
             launch,
             launched: 0,
         };
@@ -118,6 +123,25 @@ impl World {
         let m = Manager::launch(&self.cluster, &identity, &args, &self.launch).await?;
         self.managers.push(m);
         self.route();
+        Ok(())
+    }
+
+    /// Launches ring member `<sdk>-<name>` (ring mode, fast member Leases, a 2 s handover
+    /// drain) without adding it to [`World::ring`]: the caller may keep the world busy
+    /// meanwhile, then pushes it.
+    pub async fn launch_member(&self, name: &str) -> Result<Manager, Failure> {
+        let identity = format!("{}-{name}", self.sdk.name);
+        let mut args: Vec<&str> = RBAC_ARGS.to_vec();
+        args.extend(FAST_LEASE);
+        args.extend(MEMBER_ARGS);
+        args.extend(["--max-registrations-per-second", "0"]);
+        Ok(Manager::launch(&self.cluster, &identity, &args, &self.launch).await?)
+    }
+
+    /// Launches ring member `<sdk>-<name>` and adds it to [`World::ring`].
+    pub async fn start_member(&mut self, name: &str) -> Result<(), Failure> {
+        let m = self.launch_member(name).await?;
+        self.ring.members.push(m);
         Ok(())
     }
 
@@ -357,7 +381,8 @@ impl World {
             }
         }
         let token_file = spawn.token_file.as_ref().unwrap_or(&self.token_file);
-        cmd.env(iface::ENV_ADDR, self.proxy.endpoint())
+        let addr = spawn.addr.clone().unwrap_or_else(|| self.proxy.endpoint());
+        cmd.env(iface::ENV_ADDR, addr)
             .env(iface::ENV_TOKEN_FILE, token_file)
             .env(iface::ENV_CONTROLLER, &spawn.controller)
             .env(iface::ENV_NAMESPACE, &spawn.namespace)
@@ -464,6 +489,8 @@ pub struct Spawn {
     pub owns: Option<&'static str>,
     /// `CTRLHUB_REVISION` (unset: the SDK's default, 0).
     pub revision: Option<u64>,
+    /// `CTRLHUB_ADDR` (default: the world's leader-routing proxy).
+    pub addr: Option<String>,
 }
 
 impl Spawn {
@@ -480,6 +507,7 @@ impl Spawn {
             token_file: None,
             owns: None,
             revision: None,
+            addr: None,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The checks: the rows of the matrix ([`ROWS`]) and the scenarios that decide them
-//! ([`SCENARIOS`]; most decide one row, the reasons scenario eight). Each scenario drives the
+//! ([`SCENARIOS`]; most decide one row, the reasons scenario eight, the ring scenario two). Each scenario drives the
 //! world, then judges the controllers' reports, the manager's `/status` and `/metrics`, the
 //! proxy's connection log and process exits; tests/conformance/README.md section 6 is the
 //! table in prose.
 
 mod data;
 mod fencing;
+mod ring;
 mod session;
 mod startup;
 mod work;
@@ -83,6 +84,9 @@ pub const ROWS: &[Row] = &[
         "partitioned replica stops before its key moves",
     ),
     row("rollout", "rolling definition upgrade converges"),
+    row("ring-redirect", "ring: follows a redirect to the owner"),
+    row("ring-move", "ring: honours a move to a joining member"),
+    row("ring-loop", "ring: stops after 3 redirects in a row"),
 ];
 
 const fn row(id: &'static str, guarantee: &'static str) -> Row {
@@ -135,7 +139,8 @@ const fn one(rows: &'static [&'static str], run: OneRow) -> Scenario {
     }
 }
 
-/// Every scenario, in the order they run: the ones that replace managers last.
+/// Every scenario, in the order they run: the ones that replace managers, then the ring ones,
+/// last.
 pub const SCENARIOS: &[Scenario] = &[
     one(&["exclusive"], |w| Box::pin(work::exclusive(w))),
     one(&["redelivery"], |w| Box::pin(work::redelivery(w))),
@@ -179,6 +184,14 @@ pub const SCENARIOS: &[Scenario] = &[
     one(&["reconnect-stepdown"], |w| {
         Box::pin(session::reconnect_stepdown(w))
     }),
+    // The ring members stay up until the world ends: these run last, so no other check shares
+    // the machine with three more managers.
+    Scenario {
+        name: "ring",
+        rows: ring::RING_ROWS,
+        runner: Runner::Many(|w| Box::pin(ring::ring(w))),
+    },
+    one(&["ring-loop"], |w| Box::pin(ring::redirect_loop(w))),
 ];
 
 /// `namespace/name`.
