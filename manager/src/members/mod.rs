@@ -49,6 +49,8 @@ pub(crate) struct RingConfig {
     pub retry_period: Duration,
     /// How long a moving unit's attempts in flight may take to finish before they are abandoned.
     pub drain: Duration,
+    /// The same when this member shuts down (`--shutdown-grace`).
+    pub leave_drain: Duration,
 }
 
 impl RingConfig {
@@ -423,6 +425,11 @@ impl Ring {
     /// What the keeper wrote: the view now published.
     fn published(&self, view: Vec<Member>) {
         self.known.lock().published = view;
+    }
+
+    /// Whether this member is shutting down.
+    pub(crate) fn is_leaving(&self) -> bool {
+        self.known.lock().leaving
     }
 
     /// Start leaving: take no more units and publish that at once.

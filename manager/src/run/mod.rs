@@ -588,7 +588,12 @@ impl RunArgs {
 
         stop.cancelled().await;
         if let Some(ring) = &member {
-            ring::leave(ring, &controllers, self.shutdown_grace + self.hold()).await;
+            ring::leave(
+                ring,
+                &controllers,
+                self.shutdown_grace + self.hold() + LEAVE_MARGIN,
+            )
+            .await;
         }
         let handover = Handover {
             grace: self.shutdown_grace,
@@ -826,6 +831,7 @@ impl RunArgs {
             renew_deadline: self.renew_deadline,
             retry_period: self.retry_period,
             drain: self.handover_drain,
+            leave_drain: self.shutdown_grace,
         }
     }
 
@@ -1062,6 +1068,10 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(ctrlhub_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
+
+/// What a leaving member's wait for its handovers allows beyond the shutdown grace and the
+/// hold: its sessions' ends and one out-of-cycle renewal.
+const LEAVE_MARGIN: Duration = Duration::from_secs(5);
 
 /// The running election: what it reports, how to stop it, and when it has (Lease released).
 struct Election {

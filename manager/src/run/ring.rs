@@ -119,11 +119,14 @@ pub(super) fn follow_ring(
                     continue;
                 };
                 // A member that lost its Lease stops at once: its successors may start as soon
-                // as its Lease expires.
-                let drain = if held {
-                    ring.config().drain
-                } else {
+                // as its Lease expires. One shutting down gives attempts already out the
+                // shutdown grace, as leader mode does; a move, the handover drain.
+                let drain = if !held {
                     Duration::ZERO
+                } else if ring.is_leaving() {
+                    ring.config().leave_drain
+                } else {
+                    ring.config().drain
                 };
                 let (controllers, ring, controller) =
                     (controllers.clone(), ring.clone(), controller.clone());

@@ -802,3 +802,36 @@ async fn a_client_that_ignores_redirects_still_registers_through_the_service() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_member_shutting_down_takes_the_results_of_attempts_already_out() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    put_configmap(&c.client, NS, "slow", &[("v", "1")]).await;
+    let (a, b) = (member(&c, "ring-a").await, member(&c, "ring-b").await);
+    settled(&[&a, &b]).await;
+    let name = name_owned_by("ring-s", &a, &[&a, &b]);
+    let (mut r, _) = register_following(&addr(&a), &name).await;
+    let req = r.next(PATIENCE).await.expect("a request at a");
+    // SIGTERM while the attempt is out, and answer after more than the handover drain (2 s):
+    // a member shutting down gives attempts the shutdown grace (15 s), as leader mode does.
+    a.signal("TERM");
+    let termed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    r.done(&req.id).await;
+    let end = loop {
+        match r.next_message(PATIENCE).await {
+            Some(pb::manager_message::Message::Reconcile(more)) => r.done(&more.id).await,
+            other => break other,
+        }
+    };
+    assert!(
+        termed.elapsed() >= Duration::from_secs(3),
+        "the session stayed for the result"
+    );
+    let Some(pb::manager_message::Message::Revoked(rv)) = end else {
+        panic!("expected UNIT_MOVED after the result: {end:?}");
+    };
+    assert_eq!(rv.reason, pb::revoked::Reason::UnitMoved as i32);
+    assert_eq!(rv.owner_address, addr(&b));
+}
