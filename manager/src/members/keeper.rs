@@ -30,6 +30,9 @@ const UNITS: &str = "ctrlhub.io/units";
 const HELD: &str = "ctrlhub.io/held";
 const INCARNATION: &str = "ctrlhub.io/incarnation";
 
+/// How often the peers are read while a controller here waits for a peer's release.
+const ACQUIRE_POLL: Duration = Duration::from_millis(100);
+
 #[derive(Debug, thiserror::Error)]
 enum KeepError {
     #[error("member Lease request failed: {0}")]
@@ -98,10 +101,8 @@ impl Keeper {
                 .is_some_and(|at| at.elapsed() < cfg.renew_deadline);
             self.set_held(held);
             self.ring.refresh();
-            tokio::select! {
-                _ = tokio::time::sleep(cfg.retry_period) => {}
-                _ = self.ring.publish_now.notified() => {}
-                _ = stop.cancelled() => break,
+            if !self.until_next_renewal(cfg.retry_period, &stop).await {
+                break;
             }
         }
         self.set_held(false);
@@ -110,6 +111,34 @@ impl Keeper {
             Ok(Ok(())) => tracing::info!("member Lease deleted: every unit released"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not delete the member Lease"),
             Err(_) => tracing::warn!("deleting the member Lease timed out"),
+        }
+    }
+
+    /// Waits a retry period, or less when a seal finished (publish now). Meanwhile, while a
+    /// controller here waits for a peer's release, reads the peers every [`ACQUIRE_POLL`], so
+    /// a release is seen within that rather than within a retry period; reading needs no
+    /// renewal, and this member's own claims were published before. False once `stop` fired.
+    async fn until_next_renewal(&self, retry: Duration, stop: &CancellationToken) -> bool {
+        let renew_at = tokio::time::Instant::now() + retry;
+        loop {
+            let poll = tokio::time::Instant::now() + ACQUIRE_POLL;
+            let wake = if self.ring.acquiring() {
+                poll.min(renew_at)
+            } else {
+                renew_at
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = self.ring.publish_now.notified() => return true,
+                _ = stop.cancelled() => return false,
+            }
+            if tokio::time::Instant::now() >= renew_at {
+                return true;
+            }
+            let read = tokio::time::timeout(ACQUIRE_POLL * 10, self.read_peers()).await;
+            if matches!(read, Ok(Ok(()))) {
+                self.ring.refresh();
+            }
         }
     }
 

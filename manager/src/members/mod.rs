@@ -122,6 +122,8 @@ pub(crate) struct Ring {
     /// Units being sealed, since when.
     sealing: Mutex<BTreeMap<Unit, Instant>>,
     moves: Mutex<VecDeque<Move>>,
+    /// Controllers here whose gate waits for a peer's release (after the last refresh).
+    acquiring: std::sync::atomic::AtomicUsize,
     /// Bumped after every keeper round: the sealer looks at the units again.
     rounds: watch::Sender<u64>,
     /// Wakes the keeper for an out-of-cycle renewal (a seal finished, leaving).
@@ -150,6 +152,7 @@ impl Ring {
             gates: Mutex::new(HashMap::new()),
             sealing: Mutex::new(BTreeMap::new()),
             moves: Mutex::new(VecDeque::new()),
+            acquiring: std::sync::atomic::AtomicUsize::new(0),
             rounds: watch::channel(0).0,
             publish_now: Notify::new(),
             held: watch::channel(false).0,
@@ -318,6 +321,8 @@ impl Ring {
             self.opened(&unit, now);
         }
         let sealing = self.sealing.lock().len();
+        self.acquiring
+            .store(acquiring, std::sync::atomic::Ordering::Relaxed);
         self.metrics
             .ring
             .set_shape(members, (owned, acquiring, sealing), waiting);
@@ -425,6 +430,11 @@ impl Ring {
     /// What the keeper wrote: the view now published.
     fn published(&self, view: Vec<Member>) {
         self.known.lock().published = view;
+    }
+
+    /// Whether a controller here waits for a peer's release.
+    pub(crate) fn acquiring(&self) -> bool {
+        self.acquiring.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     /// Whether this member is shutting down.

@@ -581,6 +581,13 @@ async fn a_partitioned_member_stops_by_its_renew_deadline_before_the_successor_s
         started - frozen
     );
     assert!(stopped < started, "a stopped before b started");
+    // b may start only once a's Lease (3 s) has run out after a's last renewal, which was at
+    // most a retry period (500 ms) before the freeze: never on seeing a late (2 s) alone.
+    assert!(
+        started - frozen >= Duration::from_millis(2500),
+        "b started {:?} after the freeze, before a's Lease could have expired",
+        started - frozen
+    );
 
     // Healed, a rejoins and takes back exactly what the function gives it.
     c.dc.faults()
@@ -834,4 +841,63 @@ async fn a_member_shutting_down_takes_the_results_of_attempts_already_out() {
     };
     assert_eq!(rv.reason, pb::revoked::Reason::UnitMoved as i32);
     assert_eq!(rv.owner_address, addr(&b));
+}
+
+#[tokio::test]
+async fn a_joining_member_waits_for_the_old_owners_release() {
+    let c = start_cluster().await;
+    namespace(&c.client, NS, &[]).await;
+    put_configmap(&c.client, NS, "held", &[("v", "1")]).await;
+    let (a, b) = (member(&c, "ring-a").await, member(&c, "ring-b").await);
+    settled(&[&a, &b]).await;
+    let three = |n: &str| {
+        owner(
+            "ctrlhub",
+            &Unit::new("dev", n),
+            &[
+                Member {
+                    identity: "ring-a".into(),
+                    weight: 100,
+                },
+                Member {
+                    identity: "ring-b".into(),
+                    weight: 100,
+                },
+                Member {
+                    identity: "ring-c".into(),
+                    weight: 100,
+                },
+            ],
+        )
+        .map(|m| m.identity.clone())
+    };
+    let name = (0..)
+        .map(|i| format!("ring-j{i}"))
+        .find(|n| {
+            expected_owner(n, &[&a, &b]) == a.identity && three(n).as_deref() == Some("ring-c")
+        })
+        .expect("some name");
+    let (mut old, _) = register_following(&addr(&a), &name).await;
+    let held = old.next(PATIENCE).await.expect("the attempt at a");
+    // c joins while a's attempt is out; a second replica goes straight to c, which owns the
+    // controller now, and must get nothing until a has released it.
+    let m3 = member(&c, "ring-c").await;
+    let (mut new, at) = register_following(&addr(&m3), &name).await;
+    assert_eq!(at, addr(&m3));
+    let early = new.next(Duration::from_millis(1500)).await;
+    assert!(
+        early.is_none(),
+        "c dispatched while a's attempt was still out: {early:?}"
+    );
+    old.done(&held.id).await;
+    let answered = Instant::now();
+    let first = new
+        .next(PATIENCE)
+        .await
+        .expect("c dispatches once a released");
+    assert_eq!(key(&first), format!("{NS}/held"));
+    println!(
+        "c's first dispatch {:?} after a's last result",
+        answered.elapsed()
+    );
 }
