@@ -93,6 +93,25 @@ impl Log {
         self.in_flight.len()
     }
 
+    /// When `name` first saw a `Revoked` from `member` after `t0`.
+    pub fn revoked_at(&self, name: &str, member: &str, t0: Instant) -> Option<Instant> {
+        self.first_after(name, t0, |e| {
+            e.member == member && matches!(e.seen, Seen::Revoked(_))
+        })
+        .map(|e| e.at)
+    }
+
+    /// When `name` first got a session's first request after `t0` from a member `at` accepts.
+    pub fn first_dispatch_at(
+        &self,
+        name: &str,
+        t0: Instant,
+        at: impl Fn(&str) -> bool,
+    ) -> Option<Instant> {
+        self.first_after(name, t0, |e| at(&e.member) && e.seen == Seen::FirstDispatch)
+            .map(|e| e.at)
+    }
+
     /// The earliest entry for `controller` after `t0` matching `pick`.
     pub fn first_after(
         &self,

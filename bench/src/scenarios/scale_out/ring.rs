@@ -8,6 +8,8 @@ use ctrlhub::members::hrw::{Member, Unit, owner};
 use ctrlhub_tests::{PATIENCE, poll_until};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The lease the members run with (FAST_LEASE).
+pub const LEASE: std::time::Duration = std::time::Duration::from_secs(3);
 /// The tenant group of the static token `dev` every replica registers with.
 pub const TENANT: &str = "dev";
 /// The weight every member runs with (the default).
@@ -141,6 +143,23 @@ pub fn lease_requests(c: &Cluster) -> (u64, u64) {
     let s = c.dc.stats();
     let n = |verb: &str| s.request_count(verb, "leases");
     (n("create") + n("update") + n("patch"), n("get") + n("list"))
+}
+
+/// The mean JSON size of ring `ring`'s member Leases as served (what each list returns per
+/// member), in bytes.
+pub async fn lease_bytes(c: &Cluster, ring: &str) -> Result<usize> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: kube::Api<Lease> = kube::Api::all(c.client.clone());
+    let selector = format!("ctrlhub.io/ring={ring}");
+    let list = api
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?;
+    let sizes: Vec<usize> = list
+        .items
+        .iter()
+        .map(|l| serde_json::to_vec(l).map(|v| v.len()).unwrap_or(0))
+        .collect();
+    Ok(sizes.iter().sum::<usize>() / sizes.len().max(1))
 }
 
 /// Seconds of the latest `out` move of `name` in a member's `/status` (its seal time).
