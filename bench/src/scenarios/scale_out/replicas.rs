@@ -157,11 +157,19 @@ pub async fn connect(target: &str, spec: &Spec) -> Result<Replica, Option<String
     .await
     {
         Ok(Ok(r)) => Ok(r),
-        Ok(Err(status)) => Err(status
-            .metadata()
-            .get("ctrlhub-owner-addr")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)),
+        Ok(Err(status)) => {
+            let owner = status
+                .metadata()
+                .get("ctrlhub-owner-addr")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            // A member not ready (UNAVAILABLE) is routine around a move; anything else is
+            // worth a line on stderr.
+            if owner.is_none() && status.code() != tonic::Code::Unavailable {
+                eprintln!("  {} refused at {target}: {status:?}", spec.name);
+            }
+            Err(owner)
+        }
         Err(_) => Err(None),
     }
 }
