@@ -38,6 +38,8 @@ pub struct Memory {
     pub members: usize,
     /// Per member: (units it owns, settled RSS before any controller, settled RSS after).
     pub per_member: Vec<(usize, u64, u64)>,
+    /// Per member, when its RSS was read: (informers running, objects they hold).
+    pub held: Vec<(usize, u64)>,
 }
 
 impl Memory {
@@ -46,7 +48,8 @@ impl Memory {
         let per: Vec<_> = self
             .per_member
             .iter()
-            .map(|(u, b, r)| serde_json::json!({"units": u, "baselineRssBytes": b, "rssBytes": r}))
+            .zip(&self.held)
+            .map(|((u, b, r), (i, o))| serde_json::json!({"units": u, "baselineRssBytes": b, "rssBytes": r, "informers": i, "objects": o}))
             .collect();
         serde_json::json!({"config": self.config.letter(), "members": self.members, "perMember": per})
     }
@@ -91,7 +94,7 @@ pub async fn memory(
         .collect();
     let want = expected(&ring_name, names, &refs);
     ring::wait_owned(&refs, &want).await?;
-    let mut per_member = Vec::new();
+    let (mut per_member, mut held) = (Vec::new(), Vec::new());
     for (m, base) in members.iter().zip(baselines) {
         let units = want.values().filter(|o| **o == m.identity).count();
         let objects_held = match config {
@@ -108,6 +111,8 @@ pub async fn memory(
         })
         .await?;
         per_member.push((units, base, settled_rss(&[m.process.pid()]).await));
+        let informers = m.status().await["informers"].as_array().map_or(0, Vec::len);
+        held.push((informers, m.informer_objects().await));
     }
     for t in tasks {
         t.abort();
@@ -120,6 +125,7 @@ pub async fn memory(
         config,
         members: n,
         per_member,
+        held,
     })
 }
 

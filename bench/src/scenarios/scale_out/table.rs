@@ -182,13 +182,14 @@ fn memory_rows(mem: &[Memory]) -> Vec<Row> {
         let rss = m
             .per_member
             .iter()
-            .map(|(u, _, r)| format!("{} ({u} u)", mib(*r)))
+            .zip(&m.held)
+            .map(|((u, _, r), (i, o))| format!("{} ({u} u, {i} inf, {o} obj)", mib(*r)))
             .collect::<Vec<_>>()
             .join(" / ");
         rows.push(Row::info(
             "scale-out",
             &format!(
-                "memory {}, N={}: RSS per member (units)",
+                "memory {}, N={}: RSS per member (units, informers, objects)",
                 m.config.letter(),
                 m.members
             ),
