@@ -57,6 +57,15 @@ enum Cmd {
     /// A second controller's start on a kind the manager already caches, against kube-rs' cold
     /// start.
     WarmStart,
+    /// Ring members (`--mode ring`) with N = 1, 2, 3: units per member against the assignment
+    /// function, moves per join and leave, handovers (SIGTERM, SIGKILL), double dispatches,
+    /// memory (disjoint and shared kinds), CPU per reconcile, Lease requests, redirect cost
+    /// and the assignment's own cost. Not part of `all` (a study of its own, minutes long).
+    ScaleOut {
+        /// Controllers (units), 2 replicas each.
+        #[arg(long, default_value_t = 30)]
+        controllers: usize,
+    },
     /// Steady 1,000 updates/s for N minutes.
     Soak {
         /// Duration in minutes.
@@ -81,6 +90,7 @@ impl Cmd {
             Cmd::Hostile => "hostile",
             Cmd::Loopback => "loopback",
             Cmd::WarmStart => "warm-start",
+            Cmd::ScaleOut { .. } => "scale-out",
             Cmd::Soak { .. } => "soak",
         }
     }
@@ -117,6 +127,13 @@ async fn scenario(
         }
         Cmd::WarmStart => {
             scenarios::warm_start::run(&sizes.pick(vec![10_000, 100_000], vec![1_000, 5_000])).await
+        }
+        Cmd::ScaleOut { controllers } => {
+            let plan = sizes.pick(
+                scenarios::scale_out::Plan::full(*controllers),
+                scenarios::scale_out::Plan::quick(*controllers),
+            );
+            scenarios::scale_out::run(&plan).await
         }
         Cmd::Soak { minutes, rate } => scenarios::soak::run(*minutes, *rate, 1000).await,
         Cmd::All => unreachable!("expanded by main"),

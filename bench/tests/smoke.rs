@@ -120,3 +120,48 @@ async fn warm_start_smoke_served_from_the_shared_cache() {
     assert_eq!(f.warm_lists, 0, "B's start listed Widgets: {f:?}");
     assert!(f.warm > std::time::Duration::ZERO && f.cold > std::time::Duration::ZERO);
 }
+
+/// The scale-out scenario end to end at a small size (6 controllers × 2 raw replicas, 20
+/// Widgets each, seconds per phase): at N = 1, 2 and 3 every controller is owned where
+/// `hrw::owner` says; the join, the SIGTERM and the SIGKILL move exactly the function's units
+/// (0 collateral), each of them dispatched at its successor; no key is dispatched to two
+/// replicas at once; the routing, memory and HRW figures are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scale_out_smoke_units_where_hrw_says_and_no_double_dispatch() {
+    ensure_manager();
+    let plan = ctrlhub_bench::scenarios::scale_out::Plan::quick(6);
+    let f = ctrlhub_bench::scenarios::scale_out::measure(&plan)
+        .await
+        .expect("the scale-out scenario runs");
+    assert_eq!(f.steady.len(), 3);
+    for (n, s) in f.steady.iter().enumerate() {
+        assert_eq!(s.members.len(), n + 1);
+        assert!(
+            s.matches,
+            "N={}: units not where hrw::owner says: {s:?}",
+            n + 1
+        );
+        assert_eq!(s.members.iter().map(|m| m.1).sum::<usize>(), 6, "{s:?}");
+    }
+    for (what, ch) in [("join", &f.join), ("leave", &f.leave), ("crash", &f.crash)] {
+        assert_eq!(ch.collateral, 0, "{what}: {ch:?}");
+        assert_eq!(ch.moved, ch.expected, "{what}: {ch:?}");
+        assert_eq!(
+            ch.to_dispatch.len(),
+            ch.expected,
+            "{what}: every moved unit dispatched at its successor: {ch:?}"
+        );
+    }
+    assert!(
+        f.join.expected > 0 && f.leave.expected > 0 && f.crash.expected > 0,
+        "each change moves something: {f:?}"
+    );
+    assert_eq!(f.overlaps, 0);
+    assert!(f.dispatched > 0);
+    assert_eq!(
+        (f.routing.0.len(), f.routing.1.len()),
+        (plan.connects, plan.connects)
+    );
+    assert_eq!(f.memory.len(), 4);
+    assert!(f.hrw.iter().all(|(_, ns)| *ns > 0.0));
+}

@@ -15,7 +15,7 @@ use ctrlhub_tests::poll_until;
 use ctrlhub_tests::replica::{Replica, register};
 
 /// A predicate no Widget passes (label `bench.ctrlhub.io/never` exists on none).
-fn never() -> pb::Predicate {
+pub(crate) fn never() -> pb::Predicate {
     pb::Predicate {
         predicate: Some(pb::predicate::Predicate::LabelSelector(pb::LabelSelector {
             match_labels: [("bench.ctrlhub.io/never".to_string(), "true".to_string())].into(),

@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod latency;
 pub mod loopback;
 pub mod memory;
+pub mod scale_out;
 pub mod shared_caches;
 pub mod soak;
 pub mod throughput;
