@@ -130,6 +130,8 @@ impl Keeper {
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = self.ring.publish_now.notified() => return true,
+                // A controller started waiting: look again at once.
+                _ = self.ring.poll_now.notified() => {}
                 _ = stop.cancelled() => return false,
             }
             if tokio::time::Instant::now() >= renew_at {

@@ -128,6 +128,8 @@ pub(crate) struct Ring {
     rounds: watch::Sender<u64>,
     /// Wakes the keeper for an out-of-cycle renewal (a seal finished, leaving).
     publish_now: Notify,
+    /// Wakes the keeper's wait between renewals: a controller started waiting for a release.
+    pub(crate) poll_now: Notify,
     /// The member Lease is held (for what watches leadership in leader mode).
     held: watch::Sender<bool>,
     metrics: Arc<crate::metrics::Metrics>,
@@ -155,6 +157,7 @@ impl Ring {
             acquiring: std::sync::atomic::AtomicUsize::new(0),
             rounds: watch::channel(0).0,
             publish_now: Notify::new(),
+            poll_now: Notify::new(),
             held: watch::channel(false).0,
             metrics,
         })
@@ -254,6 +257,12 @@ impl Ring {
         self.gates.lock().insert(unit.clone(), gate);
         if allowed {
             self.opened(unit, now);
+        } else {
+            // Counted at once, not at the next round: the keeper reads the peers often while a
+            // controller waits, so the release is seen promptly.
+            self.acquiring
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.poll_now.notify_one();
         }
         rx
     }
