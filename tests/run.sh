@@ -185,6 +185,10 @@ tests_named() {
 rust_suites() {
     # shellcheck disable=SC2046 # one word per flag
     cargo test --workspace --lib --bins $(tests_named "${SUITES[@]}")
+    # The contract again with every manager a ring of one (`CTRLHUB_MODE=ring`, which the
+    # harness passes on): ring mode must keep every guarantee leader mode gives, except the
+    # leader row itself, which ring mode replaces with single owner (tests/tests/manager/ring.rs).
+    CTRLHUB_MODE=ring cargo test --workspace --test manager -- contract:: --skip contract_single_leader
     cargo test --workspace --doc
 }
 python_suites() {

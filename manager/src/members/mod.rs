@@ -225,15 +225,15 @@ impl Ring {
         }
     }
 
-    /// Whether this member may dispatch `unit` now (R2 and its own Lease).
-    fn allowed(&self, known: &Known, unit: &Unit, now: Instant) -> bool {
+    /// Whether this member may dispatch `unit` now (R2 and its own Lease), given the live
+    /// peers' `claims`.
+    fn allowed(&self, known: &Known, claims: &view::Claims<'_>, unit: &Unit) -> bool {
         known.held
             && !self.sealing.lock().contains_key(unit)
-            && known.peers.may_dispatch(
+            && claims.may_dispatch(
                 &self.config.ring,
                 unit,
                 (&self.config.identity, &known.published),
-                now,
             )
     }
 
@@ -241,11 +241,12 @@ impl Ring {
     pub(crate) fn gate(&self, unit: &Unit) -> watch::Receiver<bool> {
         let now = Instant::now();
         let known = self.known.lock();
-        let allowed = self.allowed(&known, unit, now);
-        let from = known
-            .peers
-            .claimant(&self.config.ring, unit, now)
+        let claims = known.peers.claims_at(now);
+        let allowed = self.allowed(&known, &claims, unit);
+        let from = claims
+            .claimant(&self.config.ring, unit)
             .map(|p| p.record.identity.clone());
+        drop(claims);
         drop(known);
         let (tx, rx) = watch::channel(allowed);
         let gate = Gate {
@@ -299,10 +300,13 @@ impl Ring {
         let mut opened = Vec::new();
         let (mut owned, mut acquiring, mut waiting) = (0, 0, 0);
         {
+            // Grouped once per round: deciding every unit costs one assignment per distinct
+            // published view, not one per peer.
+            let claims = known.peers.claims_at(now);
             let mut gates = self.gates.lock();
             gates.retain(|_, g| g.tx.receiver_count() > 0);
             for (unit, gate) in gates.iter_mut() {
-                let allowed = self.allowed(&known, unit, now);
+                let allowed = self.allowed(&known, &claims, unit);
                 gate.tx
                     .send_if_modified(|v| std::mem::replace(v, allowed) != allowed);
                 if allowed {

@@ -86,11 +86,6 @@ impl Peer {
     pub(crate) fn live(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.seen) <= self.record.lease_duration
     }
-
-    /// Whether its published view gives it `unit`.
-    pub(crate) fn claims(&self, ring: &str, unit: &Unit) -> bool {
-        owner(ring, unit, &self.record.view).is_some_and(|m| m.identity == self.record.identity)
-    }
 }
 
 /// Every other member, by identity, and the units live peers held lately.
@@ -160,7 +155,9 @@ impl Peers {
     }
 
     /// R2 without the own-Lease part: whether `me` may dispatch `unit` at `now`, having
-    /// published `published`. No live peer may claim it under what it published.
+    /// published `published`. No live peer may claim it under what it published. (The manager
+    /// decides many units at once through [`Peers::claims_at`].)
+    #[cfg(test)]
     pub(crate) fn may_dispatch(
         &self,
         ring: &str,
@@ -168,18 +165,59 @@ impl Peers {
         (me, published): (&str, &[Member]),
         now: Instant,
     ) -> bool {
-        let mine = owner(ring, unit, published).is_some_and(|m| m.identity == me);
-        mine && !self
-            .peers
-            .values()
-            .any(|p| p.live(now) && p.claims(ring, unit))
+        self.claims_at(now)
+            .may_dispatch(ring, unit, (me, published))
     }
 
     /// The live peer whose published view claims `unit` (whose release this member waits for).
+    #[cfg(test)]
     pub(crate) fn claimant(&self, ring: &str, unit: &Unit, now: Instant) -> Option<&Peer> {
-        self.peers
-            .values()
-            .find(|p| p.live(now) && p.claims(ring, unit))
+        self.claims_at(now).claimant(ring, unit)
+    }
+
+    /// The live peers at `now`, grouped by the view they published, for deciding many units at
+    /// once: members that agree (the usual case) share one group, so whether any of them claims
+    /// a unit costs one assignment per group instead of one per peer.
+    pub(crate) fn claims_at(&self, now: Instant) -> Claims<'_> {
+        let mut groups: Vec<(&[Member], Vec<&Peer>)> = Vec::new();
+        for p in self.peers.values().filter(|p| p.live(now)) {
+            let view = p.record.view.as_slice();
+            match groups.iter_mut().find(|(v, _)| *v == view) {
+                Some((_, peers)) => peers.push(p),
+                None => groups.push((view, vec![p])),
+            }
+        }
+        Claims { groups }
+    }
+}
+
+/// The live peers' published claims, grouped by view ([`Peers::claims_at`]).
+pub(crate) struct Claims<'a> {
+    groups: Vec<(&'a [Member], Vec<&'a Peer>)>,
+}
+
+impl<'a> Claims<'a> {
+    /// The live peer whose published view gives it `unit`: in each group, only the view's owner
+    /// of the unit can claim it.
+    pub(crate) fn claimant(&self, ring: &str, unit: &Unit) -> Option<&'a Peer> {
+        self.groups.iter().find_map(|(view, peers)| {
+            let o = owner(ring, unit, view)?;
+            peers
+                .iter()
+                .copied()
+                .find(|p| p.record.identity == o.identity)
+        })
+    }
+
+    /// R2 without the own-Lease part (see [`Peers::may_dispatch`]).
+    pub(crate) fn may_dispatch(
+        &self,
+        ring: &str,
+        unit: &Unit,
+        (me, published): (&str, &[Member]),
+    ) -> bool {
+        owner(ring, unit, published).is_some_and(|m| m.identity == me)
+            && self.claimant(ring, unit).is_none()
     }
 }
 
@@ -348,6 +386,39 @@ mod tests {
         at_b.observe(vec![stale.clone()], t0);
         at_b.observe(vec![stale], t0 + Duration::from_secs(40));
         assert!(!at_b.held_lately(9, t0 + Duration::from_secs(40), window));
+    }
+
+    #[test]
+    fn grouping_peers_by_view_names_the_same_claimants_as_asking_each_peer() {
+        let t0 = Instant::now();
+        let mut peers = Peers::default();
+        // b and c agree; d lags behind with an older view; e has expired.
+        let mut stale = record("e", "1", &["e"]);
+        stale.lease_duration = Duration::from_secs(1);
+        peers.observe(
+            vec![
+                record("b", "1", &["a", "b", "c", "d"]),
+                record("c", "1", &["a", "b", "c", "d"]),
+                record("d", "1", &["c", "d"]),
+                stale,
+            ],
+            t0,
+        );
+        let now = t0 + Duration::from_secs(2);
+        let claims = peers.claims_at(now);
+        for i in 0..2000 {
+            let u = Unit::new("t", &format!("c{i}"));
+            let each = peers.peers.values().find(|p| {
+                p.live(now)
+                    && owner(RING, &u, &p.record.view)
+                        .is_some_and(|m| m.identity == p.record.identity)
+            });
+            assert_eq!(
+                claims.claimant(RING, &u).map(|p| &p.record.identity),
+                each.map(|p| &p.record.identity),
+                "{u}"
+            );
+        }
     }
 
     #[test]
