@@ -22,18 +22,37 @@ fn addr(m: &Manager) -> String {
     m.grpc.trim_start_matches("http://").to_string()
 }
 
-/// The owner of `name` (tenant `dev`) among `members`, by the manager's function.
-fn expected_owner(name: &str, members: &[&Manager]) -> String {
-    let ms: Vec<Member> = members
+/// The owner of `name` (tenant `dev`) among the member identities `ids`, by the manager's
+/// function.
+fn owner_among(name: &str, ids: &[&str]) -> String {
+    let ms: Vec<Member> = ids
         .iter()
-        .map(|m| Member {
-            identity: m.identity.clone(),
+        .map(|id| Member {
+            identity: (*id).to_string(),
             weight: 100,
         })
         .collect();
     owner("ctrlhub", &Unit::new("dev", name), &ms)
         .map(|m| m.identity.clone())
         .unwrap_or_default()
+}
+
+/// The owner of `name` (tenant `dev`) among `members`.
+fn expected_owner(name: &str, members: &[&Manager]) -> String {
+    let ids: Vec<&str> = members.iter().map(|m| m.identity.as_str()).collect();
+    owner_among(name, &ids)
+}
+
+/// A controller name starting with `prefix` that ring-a owns among ring-a and ring-b, and that
+/// a joining ring-c takes.
+fn moving_to_the_joiner(prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|n| {
+            owner_among(n, &["ring-a", "ring-b"]) == "ring-a"
+                && owner_among(n, &["ring-a", "ring-b", "ring-c"]) == "ring-c"
+        })
+        .expect("some name")
 }
 
 /// Waits until every member's /status shows the others live and its own view naming exactly
@@ -715,31 +734,7 @@ async fn an_events_mode_controller_survives_a_move() {
     let (a, b) = (member(&c, "ring-a").await, member(&c, "ring-b").await);
     settled(&[&a, &b]).await;
     // A name that ring-a owns now and the joiner ring-c will own.
-    let name = (0..)
-        .map(|i| format!("ring-e{i}"))
-        .find(|n| {
-            expected_owner(n, &[&a, &b]) == a.identity
-                && owner(
-                    "ctrlhub",
-                    &Unit::new("dev", n),
-                    &[
-                        Member {
-                            identity: "ring-a".into(),
-                            weight: 100,
-                        },
-                        Member {
-                            identity: "ring-b".into(),
-                            weight: 100,
-                        },
-                        Member {
-                            identity: "ring-c".into(),
-                            weight: 100,
-                        },
-                    ],
-                )
-                .is_some_and(|m| m.identity == "ring-c")
-        })
-        .expect("some name");
+    let name = moving_to_the_joiner("ring-e");
     let (mut r, at) = try_register_with(&addr(&b), || events(&name))
         .await
         .expect("registers at a through a redirect");
@@ -850,33 +845,7 @@ async fn a_joining_member_waits_for_the_old_owners_release() {
     put_configmap(&c.client, NS, "held", &[("v", "1")]).await;
     let (a, b) = (member(&c, "ring-a").await, member(&c, "ring-b").await);
     settled(&[&a, &b]).await;
-    let three = |n: &str| {
-        owner(
-            "ctrlhub",
-            &Unit::new("dev", n),
-            &[
-                Member {
-                    identity: "ring-a".into(),
-                    weight: 100,
-                },
-                Member {
-                    identity: "ring-b".into(),
-                    weight: 100,
-                },
-                Member {
-                    identity: "ring-c".into(),
-                    weight: 100,
-                },
-            ],
-        )
-        .map(|m| m.identity.clone())
-    };
-    let name = (0..)
-        .map(|i| format!("ring-j{i}"))
-        .find(|n| {
-            expected_owner(n, &[&a, &b]) == a.identity && three(n).as_deref() == Some("ring-c")
-        })
-        .expect("some name");
+    let name = moving_to_the_joiner("ring-j");
     let (mut old, _) = register_following(&addr(&a), &name).await;
     let held = old.next(PATIENCE).await.expect("the attempt at a");
     // c joins while a's attempt is out; a second replica goes straight to c, which owns the
