@@ -1,6 +1,7 @@
 //! One Connect stream, in order: authenticate → leader check (leader mode) → read Register →
-//! route to the owning member (ring mode) → translate → authorize → attach to the controller → reply Registered → re-check loop (under RBAC) → pump
-//! requests out and results in until either side ends.
+//! route to the owning member (ring mode) → translate → authorize → attach to the controller →
+//! reply Registered → re-check loop (under RBAC) → pump requests out and results in until
+//! either side ends.
 
 use super::convert;
 use super::convert::{
