@@ -105,6 +105,12 @@ impl Keeper {
                 break;
             }
         }
+        if self.ring.is_leaving() && mine.last_renew.is_some() {
+            // One more renewal, then a retry period for every peer to list it: the units handed
+            // over are still listed as held in it, so their new owners admit them as moved.
+            let _ = tokio::time::timeout(cfg.retry_period, self.round(&mut mine)).await;
+            tokio::time::sleep(cfg.retry_period).await;
+        }
         self.set_held(false);
         self.ring.refresh();
         match tokio::time::timeout(Duration::from_secs(2), self.delete(&mine)).await {

@@ -121,6 +121,8 @@ pub(crate) struct Ring {
     gates: Mutex<HashMap<Unit, Gate>>,
     /// Units being sealed, since when.
     sealing: Mutex<BTreeMap<Unit, Instant>>,
+    /// Fingerprints of units released lately, and when: still published as held for a while.
+    released_lately: Mutex<HashMap<u64, Instant>>,
     moves: Mutex<VecDeque<Move>>,
     /// Controllers here whose gate waits for a peer's release (after the last refresh).
     acquiring: std::sync::atomic::AtomicUsize,
@@ -153,6 +155,7 @@ impl Ring {
             }),
             gates: Mutex::new(HashMap::new()),
             sealing: Mutex::new(BTreeMap::new()),
+            released_lately: Mutex::new(HashMap::new()),
             moves: Mutex::new(VecDeque::new()),
             acquiring: std::sync::atomic::AtomicUsize::new(0),
             rounds: watch::channel(0).0,
@@ -379,6 +382,9 @@ impl Ring {
     /// `unit` is released (its controller retired here): it no longer holds back the next
     /// published view.
     pub(crate) fn released(&self, unit: &Unit, to: Option<String>) {
+        self.released_lately
+            .lock()
+            .insert(hrw::fingerprint(unit), Instant::now());
         let since = self.sealing.lock().remove(unit);
         // The sealed controller's gate only: a controller of the same unit that registered
         // here again meanwhile (the ring changed back) keeps its own.
@@ -431,9 +437,18 @@ impl Ring {
     }
 
     /// The fingerprints of the units here, as published in the member Lease (sorted hex).
+    /// Units released within twice the lease stay listed: the new owner may not have read this
+    /// Lease while they were here, and must still see that they moved (not new).
     fn held_fingerprints(&self) -> String {
+        let window = self.config.lease_duration * 2;
         let mut held: Vec<u64> = self.gates.lock().keys().map(hrw::fingerprint).collect();
+        {
+            let mut released = self.released_lately.lock();
+            released.retain(|_, at| at.elapsed() <= window);
+            held.extend(released.keys().copied());
+        }
         held.sort_unstable();
+        held.dedup();
         held.iter()
             .map(|f| format!("{f:016x}"))
             .collect::<Vec<_>>()

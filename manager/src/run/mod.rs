@@ -1245,7 +1245,8 @@ async fn shut_down(
         tokio::time::sleep(wait).await;
     }
     election.stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), election.finished).await;
+    // A leaving member's keeper renews once more and lets its peers list it before deleting it.
+    let _ = tokio::time::timeout(Duration::from_secs(10), election.finished).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc.task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
 }
